@@ -1,0 +1,40 @@
+// Log sink (see log.h).
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "common/real.h"
+
+namespace rsock {
+
+int g_log_level = kDefaultLogLevel;
+static int g_log_fd = 2;
+
+void log_open(const char* path) {
+  if (path == nullptr || *path == '\0') return;
+  int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd >= 0) g_log_fd = fd;
+}
+
+void log_write(int level, const char* fmt, ...) {
+  const int saved_errno = errno;
+  static const char* const kNames[] = {"error", "warn", "info", "debug", "trace"};
+  char buf[512];
+  int n = snprintf(buf, sizeof buf, "librsock[%d] %s: ", static_cast<int>(getpid()),
+                   kNames[level < 0 ? 0 : level > 4 ? 4 : level]);
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(buf + n, sizeof buf - n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
+  if (len > sizeof buf - 2) len = sizeof buf - 2;
+  buf[len++] = '\n';
+  if (real().write) real().write(g_log_fd, buf, len);
+  errno = saved_errno;
+}
+
+}  // namespace rsock

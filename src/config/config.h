@@ -1,0 +1,87 @@
+// Config: every librsock knob, parsed once from the environment and the
+// optional rule file into one immutable value. Pure: no I/O, no globals; the
+// caller (src/lifecycle) fetches the environment and the file text and prints
+// the errors. Thread-safety: a Config is immutable after parse_config returns.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rsock {
+
+// Which path a matching stream should take. kAuto = the best available one
+// (shared memory for a same-host peer, RDMA otherwise, else plain TCP).
+enum class TransportKind : uint8_t { kAuto, kRdma, kShm, kTcp };
+// Which side of a stream a rule names. kAny matches both.
+enum class Role : uint8_t { kAny, kClient, kServer };
+
+const char* transport_name(TransportKind t);  // "auto", "rdma", "shm", "tcp"
+const char* role_name(Role r);                // "any", "client", "server"
+
+// One peer rule: ADDR[/PREFIX]:PORT[-PORT] plus optional scope.
+struct PeerRule {
+  TransportKind transport = TransportKind::kAuto;
+  Role role = Role::kAny;
+  std::string program;  // empty: any program; else exact match of the short name
+  sa_family_t family = AF_INET;  // AF_INET or AF_INET6
+  uint8_t addr[16] = {};         // network byte order; first 4 bytes for AF_INET
+  uint8_t prefix_len = 32;       // 0..32 (v4) or 0..128 (v6)
+  uint16_t port_lo = 0;          // inclusive, host byte order; '*' = 0..65535
+  uint16_t port_hi = 65535;
+};
+
+// Defaults, the single place they are defined (README's table mirrors this).
+inline constexpr size_t kDefaultRingBytes = 1u << 20;        // RSOCK_RING_SIZE
+inline constexpr size_t kMinRingBytes = 4u << 10;            // 4 KiB
+inline constexpr size_t kMaxRingBytes = 256u << 20;          // 256 MiB
+inline constexpr uint32_t kDefaultSpinUs = 50;               // RSOCK_SPIN_US
+inline constexpr uint32_t kMaxSpinUs = 1000000;
+inline constexpr uint32_t kDefaultConnectTimeoutMs = 1000;   // RSOCK_CONNECT_TIMEOUT_MS
+inline constexpr uint32_t kMaxConnectTimeoutMs = 600000;
+inline constexpr int kDefaultLogLevel = 1;                   // RSOCK_LOG_LEVEL = warn
+
+enum LogLevel : int { kLogError = 0, kLogWarn = 1, kLogInfo = 2, kLogDebug = 3, kLogTrace = 4 };
+
+struct Config {
+  bool disabled = false;  // RSOCK_DISABLE=1, or a configuration error
+  int log_level = kDefaultLogLevel;
+  std::string log_file;     // RSOCK_LOG_FILE; empty = stderr
+  std::string stats_path;   // RSOCK_STATS; empty = no stats file
+  std::string conf_path;    // RSOCK_CONF; empty = none
+  size_t ring_bytes = kDefaultRingBytes;
+  uint32_t spin_us = kDefaultSpinUs;
+  uint32_t connect_timeout_ms = kDefaultConnectTimeoutMs;
+  std::vector<PeerRule> rules;  // RSOCK_PEERS rules first, then the rule file's, in order
+};
+
+// One problem found while parsing: `source` names the variable or
+// "file:line" of the rule file; `message` says what is wrong and what was expected.
+struct ConfigError {
+  std::string source;
+  std::string message;
+  std::string to_string() const;  // "librsock: RSOCK_RING_SIZE: ... ; running on plain TCP"
+};
+
+using EnvLookup = std::function<const char*(const char* name)>;
+
+// Parses the environment (RSOCK_*) and, when RSOCK_CONF is set, `conf_text`
+// (the rule file's contents, read by the caller; pass nullptr when the file
+// could not be read, which is itself an error). On any error the returned
+// Config has disabled = true (plain TCP everywhere) and `errors` says why.
+Config parse_config(const EnvLookup& env, const std::string* conf_text,
+                    std::vector<ConfigError>* errors);
+
+// Parses one rule "ADDR[/PREFIX]:PORT[-PORT]" (IPv6 in brackets: "[::1]:80",
+// "[fd00::]/8:*"). Returns false and sets *error on bad input.
+bool parse_peer_rule(std::string_view text, PeerRule* out, std::string* error);
+
+// Parses a size such as "65536", "64K", "1M" (binary units).
+bool parse_size(std::string_view text, size_t* out);
+
+}  // namespace rsock

@@ -1,0 +1,86 @@
+// fd -> state table (see fdtable.h).
+#include "fdtable/fdtable.h"
+
+#include <sched.h>
+#include <sys/mman.h>
+
+namespace rsock {
+
+// Constant-initialised and trivially destructible: usable before any
+// constructor runs and still valid while exit handlers call our wrappers.
+constinit static FdTable g_table;
+FdTable& fd_table() { return g_table; }
+
+FdTable::Slot* FdTable::slot(int fd, bool create) const {
+  if (fd < 0 || fd >= kMaxFd) return nullptr;
+  const int c = fd >> kChunkBits;
+  Slot* chunk = chunks_[c].load(std::memory_order_acquire);
+  if (!chunk) {
+    if (!create) return nullptr;
+    // mmap gives zeroed memory and needs no allocator (we may run inside
+    // malloc-sensitive contexts such as a fork handler).
+    void* p = mmap(nullptr, sizeof(Slot) * kChunkSlots, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    Slot* fresh = static_cast<Slot*>(p);
+    if (!chunks_[c].compare_exchange_strong(chunk, fresh, std::memory_order_acq_rel)) {
+      munmap(p, sizeof(Slot) * kChunkSlots);
+    } else {
+      chunk = fresh;
+    }
+  }
+  return &chunk[fd & (kChunkSlots - 1)];
+}
+
+uintptr_t FdTable::lock_slot(Slot* s) {
+  for (;;) {
+    uintptr_t v = s->load(std::memory_order_relaxed) & ~uintptr_t{1};
+    if (s->compare_exchange_weak(v, v | 1, std::memory_order_acquire)) return v;
+    sched_yield();
+  }
+}
+
+bool FdTable::has(int fd) const {
+  Slot* s = slot(fd, false);
+  return s && s->load(std::memory_order_relaxed) != 0;
+}
+
+FdRef FdTable::get(int fd) const {
+  Slot* s = slot(fd, false);
+  if (!s || s->load(std::memory_order_relaxed) == 0) return FdRef();
+  uintptr_t v = lock_slot(s);
+  FdState* st = reinterpret_cast<FdState*>(v);
+  if (st) st->ref();
+  s->store(v, std::memory_order_release);
+  return FdRef(st);
+}
+
+bool FdTable::set(int fd, FdState* state) {
+  Slot* s = slot(fd, true);
+  if (!s) return false;
+  state->ref();
+  state->fds_.fetch_add(1, std::memory_order_relaxed);
+  uintptr_t old = lock_slot(s);
+  s->store(reinterpret_cast<uintptr_t>(state), std::memory_order_release);
+  if (old) {
+    FdState* prev = reinterpret_cast<FdState*>(old);
+    if (prev->fds_.fetch_sub(1, std::memory_order_acq_rel) == 1) prev->on_last_close();
+    prev->unref();
+  }
+  return true;
+}
+
+bool FdTable::clear(int fd) {
+  Slot* s = slot(fd, false);
+  if (!s || s->load(std::memory_order_relaxed) == 0) return false;
+  uintptr_t v = lock_slot(s);
+  s->store(0, std::memory_order_release);
+  if (!v) return false;
+  FdState* st = reinterpret_cast<FdState*>(v);
+  bool last = st->fds_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  if (last) st->on_last_close();
+  st->unref();
+  return last;
+}
+
+}  // namespace rsock

@@ -1,0 +1,115 @@
+// FdTable: maps a file descriptor to the librsock state attached to it (a
+// listening socket that advertises itself, an accelerated connection, an
+// epoll set with accelerated members). An fd with no state is plain: every
+// wrapper's first step is get(fd), which for a plain fd is one relaxed load
+// of zero-initialised memory. Thread-safety: get/set/take are safe against
+// each other; a slot's short spin-lock orders a racing close against the
+// reference taken by an I/O call, so the state outlives every call using it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace rsock {
+
+// Base of all per-fd state. `refs` keeps the object alive; `fds` counts the
+// table slots (dup'd fds) that point at it, so that the last close() of a
+// connection, not the first, tears it down.
+class FdState {
+ public:
+  enum class Kind : uint8_t { kListener, kConnection, kEpoll };
+  explicit FdState(Kind kind) : kind_(kind) {}
+  virtual ~FdState() = default;
+  Kind kind() const { return kind_; }
+
+  void ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  // Called when the last fd referring to this state is closed.
+  virtual void on_last_close() {}
+
+ private:
+  friend class FdTable;
+  Kind kind_;
+  std::atomic<int> refs_{1};
+  std::atomic<int> fds_{0};
+};
+
+// A counted reference, released on scope exit.
+class FdRef {
+ public:
+  FdRef() = default;
+  explicit FdRef(FdState* s) : s_(s) {}
+  FdRef(FdRef&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+  FdRef& operator=(FdRef&& o) noexcept {
+    if (this != &o) {
+      reset();
+      s_ = o.s_;
+      o.s_ = nullptr;
+    }
+    return *this;
+  }
+  FdRef(const FdRef&) = delete;
+  FdRef& operator=(const FdRef&) = delete;
+  ~FdRef() { reset(); }
+  void reset() {
+    if (s_) s_->unref();
+    s_ = nullptr;
+  }
+  FdState* get() const { return s_; }
+  explicit operator bool() const { return s_ != nullptr; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(s_);
+  }
+
+ private:
+  FdState* s_ = nullptr;
+};
+
+class FdTable {
+ public:
+  static constexpr int kChunkBits = 10;
+  static constexpr int kChunkSlots = 1 << kChunkBits;
+  static constexpr int kMaxChunks = 1 << 10;  // fds up to 2^20 are tracked
+  static constexpr int kMaxFd = kChunkSlots * kMaxChunks;
+
+  // True when fd has state; no reference taken (for cheap checks).
+  bool has(int fd) const;
+  // Returns a reference to fd's state, or an empty FdRef.
+  FdRef get(int fd) const;
+  // Attaches state to fd (taking one reference); replaces and returns any
+  // previous state's reference (dup2 over an accelerated fd).
+  bool set(int fd, FdState* state);
+  // Detaches fd's state. Returns true when this was the state's last fd,
+  // in which case on_last_close() has been called.
+  bool clear(int fd);
+  // Calls fn(fd, state) for every slot (fork and exit handlers).
+  template <class Fn>
+  void for_each(Fn fn) const;
+
+ private:
+  using Slot = std::atomic<uintptr_t>;  // FdState* | lock bit
+  Slot* slot(int fd, bool create) const;
+  static uintptr_t lock_slot(Slot* s);
+
+  mutable std::atomic<Slot*> chunks_[kMaxChunks] = {};
+};
+
+FdTable& fd_table();
+
+template <class Fn>
+void FdTable::for_each(Fn fn) const {
+  for (int c = 0; c < kMaxChunks; ++c) {
+    Slot* chunk = chunks_[c].load(std::memory_order_acquire);
+    if (!chunk) continue;
+    for (int i = 0; i < kChunkSlots; ++i) {
+      uintptr_t v = chunk[i].load(std::memory_order_acquire) & ~uintptr_t{1};
+      if (v) fn(c * kChunkSlots + i, reinterpret_cast<FdState*>(v));
+    }
+  }
+}
+
+}  // namespace rsock

@@ -1,0 +1,136 @@
+// Process-wide runtime: init, fork and exit hooks (see runtime.h).
+#include "lifecycle/runtime.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+
+#include "common/log.h"
+#include "common/real.h"
+#include "fdtable/fdtable.h"
+#include "socket/socket.h"
+#include "stats/stats.h"
+
+extern char* program_invocation_short_name;
+
+namespace rsock {
+namespace {
+
+enum InitState : int { kNotStarted = 0, kRunning = 1, kReady = 2, kDisabled = 3 };
+std::atomic<int> g_state{kNotStarted};
+std::atomic<pthread_t> g_init_thread{};
+Runtime* g_runtime = nullptr;  // never freed: wrappers may run during exit
+
+bool read_file(const char* path, std::string* out) {
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = real().read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      real().close(fd);
+      return n == 0;
+    }
+    out->append(buf, static_cast<size_t>(n));
+    if (out->size() > (1u << 20)) {  // a rule file is small; refuse anything huge
+      real().close(fd);
+      return false;
+    }
+  }
+}
+
+void after_fork_child() {
+  // The child reports only what it does itself.
+  stats_reset();
+}
+
+void init() {
+  const int saved_errno = errno;
+  auto* rt = new Runtime();
+  std::vector<ConfigError> errors;
+  const char* conf_path = getenv("RSOCK_CONF");
+  std::string conf_text;
+  bool have_conf = conf_path && *conf_path && read_file(conf_path, &conf_text);
+  rt->config = parse_config([](const char* name) -> const char* { return getenv(name); },
+                            (conf_path && *conf_path) ? (have_conf ? &conf_text : nullptr) : nullptr,
+                            &errors);
+  const char* prog = program_invocation_short_name ? program_invocation_short_name : "";
+  strncpy(rt->program, prog, sizeof rt->program - 1);
+  g_log_level = rt->config.log_level;
+  log_open(rt->config.log_file.c_str());
+  if (!errors.empty()) {
+    // One clear line; the program runs on plain TCP.
+    std::string line = errors.front().to_string();
+    line += '\n';
+    real().write(2, line.data(), line.size());
+  }
+  const char* disable = getenv("RSOCK_DISABLE");
+  const bool pure_passthrough = disable && strcmp(disable, "1") == 0;
+  rt->accelerate = !rt->config.disabled && !rt->config.rules.empty();
+  rt->stats = !pure_passthrough && !rt->config.stats_path.empty();
+  if (pure_passthrough || (!rt->accelerate && !rt->stats)) {
+    g_runtime = rt;  // kept for spin settings; wrappers see "inactive"
+    g_state.store(kDisabled, std::memory_order_release);
+    errno = saved_errno;
+    return;
+  }
+  g_runtime = rt;
+  pthread_atfork(nullptr, nullptr, after_fork_child);
+  g_state.store(kReady, std::memory_order_release);
+  LOG_INFO("active: %zu rule(s), ring %zu bytes, spin %u us", rt->config.rules.size(),
+           rt->config.ring_bytes, rt->config.spin_us);
+  errno = saved_errno;
+}
+
+__attribute__((constructor)) void rsock_constructor() {
+  resolve_real_calls();
+  runtime();
+}
+
+__attribute__((destructor)) void rsock_destructor() { flush_stats(); }
+
+}  // namespace
+
+const Runtime* runtime() {
+  int s = g_state.load(std::memory_order_acquire);
+  if (__builtin_expect(s == kReady, 1)) return g_runtime;
+  if (s == kDisabled) return nullptr;
+  if (s == kNotStarted) {
+    int expected = kNotStarted;
+    if (g_state.compare_exchange_strong(expected, kRunning)) {
+      g_init_thread.store(pthread_self());
+      init();
+      return runtime();
+    }
+  }
+  // Initialising: a recursive call from our own init goes to libc; another
+  // thread waits for the (short) init to finish.
+  if (pthread_equal(g_init_thread.load(), pthread_self())) return nullptr;
+  while (g_state.load(std::memory_order_acquire) == kRunning) sched_yield();
+  return runtime();
+}
+
+void flush_stats() {
+  if (g_state.load(std::memory_order_acquire) != kReady || !g_runtime->stats) return;
+  uint64_t open_sent = 0, open_received = 0;
+  fd_table().for_each([&](int, FdState* s) {
+    if (s->kind() != FdState::Kind::kConnection) return;
+    auto* c = static_cast<ConnectionState*>(s);
+    open_sent += c->stream().bytes_sent();
+    open_received += c->stream().bytes_received();
+  });
+  char line[2048];
+  int n = stats_format(line, sizeof line, static_cast<int>(getpid()), g_runtime->program,
+                       open_sent, open_received);
+  stats_append(g_runtime->config.stats_path.c_str(), line, n);
+}
+
+}  // namespace rsock

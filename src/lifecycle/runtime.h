@@ -1,0 +1,26 @@
+// Runtime: the process-wide state of librsock, built once on first use (our
+// constructor, or the first wrapper that runs before it): the parsed Config,
+// the program name, and the stats sink. Also owns the fork and exit hooks.
+// Thread-safety: init is once-only and recursion-safe (a call made while
+// initialising, e.g. through dlsym or getifaddrs, sees "not active" and goes
+// straight to libc); afterwards the Runtime is immutable.
+#pragma once
+
+#include "config/config.h"
+
+namespace rsock {
+
+struct Runtime {
+  Config config;
+  char program[128] = {};
+  bool accelerate = false;  // some rule may match: connect/listen need a look
+  bool stats = false;       // RSOCK_STATS set: count every TCP connection
+};
+
+// The runtime, or nullptr when librsock is disabled or still initialising.
+const Runtime* runtime();
+
+// Writes the stats line now (exit, exec).
+void flush_stats();
+
+}  // namespace rsock

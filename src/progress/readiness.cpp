@@ -1,0 +1,420 @@
+// poll/select/epoll over mixed kernel and accelerated fds (see readiness.h).
+#include "progress/readiness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "common/real.h"
+#include "fdtable/fdtable.h"
+#include "lifecycle/runtime.h"
+#include "socket/socket.h"
+
+namespace rsock {
+namespace {
+
+// Kernel epoll data for an accelerated member: our tag in the high word, the
+// fd in the low word. Such an event is a doorbell, never shown to the app.
+constexpr uint64_t kTag = 0x72736f6300000000ull;  // "rsoc"
+constexpr uint64_t kTagMask = 0xffffffff00000000ull;
+
+int64_t spin_budget_ns() {
+  const Runtime* rt = runtime();
+  return static_cast<int64_t>(rt ? rt->config.spin_us : kDefaultSpinUs) * 1000;
+}
+
+// Remaining time for a blocking kernel wait; -1 = infinite.
+bool remaining(int64_t deadline, timespec* ts, int* ms) {
+  if (deadline < 0) {
+    *ms = -1;
+    return true;
+  }
+  int64_t left = deadline - monotonic_ns();
+  if (left < 0) left = 0;
+  ts->tv_sec = left / 1000000000;
+  ts->tv_nsec = left % 1000000000;
+  *ms = static_cast<int>((left + 999999) / 1000000);
+  return left > 0;
+}
+
+short poll_events_of(const StreamEvents& ev, short want) {
+  short r = 0;
+  if (ev.readable) r |= want & (POLLIN | POLLRDNORM);
+  if (ev.writable) r |= want & (POLLOUT | POLLWRNORM);
+  if (ev.rdhup) r |= want & POLLRDHUP;
+  if (ev.hup) r |= POLLHUP;
+  if (ev.error) r |= POLLERR;
+  return r;
+}
+
+uint32_t want_of_poll(short ev) {
+  uint32_t w = 0;
+  if (ev & (POLLIN | POLLRDNORM | POLLRDHUP)) w |= kWantData;
+  if (ev & (POLLOUT | POLLWRNORM)) w |= kWantSpace;
+  return w;
+}
+
+ConnectionState* as_conn(const FdRef& r) {
+  return r && r.get()->kind() == FdState::Kind::kConnection ? r.as<ConnectionState>() : nullptr;
+}
+
+// ---- epoll shadow ---------------------------------------------------------
+
+struct EpollMember {
+  FdRef conn;  // ConnectionState
+  uint32_t events = 0;
+  epoll_data_t data{};
+  bool disabled = false;  // EPOLLONESHOT fired
+  uint32_t last_mask = 0;
+  uint64_t last_rx = ~0ull;
+  uint64_t last_tx = ~0ull;
+};
+
+std::mutex g_sets_mu;
+class EpollState;
+std::vector<EpollState*> g_sets;  // every live shadow, for epoll_forget
+
+class EpollState final : public FdState {
+ public:
+  explicit EpollState(int epfd) : FdState(Kind::kEpoll), epfd(epfd) {}
+  void on_last_close() override {
+    {
+      std::lock_guard<std::mutex> lock(g_sets_mu);
+      g_sets.erase(std::remove(g_sets.begin(), g_sets.end(), this), g_sets.end());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [fd, m] : members) m.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
+    members.clear();
+  }
+  const int epfd;
+  std::mutex mu;
+  std::map<int, EpollMember> members;  // accelerated members by fd
+};
+
+uint32_t epoll_mask_of(const StreamEvents& ev) {
+  uint32_t m = 0;
+  if (ev.readable) m |= EPOLLIN | EPOLLRDNORM;
+  if (ev.writable) m |= EPOLLOUT | EPOLLWRNORM;
+  if (ev.rdhup) m |= EPOLLRDHUP;
+  if (ev.hup) m |= EPOLLHUP;
+  if (ev.error) m |= EPOLLERR;
+  return m;
+}
+
+// Collects ready accelerated members into out[0..max). Level-triggered
+// members report while ready; edge-triggered ones when something new
+// happened since their last report; one-shot ones once until EPOLL_CTL_MOD.
+int collect(EpollState& s, epoll_event* out, int max) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  int n = 0;
+  for (auto& [fd, m] : s.members) {
+    if (n >= max) break;
+    if (m.disabled) continue;
+    StreamEvents ev = m.conn.as<ConnectionState>()->stream().events();
+    uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
+    if (m.events & EPOLLET) {
+      bool fresh = (mask & ~m.last_mask) != 0 || ((mask & EPOLLIN) && ev.rx_gen != m.last_rx) ||
+                   ((mask & EPOLLOUT) && ev.tx_gen != m.last_tx);
+      m.last_mask = mask;
+      m.last_rx = ev.rx_gen;
+      m.last_tx = ev.tx_gen;
+      if (!fresh) continue;
+    }
+    if (mask == 0) continue;
+    out[n].events = mask;
+    out[n].data = m.data;
+    ++n;
+    if (m.events & EPOLLONESHOT) m.disabled = true;
+  }
+  return n;
+}
+
+void arm_all(EpollState& s, bool arm) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (auto& [fd, m] : s.members) {
+    if (m.disabled) continue;
+    uint32_t want = 0;
+    if (m.events & (EPOLLIN | EPOLLRDHUP)) want |= kWantData;
+    if (m.events & EPOLLOUT) want |= kWantSpace;
+    Channel& ch = m.conn.as<ConnectionState>()->stream().channel();
+    if (arm)
+      ch.arm(want);
+    else
+      ch.disarm(want);
+  }
+}
+
+// Moves kernel events into place, draining doorbells of accelerated members.
+int filter_kernel(EpollState& s, epoll_event* ev, int n) {
+  int kept = 0;
+  for (int i = 0; i < n; ++i) {
+    if ((ev[i].data.u64 & kTagMask) == kTag) {
+      int fd = static_cast<int>(ev[i].data.u64 & 0xffffffffu);
+      std::lock_guard<std::mutex> lock(s.mu);
+      auto it = s.members.find(fd);
+      if (it != s.members.end()) it->second.conn.as<ConnectionState>()->stream().channel().drain_wakeups();
+      continue;
+    }
+    ev[kept++] = ev[i];
+  }
+  return kept;
+}
+
+}  // namespace
+
+// ---- poll -----------------------------------------------------------------
+
+int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
+  std::vector<FdRef> refs;
+  bool any = false;
+  for (nfds_t i = 0; i < n; ++i)
+    if (fds[i].fd >= 0 && fd_table().has(fds[i].fd)) any = true;
+  if (any) {
+    refs.resize(n);
+    any = false;
+    for (nfds_t i = 0; i < n; ++i) {
+      if (fds[i].fd < 0) continue;
+      FdRef r = fd_table().get(fds[i].fd);
+      if (as_conn(r)) {
+        refs[i] = std::move(r);
+        any = true;
+      }
+    }
+  }
+  if (!any) {
+    timespec ts = {static_cast<time_t>(timeout_ns / 1000000000),
+                   static_cast<long>(timeout_ns % 1000000000)};
+    int r = real().ppoll(fds, n, timeout_ns < 0 ? nullptr : &ts, mask);
+    return r < 0 ? -errno : r;
+  }
+  const int64_t deadline = timeout_ns < 0 ? -1 : monotonic_ns() + timeout_ns;
+  const int64_t spin_end = monotonic_ns() + spin_budget_ns();
+  std::vector<pollfd> kfds(fds, fds + n);
+  bool has_kernel = false;
+  for (nfds_t i = 0; i < n; ++i)
+    if (!refs[i] && fds[i].fd >= 0) has_kernel = true;
+  for (int iter = 0;; ++iter) {
+    int ready = 0;
+    for (nfds_t i = 0; i < n; ++i) {
+      fds[i].revents = 0;
+      if (ConnectionState* c = as_conn(refs[i])) {
+        fds[i].revents = poll_events_of(c->stream().events(), fds[i].events);
+        if (fds[i].revents) ++ready;
+      }
+    }
+    // Kernel members: a zero-timeout look (every pass while spinning is too
+    // costly; every 16th pass keeps their latency within the spin).
+    if (has_kernel && (ready > 0 || iter % 16 == 0)) {
+      for (nfds_t i = 0; i < n; ++i) kfds[i].fd = refs[i] ? -1 : fds[i].fd;
+      int k = real().poll(kfds.data(), n, 0);
+      if (k > 0)
+        for (nfds_t i = 0; i < n; ++i)
+          if (!refs[i] && kfds[i].revents) {
+            fds[i].revents = kfds[i].revents;
+            ++ready;
+          }
+    }
+    if (ready > 0) return ready;
+    if (deadline >= 0 && monotonic_ns() >= deadline) return 0;
+    if (monotonic_ns() < spin_end) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    // Block: arm the accelerated members, re-check, then sleep in the kernel
+    // on their doorbells and on the kernel members together.
+    for (nfds_t i = 0; i < n; ++i)
+      if (ConnectionState* c = as_conn(refs[i])) c->stream().channel().arm(want_of_poll(fds[i].events));
+    bool now_ready = false;
+    for (nfds_t i = 0; i < n && !now_ready; ++i)
+      if (ConnectionState* c = as_conn(refs[i]))
+        now_ready = poll_events_of(c->stream().events(), fds[i].events) != 0;
+    int rc = 0, err = 0;
+    if (!now_ready) {
+      for (nfds_t i = 0; i < n; ++i) {
+        if (ConnectionState* c = as_conn(refs[i]))
+          kfds[i] = {c->stream().channel().wait_fd(), POLLIN, 0};
+        else
+          kfds[i] = {fds[i].fd, fds[i].events, 0};
+      }
+      timespec ts;
+      int ms;
+      remaining(deadline, &ts, &ms);
+      rc = real().ppoll(kfds.data(), n, deadline < 0 ? nullptr : &ts, mask);
+      err = errno;
+    }
+    for (nfds_t i = 0; i < n; ++i)
+      if (ConnectionState* c = as_conn(refs[i])) {
+        if (!now_ready && kfds[i].revents) c->stream().channel().drain_wakeups();
+        c->stream().channel().disarm(want_of_poll(fds[i].events));
+      }
+    if (rc < 0 && err == EINTR) return -EINTR;
+    if (rc < 0) return -err;
+    iter = -1;  // look at everything on the next pass
+  }
+}
+
+// ---- select ---------------------------------------------------------------
+
+int rs_select(int nfds, fd_set* r, fd_set* w, fd_set* e, int64_t timeout_ns,
+              const sigset_t* mask) {
+  std::vector<pollfd> p;
+  for (int fd = 0; fd < nfds; ++fd) {
+    short ev = 0;
+    if (r && FD_ISSET(fd, r)) ev |= POLLIN;
+    if (w && FD_ISSET(fd, w)) ev |= POLLOUT;
+    if (e && FD_ISSET(fd, e)) ev |= POLLPRI;
+    if (ev) p.push_back({fd, ev, 0});
+  }
+  int rc = rs_poll(p.data(), p.size(), timeout_ns, mask);
+  if (rc < 0) return rc;
+  int count = 0;
+  for (auto& q : p) {
+    if (q.revents & POLLNVAL) return -EBADF;
+    bool rd = q.revents & (POLLIN | POLLHUP | POLLERR);
+    bool wr = q.revents & (POLLOUT | POLLERR);
+    bool ex = q.revents & POLLPRI;
+    if (r && FD_ISSET(q.fd, r)) {
+      if (rd && (q.events & POLLIN)) ++count; else FD_CLR(q.fd, r);
+    }
+    if (w && FD_ISSET(q.fd, w)) {
+      if (wr && (q.events & POLLOUT)) ++count; else FD_CLR(q.fd, w);
+    }
+    if (e && FD_ISSET(q.fd, e)) {
+      if (ex) ++count; else FD_CLR(q.fd, e);
+    }
+  }
+  return count;
+}
+
+// ---- epoll ----------------------------------------------------------------
+
+int rs_epoll_create(int flags) {
+  int fd = real().epoll_create1(flags);
+  return fd < 0 ? -errno : fd;
+}
+
+int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
+  FdRef conn = fd_table().get(fd);
+  if (!as_conn(conn)) {
+    int r = real().epoll_ctl(epfd, op, fd, ev);
+    return r < 0 ? -errno : 0;
+  }
+  if (op != EPOLL_CTL_DEL && ev == nullptr) return -EFAULT;
+  FdRef set = fd_table().get(epfd);
+  if (!set) {
+    // First accelerated member: give the set its shadow.
+    if (real().fcntl(epfd, F_GETFD) < 0) return -EBADF;
+    auto* s = new EpollState(epfd);
+    fd_table().set(epfd, s);
+    s->unref();
+    std::lock_guard<std::mutex> lock(g_sets_mu);
+    g_sets.push_back(s);
+    set = fd_table().get(epfd);
+  }
+  if (set.get()->kind() != FdState::Kind::kEpoll) return -EINVAL;
+  auto* s = set.as<EpollState>();
+  std::lock_guard<std::mutex> lock(s->mu);
+  auto it = s->members.find(fd);
+  if (op == EPOLL_CTL_ADD) {
+    if (it != s->members.end()) return -EEXIST;
+    // The kernel watches the doorbells (level-triggered, drained by us).
+    epoll_event kev = {};
+    kev.events = EPOLLIN | EPOLLRDHUP;
+    kev.data.u64 = kTag | static_cast<uint32_t>(fd);
+    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &kev) < 0) return -errno;
+    EpollMember m;
+    m.conn = std::move(conn);
+    m.events = ev->events;
+    m.data = ev->data;
+    m.conn.as<ConnectionState>()->epoll_refs.fetch_add(1);
+    s->members.emplace(fd, std::move(m));
+    return 0;
+  }
+  if (it == s->members.end()) return -ENOENT;
+  if (op == EPOLL_CTL_MOD) {
+    it->second.events = ev->events;
+    it->second.data = ev->data;
+    it->second.disabled = false;
+    it->second.last_mask = 0;
+    it->second.last_rx = it->second.last_tx = ~0ull;
+    return 0;
+  }
+  if (op == EPOLL_CTL_DEL) {
+    real().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    it->second.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
+    s->members.erase(it);
+    return 0;
+  }
+  return -EINVAL;
+}
+
+int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
+                  const sigset_t* mask) {
+  if (maxevents <= 0) return -EINVAL;
+  FdRef set = fd_table().get(epfd);
+  EpollState* s = set && set.get()->kind() == FdState::Kind::kEpoll ? set.as<EpollState>() : nullptr;
+  bool empty = true;
+  if (s) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    empty = s->members.empty();
+  }
+  if (empty) {
+    int r = real().epoll_pwait(epfd, events, maxevents, timeout_ms, mask);
+    return r < 0 ? -errno : r;
+  }
+  const int64_t deadline = timeout_ms < 0 ? -1 : monotonic_ns() + int64_t{timeout_ms} * 1000000;
+  const int64_t spin_end = monotonic_ns() + spin_budget_ns();
+  for (int iter = 0;; ++iter) {
+    int n = collect(*s, events, maxevents);
+    if (n > 0 || iter % 16 == 0) {
+      int k = real().epoll_wait(epfd, events + n, maxevents - n, 0);
+      if (k > 0) n += filter_kernel(*s, events + n, k);
+    }
+    if (n > 0) return n;
+    if (deadline >= 0 && monotonic_ns() >= deadline) return 0;
+    if (monotonic_ns() < spin_end) {
+      __builtin_ia32_pause();
+      continue;
+    }
+    arm_all(*s, true);
+    n = collect(*s, events, maxevents);
+    int k = 0, err = 0;
+    if (n == 0) {
+      timespec ts;
+      int ms;
+      remaining(deadline, &ts, &ms);
+      k = real().epoll_pwait(epfd, events, maxevents, ms, mask);
+      err = errno;
+      if (k > 0) n = filter_kernel(*s, events, k);
+    }
+    arm_all(*s, false);
+    if (k < 0 && err == EINTR) return -EINTR;
+    if (k < 0) return -err;
+    if (n > 0) {
+      // Kernel members are ready: add whatever accelerated ones are too.
+      n += collect(*s, events + n, maxevents - n);
+      return n;
+    }
+    iter = -1;
+  }
+}
+
+void epoll_forget(int fd) {
+  std::lock_guard<std::mutex> lock(g_sets_mu);
+  for (EpollState* s : g_sets) {
+    std::lock_guard<std::mutex> l2(s->mu);
+    auto it = s->members.find(fd);
+    if (it == s->members.end()) continue;
+    real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, nullptr);
+    it->second.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
+    s->members.erase(it);
+  }
+}
+
+}  // namespace rsock

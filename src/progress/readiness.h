@@ -1,0 +1,34 @@
+// Readiness for poll, select and epoll over sets that mix kernel fds and
+// accelerated fds. Accelerated readiness is computed from the rings, not
+// from the kernel socket (which, after the switch, only carries doorbells).
+// Waiting spins briefly, then arms every accelerated member and blocks in
+// the kernel on the doorbells together with the kernel members.
+// Thread-safety: an epoll set's shadow is under its own mutex; poll and
+// select hold references to the states they examine.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+
+namespace rsock {
+
+// poll/ppoll. timeout_ns < 0 = infinite. Returns the libc result or -errno.
+int rs_poll(struct pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask);
+
+// select/pselect. timeout_ns < 0 = infinite. Returns the libc result or -errno.
+int rs_select(int nfds, fd_set* r, fd_set* w, fd_set* e, int64_t timeout_ns,
+              const sigset_t* mask);
+
+// epoll: a shadow of each epoll set records its accelerated members with
+// the events and data the application asked for (level, edge, one-shot).
+int rs_epoll_create(int flags);  // creates the set and its shadow
+int rs_epoll_ctl(int epfd, int op, int fd, struct epoll_event* ev);
+int rs_epoll_wait(int epfd, struct epoll_event* events, int maxevents, int timeout_ms,
+                  const sigset_t* mask);
+
+// Drops fd from every epoll shadow (called on its last close).
+void epoll_forget(int fd);
+
+}  // namespace rsock

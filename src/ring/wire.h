@@ -1,0 +1,100 @@
+// Wire formats of the stream protocol (docs/protocol.md is the prose spec):
+// the shared region that holds both rings and their control words, and the
+// handshake messages exchanged on the rendezvous socket. Pure declarations
+// with static_asserts on every layout rule. Thread-safety: the control words
+// are atomics written by exactly one side each (see DirectionControl).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace rsock {
+
+inline constexpr uint64_t kRegionMagic = 0x31726b636f737272ull;  // "rrsockr1"
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kCacheLine = 64;
+
+// Control words of one direction. The producer writes `head`,
+// `producer_flags` and `producer_waiting`; the consumer writes `consumed`,
+// `consumer_flags` and `consumer_waiting`. The two groups live on separate
+// cache lines so that a streaming producer and consumer do not false-share.
+struct DirectionControl {
+  alignas(kCacheLine) std::atomic<uint64_t> head;  // bytes published
+  std::atomic<uint32_t> producer_flags;            // LocalFlag bits of the producer
+  std::atomic<uint32_t> producer_waiting;          // producer threads asleep on credits
+  alignas(kCacheLine) std::atomic<uint64_t> consumed;  // bytes consumed (credits)
+  std::atomic<uint32_t> consumer_flags;                // LocalFlag bits of the consumer
+  std::atomic<uint32_t> consumer_waiting;              // consumer threads asleep on data
+};
+static_assert(sizeof(DirectionControl) == 2 * kCacheLine);
+static_assert(offsetof(DirectionControl, consumed) == kCacheLine);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// Direction 0 carries server -> client bytes, direction 1 client -> server.
+enum Direction : int { kServerToClient = 0, kClientToServer = 1 };
+
+// The start of the shared region (a memfd created by the accepting side).
+// Ring data follows at ring_offset[d], page-aligned, ring_bytes long each.
+struct RegionHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t header_bytes;
+  uint64_t nonce;       // per-connection random value, also in the handshake
+  uint64_t ring_bytes;  // size of each ring, a power of two
+  uint64_t ring_offset[2];
+  uint64_t region_bytes;
+  alignas(kCacheLine) DirectionControl dir[2];
+};
+static_assert(offsetof(RegionHeader, dir) % kCacheLine == 0);
+
+inline constexpr size_t kPageBytes = 4096;
+inline constexpr size_t region_header_bytes() {
+  return (sizeof(RegionHeader) + kPageBytes - 1) & ~(kPageBytes - 1);
+}
+inline constexpr size_t region_bytes_for(size_t ring_bytes) {
+  return region_header_bytes() + 2 * ring_bytes;
+}
+
+// Handshake on the rendezvous socket (AF_UNIX SOCK_SEQPACKET, one message
+// per packet), docs/protocol.md. The accepting side connects to the
+// connecting side's rendezvous; each side proves it owns its end of the TCP
+// connection by passing that very socket (SCM_RIGHTS): the receiver checks
+// that its local and peer addresses are its own peer and local addresses.
+//   connecting side -> Hello  + [its TCP socket]
+//   accepting side  -> Offer  + [region memfd, its TCP socket]
+//   connecting side -> Answer (accept: both ends now use the rings)
+enum class MsgType : uint32_t { kHello = 1, kOffer = 2, kAnswer = 3 };
+
+struct HelloMsg {
+  uint32_t type;  // MsgType::kHello
+  uint32_t version;
+};
+
+struct WireAddr {  // an address as both ends name it: IPv4 stored as v4-mapped IPv6
+  uint8_t addr[16];
+  uint16_t port;  // host byte order
+  uint16_t pad;
+};
+static_assert(sizeof(WireAddr) == 20);
+
+struct OfferMsg {
+  uint32_t type;  // MsgType::kOffer
+  uint32_t version;
+  uint64_t nonce;
+  uint64_t ring_bytes;
+  uint64_t region_bytes;
+  WireAddr server;  // the accepted socket's local address
+  WireAddr client;  // its peer address
+};
+
+enum class AnswerCode : uint32_t { kAccept = 0, kDecline = 1 };
+
+struct AnswerMsg {
+  uint32_t type;  // MsgType::kAnswer
+  uint32_t code;  // AnswerCode
+  uint64_t nonce;
+};
+
+}  // namespace rsock

@@ -1,0 +1,301 @@
+// Accelerated-socket semantics and connection setup (see socket.h).
+#include "socket/socket.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/log.h"
+#include "common/real.h"
+#include "lifecycle/runtime.h"
+#include "policy/policy.h"
+#include "transport/shm/rendezvous.h"
+
+namespace rsock {
+namespace {
+
+bool is_tcp_stream(int fd) {
+  int type = 0, proto = 0, domain = 0;
+  socklen_t len = sizeof type;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+    return false;
+  len = sizeof domain;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 ||
+      (domain != AF_INET && domain != AF_INET6))
+    return false;
+  len = sizeof proto;
+  return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0 &&
+         proto == IPPROTO_TCP;
+}
+
+int64_t timeval_us(int fd, int opt) {
+  timeval tv = {};
+  socklen_t len = sizeof tv;
+  if (real().getsockopt(fd, SOL_SOCKET, opt, &tv, &len) != 0) return 0;
+  return static_cast<int64_t>(tv.tv_sec) * 1000000 + tv.tv_usec;
+}
+
+// Attaches an accelerated connection to fd, inheriting the kernel socket's
+// O_NONBLOCK and timeouts (set before the connection was made).
+void attach(int fd, std::unique_ptr<Channel> ch, Path path) {
+  auto* c = new ConnectionState(std::move(ch), path, fd);
+  int fl = real().fcntl(fd, F_GETFL);
+  c->nonblocking.store(fl >= 0 && (fl & O_NONBLOCK));
+  c->rcv_timeout_us.store(timeval_us(fd, SO_RCVTIMEO));
+  c->snd_timeout_us.store(timeval_us(fd, SO_SNDTIMEO));
+  fd_table().set(fd, c);
+  c->unref();  // the table holds it now
+  stats_connection(path);
+}
+
+// Iovec cursor: the part of an iovec array not yet transferred.
+struct IovCursor {
+  explicit IovCursor(const iovec* iov, int n) : v(iov, iov + n) {}
+  void advance(size_t n) {
+    while (n > 0 && first < v.size()) {
+      size_t k = std::min(n, v[first].iov_len);
+      v[first].iov_base = static_cast<char*>(v[first].iov_base) + k;
+      v[first].iov_len -= k;
+      n -= k;
+      if (v[first].iov_len == 0) ++first;
+    }
+  }
+  const iovec* data() const { return v.data() + first; }
+  int count() const { return static_cast<int>(v.size() - first); }
+  std::vector<iovec> v;
+  size_t first = 0;
+};
+
+size_t iov_total(const iovec* iov, int n) {
+  size_t t = 0;
+  for (int i = 0; i < n; ++i) t += iov[i].iov_len;
+  return t;
+}
+
+int64_t deadline_after_us(int64_t us) { return us > 0 ? monotonic_ns() + us * 1000 : -1; }
+
+uint32_t spin_ns() {
+  const Runtime* rt = runtime();
+  return (rt ? rt->config.spin_us : kDefaultSpinUs) * 1000u;
+}
+
+}  // namespace
+
+int64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+ListenerState::~ListenerState() {
+  if (marker_fd_ >= 0) real().close(marker_fd_);
+}
+
+ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, int /*fd*/)
+    : FdState(Kind::kConnection), stream_(std::move(channel)), path_(path) {}
+
+ConnectionState::~ConnectionState() = default;
+
+void ConnectionState::on_last_close() {
+  stream_.close();
+  stats_bytes(stream_.bytes_sent(), stream_.bytes_received());
+}
+
+int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
+  auto ready = [&] {
+    StreamEvents ev = c.stream().events();
+    return want == kWantData ? ev.readable : ev.writable;
+  };
+  // Spin briefly: a peer that answers within the spin costs no syscall.
+  const int64_t spin_end = monotonic_ns() + spin_ns();
+  do {
+    if (ready()) return 0;
+    __builtin_ia32_pause();
+  } while (monotonic_ns() < spin_end);
+
+  Channel& ch = c.stream().channel();
+  for (;;) {
+    ch.arm(want);
+    if (ready()) {
+      ch.disarm(want);
+      return 0;
+    }
+    int timeout_ms = -1;
+    if (deadline_ns >= 0) {
+      int64_t left = deadline_ns - monotonic_ns();
+      if (left <= 0) {
+        ch.disarm(want);
+        return -EAGAIN;
+      }
+      timeout_ms = static_cast<int>((left + 999999) / 1000000);
+    }
+    pollfd p = {ch.wait_fd(), POLLIN, 0};
+    int rc = real().poll(&p, 1, timeout_ms);
+    int err = errno;
+    ch.drain_wakeups();
+    ch.disarm(want);
+    if (rc < 0 && err == EINTR) return -EINTR;
+    if (ready()) return 0;
+  }
+}
+
+ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
+  const bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+  const size_t total = iov_total(iov, iovcnt);
+  if (total == 0) return c.stream().send(iov, iovcnt);
+  const int64_t deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
+  IovCursor cur(iov, iovcnt);
+  size_t done = 0;
+  for (;;) {
+    ssize_t n = c.stream().send(cur.data(), cur.count());
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      if (done == total || nonblock) return static_cast<ssize_t>(done);
+      cur.advance(static_cast<size_t>(n));
+      continue;
+    }
+    if (n != -EAGAIN) return done ? static_cast<ssize_t>(done) : n;
+    if (nonblock) return done ? static_cast<ssize_t>(done) : -EAGAIN;
+    int w = conn_wait(c, kWantSpace, deadline);
+    if (w < 0) return done ? static_cast<ssize_t>(done) : w;
+  }
+}
+
+ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
+  if (flags & MSG_OOB) return -EINVAL;  // no urgent data on an accelerated stream
+  const bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+  const bool peek = flags & MSG_PEEK;
+  const bool waitall = (flags & MSG_WAITALL) && !peek;
+  const size_t total = iov_total(iov, iovcnt);
+  if (total == 0) return 0;
+  const int64_t deadline = deadline_after_us(c.rcv_timeout_us.load(std::memory_order_relaxed));
+  IovCursor cur(iov, iovcnt);
+  size_t done = 0;
+  for (;;) {
+    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      if (!waitall || done == total) return static_cast<ssize_t>(done);
+      cur.advance(static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0) return static_cast<ssize_t>(done);
+    if (n != -EAGAIN) return done ? static_cast<ssize_t>(done) : n;
+    if (nonblock) return done ? static_cast<ssize_t>(done) : -EAGAIN;
+    int w = conn_wait(c, kWantData, deadline);
+    if (w < 0) return done ? static_cast<ssize_t>(done) : w;
+  }
+}
+
+int conn_shutdown(ConnectionState& c, int how) {
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
+  // The kernel socket is left open in both directions: it carries the
+  // doorbells and liveness until close().
+  c.stream().shutdown(how != SHUT_WR, how != SHUT_RD);
+  return 0;
+}
+
+int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len) {
+  const Config& cfg = rt.config;
+  Decision d = decide(cfg, rt.program, Role::kClient, addr, len);
+  auto plain = [&](bool count_tcp) {
+    int r = real().connect(fd, addr, len);
+    int err = errno;
+    if ((r == 0 || err == EINPROGRESS) && count_tcp) stats_connection(Path::kTcp);
+    return r == 0 ? 0 : -err;
+  };
+  if (!d.candidate) return plain(rt.stats && is_tcp_stream(fd));
+  if (!is_tcp_stream(fd)) return plain(false);
+  Fallback why;
+  if (d.transport == TransportKind::kRdma) {
+    why = Fallback::kTransportDisabled;  // the verbs transport is not built yet
+  } else if (!is_local_address(addr)) {
+    why = Fallback::kNotSameHost;
+  } else if (negative_cache_hit(addr)) {
+    why = Fallback::kNegativeCache;
+  } else if (!shm_server_advertised(addr)) {
+    why = Fallback::kPeerNotAccelerated;
+  } else {
+    int rfd = shm_client_prepare(fd, addr);
+    if (rfd < 0) {
+      LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
+      why = Fallback::kResources;
+    } else {
+      int r = real().connect(fd, addr, len);
+      if (r != 0 && errno == EINPROGRESS) {
+        // Nonblocking connect: on one host the handshake completes at once;
+        // wait for it (bounded), so the pairing can happen here.
+        pollfd p = {fd, POLLOUT, 0};
+        int pr = real().poll(&p, 1, static_cast<int>(cfg.connect_timeout_ms));
+        if (pr == 1 && p.revents == POLLOUT) r = 0;
+      }
+      if (r != 0) {
+        int err = errno;
+        real().close(rfd);
+        if (err == EINPROGRESS) {
+          stats_fallback(Fallback::kPairTimeout);
+          stats_connection(Path::kTcp);
+        }
+        return -err;
+      }
+      auto ch = shm_client_pair(fd, rfd, cfg, &why);
+      if (ch) {
+        attach(fd, std::move(ch), Path::kShm);
+        LOG_INFO("connect fd %d: accelerated (shm)", fd);
+        return 0;
+      }
+      if (why == Fallback::kPairTimeout) negative_cache_add(addr);
+      stats_fallback(why);
+      stats_connection(Path::kTcp);
+      LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
+      return 0;
+    }
+  }
+  stats_fallback(why);
+  LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
+  return plain(true);
+}
+
+int setup_listen(const Runtime& rt, int fd, int backlog) {
+  if (real().listen(fd, backlog) != 0) return -errno;
+  if (fd_table().has(fd)) return 0;  // listen() again on a candidate listener
+  sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
+  Decision d = decide(rt.config, rt.program, Role::kServer, reinterpret_cast<sockaddr*>(&ss), len);
+  if (!d.candidate || d.transport == TransportKind::kRdma || !is_tcp_stream(fd)) return 0;
+  int marker = shm_advertise_listener(fd);
+  if (marker < 0 && marker != -EADDRINUSE)
+    LOG_WARN("listen fd %d: cannot advertise (%s); clients will use TCP", fd, strerror(-marker));
+  auto* st = new ListenerState(marker);
+  fd_table().set(fd, st);
+  st->unref();
+  LOG_INFO("listen fd %d: candidate listener", fd);
+  return 0;
+}
+
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd) {
+  if (listener == nullptr || listener->kind() != FdState::Kind::kListener) {
+    if (rt.stats && is_tcp_stream(newfd)) stats_connection(Path::kTcp);
+    return;
+  }
+  Fallback why;
+  auto ch = shm_server_pair(newfd, rt.config, &why);
+  if (ch) {
+    attach(newfd, std::move(ch), Path::kShm);
+    LOG_INFO("accept fd %d: accelerated (shm)", newfd);
+    return;
+  }
+  stats_fallback(why);
+  stats_connection(Path::kTcp);
+  LOG_INFO("accept fd %d: plain TCP (%s)", newfd, fallback_name(why));
+}
+
+}  // namespace rsock

@@ -1,0 +1,76 @@
+// Per-socket state and POSIX semantics on accelerated sockets: blocking and
+// O_NONBLOCK, MSG_* flags, timeouts, SIGPIPE, shutdown, socket options; and
+// the connection setup that decides, per stream, between a transport and
+// plain TCP (connect, listen, accept). The application's fd is always the
+// kernel TCP socket; acceleration is the state attached to it in FdTable.
+// Thread-safety: ConnectionState is shared by threads through FdRef; its
+// Stream serialises senders and receivers separately.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <memory>
+
+#include "fdtable/fdtable.h"
+#include "stats/stats.h"
+#include "stream/stream.h"
+
+namespace rsock {
+
+struct Runtime;
+
+// A listening socket whose streams are candidates (a rule matched).
+class ListenerState final : public FdState {
+ public:
+  explicit ListenerState(int marker_fd) : FdState(Kind::kListener), marker_fd_(marker_fd) {}
+  ~ListenerState() override;
+  int marker_fd() const { return marker_fd_; }
+
+ private:
+  int marker_fd_;  // the same-host advertisement (-1 if another process holds it)
+};
+
+// An accelerated connection.
+class ConnectionState final : public FdState {
+ public:
+  ConnectionState(std::unique_ptr<Channel> channel, Path path, int fd);
+  ~ConnectionState() override;
+  void on_last_close() override;
+
+  Stream& stream() { return stream_; }
+  Path path() const { return path_; }
+
+  std::atomic<bool> nonblocking{false};
+  std::atomic<int64_t> rcv_timeout_us{0};  // SO_RCVTIMEO, 0 = none
+  std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO
+  std::atomic<int> epoll_refs{0};          // epoll sets holding this fd
+
+ private:
+  Stream stream_;
+  Path path_;
+};
+
+// I/O on accelerated connections. Each returns the libc result or a
+// negative errno; the wrapper sets errno (and raises SIGPIPE when due).
+ssize_t conn_send(ConnectionState& c, const struct iovec* iov, int iovcnt, int flags);
+ssize_t conn_recv(ConnectionState& c, const struct iovec* iov, int iovcnt, int flags);
+int conn_shutdown(ConnectionState& c, int how);
+
+// Waits until the stream has data (want = kWantData) or space
+// (kWantSpace), with the spin-then-block policy. deadline_ns is CLOCK_MONOTONIC
+// nanoseconds, or -1 for none. Returns 0, -EAGAIN on timeout, -EINTR.
+int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns);
+
+// Connection setup, called by the wrappers with the runtime active.
+// Each returns the libc result of the underlying call, or a negative errno.
+int setup_connect(const Runtime& rt, int fd, const struct sockaddr* addr, socklen_t len);
+int setup_listen(const Runtime& rt, int fd, int backlog);
+// After a successful real accept: pairs if the listener is a candidate.
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd);
+
+int64_t monotonic_ns();
+
+}  // namespace rsock

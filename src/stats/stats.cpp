@@ -1,0 +1,97 @@
+// Process-wide counters (see stats.h).
+#include "stats/stats.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "common/real.h"
+
+namespace rsock {
+namespace {
+
+std::atomic<uint64_t> g_paths[static_cast<int>(Path::kCount)];
+std::atomic<uint64_t> g_fallbacks[static_cast<int>(Fallback::kCount)];
+std::atomic<uint64_t> g_sent{0};
+std::atomic<uint64_t> g_received{0};
+
+const char* const kFallbackNames[] = {
+    "peer_not_accelerated", "not_same_host", "negative_cache",    "pair_timeout",
+    "pair_failed",          "resources",     "transport_disabled", "unsupported_socket"};
+static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
+              static_cast<size_t>(Fallback::kCount));
+
+}  // namespace
+
+const char* fallback_name(Fallback f) { return kFallbackNames[static_cast<int>(f)]; }
+
+void stats_connection(Path p) { g_paths[static_cast<int>(p)].fetch_add(1, std::memory_order_relaxed); }
+void stats_fallback(Fallback f) {
+  g_fallbacks[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
+}
+void stats_bytes(uint64_t sent, uint64_t received) {
+  g_sent.fetch_add(sent, std::memory_order_relaxed);
+  g_received.fetch_add(received, std::memory_order_relaxed);
+}
+uint64_t stats_connections(Path p) { return g_paths[static_cast<int>(p)].load(); }
+uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].load(); }
+
+void stats_reset() {
+  for (auto& c : g_paths) c.store(0);
+  for (auto& c : g_fallbacks) c.store(0);
+  g_sent.store(0);
+  g_received.store(0);
+}
+
+int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open_sent,
+                 uint64_t open_received) {
+  // Program names come from argv[0]: escape what JSON requires.
+  char prog[256];
+  int p = 0;
+  for (const char* c = program; *c && p < static_cast<int>(sizeof prog) - 7; ++c) {
+    unsigned char ch = static_cast<unsigned char>(*c);
+    if (ch == '"' || ch == '\\') {
+      prog[p++] = '\\';
+      prog[p++] = static_cast<char>(ch);
+    } else if (ch < 0x20) {
+      p += snprintf(prog + p, sizeof prog - p, "\\u%04x", ch);
+    } else {
+      prog[p++] = static_cast<char>(ch);
+    }
+  }
+  prog[p] = '\0';
+  int n = snprintf(buf, cap,
+                   "{\"pid\": %d, \"program\": \"%s\", \"connections\": {\"shm\": %llu, "
+                   "\"rdma\": %llu, \"tcp\": %llu}, \"fallbacks\": {",
+                   pid, prog, static_cast<unsigned long long>(stats_connections(Path::kShm)),
+                   static_cast<unsigned long long>(stats_connections(Path::kRdma)),
+                   static_cast<unsigned long long>(stats_connections(Path::kTcp)));
+  bool first = true;
+  for (int i = 0; i < static_cast<int>(Fallback::kCount) && n < cap; ++i) {
+    uint64_t v = g_fallbacks[i].load();
+    if (v == 0) continue;
+    n += snprintf(buf + n, cap - n, "%s\"%s\": %llu", first ? "" : ", ", kFallbackNames[i],
+                  static_cast<unsigned long long>(v));
+    first = false;
+  }
+  if (n < cap)
+    n += snprintf(buf + n, cap - n, "}, \"bytes_sent\": %llu, \"bytes_received\": %llu}",
+                  static_cast<unsigned long long>(g_sent.load() + open_sent),
+                  static_cast<unsigned long long>(g_received.load() + open_received));
+  return n < cap ? n : cap - 1;
+}
+
+void stats_append(const char* path, const char* line, int len) {
+  int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  char buf[4096];
+  if (len > static_cast<int>(sizeof buf) - 1) len = sizeof buf - 1;
+  __builtin_memcpy(buf, line, len);
+  buf[len] = '\n';
+  real().write(fd, buf, len + 1);
+  real().close(fd);
+}
+
+}  // namespace rsock

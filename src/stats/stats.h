@@ -1,0 +1,43 @@
+// Process-wide counters: connections by the path that carried their data,
+// fallbacks by reason code, bytes moved on accelerated connections. Written
+// as one JSON line appended to RSOCK_STATS at exit and before exec.
+// Thread-safety: counters are relaxed atomics; writing is serialised.
+#pragma once
+
+#include <cstdint>
+
+namespace rsock {
+
+// Why a candidate stream (a rule matched) ended up on plain TCP. The names
+// are stable: tests, operators and rsockstat read them.
+enum class Fallback : int {
+  kPeerNotAccelerated,  // "peer_not_accelerated": no librsock listener/rendezvous at the peer
+  kNotSameHost,         // "not_same_host": peer is remote and no RDMA transport is available
+  kNegativeCache,       // "negative_cache": an earlier attempt to this peer failed recently
+  kPairTimeout,         // "pair_timeout": the peer did not complete the handshake in time
+  kPairFailed,          // "pair_failed": the handshake broke (declined, bad offer, I/O error)
+  kResources,           // "resources": memfd/mmap/socket creation failed
+  kTransportDisabled,   // "transport_disabled": the rule forces a transport that cannot serve
+  kUnsupportedSocket,   // "unsupported_socket": matched address but not a plain TCP socket
+  kCount
+};
+const char* fallback_name(Fallback f);
+
+enum class Path : int { kShm, kRdma, kTcp, kCount };
+
+void stats_connection(Path p);
+void stats_fallback(Fallback f);
+void stats_bytes(uint64_t sent, uint64_t received);  // from a closed accelerated connection
+uint64_t stats_connections(Path p);
+uint64_t stats_fallbacks(Fallback f);
+
+// Formats the JSON object (without newline) into buf; returns its length.
+// open_sent/open_received add the bytes of connections still open.
+int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open_sent,
+                 uint64_t open_received);
+// Appends one line to path (O_APPEND, one write).
+void stats_append(const char* path, const char* line, int len);
+// Zeroes the counters (fork child: its parent reports what came before).
+void stats_reset();
+
+}  // namespace rsock

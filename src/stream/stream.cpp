@@ -1,0 +1,163 @@
+// Byte stream over a Channel (see stream.h). The rules that matter:
+//  - the sender writes only into credited space: size - (sent - credited);
+//  - bytes become visible to the receiver only through publish(head);
+//  - the receiver returns credits by the rule in ReceiveWindow::should_grant;
+//  - every notification from the peer may be stale, duplicated or
+//    reordered, so only larger totals count (ring.h).
+#include "stream/stream.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+
+namespace rsock {
+
+Stream::Stream(std::unique_ptr<Channel> channel)
+    : channel_(std::move(channel)),
+      ledger_(channel_->ring_bytes()),
+      window_(channel_->ring_bytes()) {}
+
+Stream::~Stream() = default;
+
+void Stream::fail() { broken_.store(true, std::memory_order_release); }
+
+ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
+  if (shut_wr_.load(std::memory_order_relaxed)) return -EPIPE;
+  const PeerState s = channel_->poll();
+  if (s.flags & kTransportError) return -ECONNRESET;
+  if (s.flags & kPeerClosed) return -EPIPE;
+  if (!ledger_.on_credit(s.consumed)) {
+    fail();
+    return -ECONNRESET;
+  }
+  size_t want = 0;
+  for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
+  if (want == 0) return 0;
+  size_t room = ledger_.available();
+  if (room == 0) return -EAGAIN;
+  size_t total = std::min(want, room);
+  size_t done = 0;
+  const size_t size = ledger_.ring_bytes();
+  for (int i = 0; i < iovcnt && done < total; ++i) {
+    const auto* src = static_cast<const uint8_t*>(iov[i].iov_base);
+    size_t len = std::min(iov[i].iov_len, total - done);
+    RingSpan spans[2];
+    int n = ring_split(ledger_.sent() + done, len, size, spans);
+    for (int k = 0; k < n; ++k) {
+      int rc = channel_->write(spans[k].offset, src, spans[k].len);
+      if (rc < 0) {
+        fail();
+        return rc;
+      }
+      src += spans[k].len;
+    }
+    done += len;
+  }
+  ledger_.on_sent(done);
+  int rc = channel_->publish(ledger_.sent());
+  if (rc < 0) {
+    fail();
+    return rc;
+  }
+  bytes_sent_.fetch_add(done, std::memory_order_relaxed);
+  return static_cast<ssize_t>(done);
+}
+
+void Stream::refresh_rx(const PeerState& s) {
+  if (!window_.on_arrival(s.head)) fail();
+}
+
+ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
+  std::lock_guard<std::mutex> lock(rx_mu_);
+  const PeerState s = channel_->poll();
+  refresh_rx(s);
+  if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
+  const size_t readable = window_.readable();
+  if (readable == 0) {
+    if (shut_rd_.load(std::memory_order_relaxed)) return 0;
+    if (s.flags & kTransportError) return -ECONNRESET;
+    if (s.flags & kPeerFin) return 0;
+    return -EAGAIN;
+  }
+  size_t want = 0;
+  for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
+  const size_t total = std::min(want, readable);
+  const size_t size = window_.ring_bytes();
+  const uint8_t* ring = channel_->rx_ring();
+  size_t done = 0;
+  for (int i = 0; i < iovcnt && done < total; ++i) {
+    auto* dst = static_cast<uint8_t*>(iov[i].iov_base);
+    size_t len = std::min(iov[i].iov_len, total - done);
+    RingSpan spans[2];
+    int n = ring_split(window_.consumed() + done, len, size, spans);
+    for (int k = 0; k < n; ++k) {
+      memcpy(dst, ring + spans[k].offset, spans[k].len);
+      dst += spans[k].len;
+    }
+    done += len;
+  }
+  if (!peek) {
+    window_.on_consumed(done);
+    bytes_received_.fetch_add(done, std::memory_order_relaxed);
+    if (window_.should_grant((s.flags & kPeerStalled) != 0)) {
+      if (channel_->grant(window_.consumed()) < 0) fail();
+      window_.on_granted();
+    }
+  }
+  return static_cast<ssize_t>(done);
+}
+
+size_t Stream::readable_bytes() {
+  std::lock_guard<std::mutex> lock(rx_mu_);
+  refresh_rx(channel_->poll());
+  return window_.readable();
+}
+
+StreamEvents Stream::events() {
+  const PeerState s = channel_->poll();
+  StreamEvents ev;
+  size_t readable, room;
+  {
+    std::lock_guard<std::mutex> lock(rx_mu_);
+    refresh_rx(s);
+    readable = window_.readable();
+    ev.rx_gen = window_.arrived();
+    // A receiver that stopped reading early must still let a stalled sender
+    // proceed once it has freed anything (see ReceiveWindow::should_grant).
+    if ((s.flags & kPeerStalled) && window_.should_grant(true)) {
+      if (channel_->grant(window_.consumed()) < 0) fail();
+      window_.on_granted();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(tx_mu_);
+    if (!ledger_.on_credit(s.consumed)) fail();
+    room = ledger_.available();
+    ev.tx_gen = ledger_.credited();
+  }
+  const bool broken = broken_.load(std::memory_order_acquire) || (s.flags & kTransportError);
+  const bool fin = (s.flags & kPeerFin) != 0;
+  const bool wr_done = shut_wr_.load(std::memory_order_relaxed) || (s.flags & kPeerClosed);
+  ev.error = broken;
+  ev.readable = readable > 0 || fin || broken || shut_rd_.load(std::memory_order_relaxed);
+  ev.writable = room > 0 || wr_done || broken;
+  ev.rdhup = fin;
+  ev.hup = broken || (fin && wr_done);
+  return ev;
+}
+
+void Stream::shutdown(bool rd, bool wr) {
+  if (rd) shut_rd_.store(true, std::memory_order_relaxed);
+  if (wr && !shut_wr_.exchange(true)) channel_->signal(kSendFin);
+}
+
+void Stream::close() {
+  shut_rd_.store(true, std::memory_order_relaxed);
+  shut_wr_.store(true, std::memory_order_relaxed);
+  channel_->signal(kSendClosed);
+}
+
+}  // namespace rsock

@@ -1,0 +1,84 @@
+// Channel: the interface every transport implements (shared memory, verbs,
+// and the in-process fake used by unit tests). A Channel carries one
+// connection: it moves bytes into the peer's receive ring, publishes how far
+// the ring is filled, returns credits, carries the close flags and wakes a
+// sleeping peer. It knows nothing of sockets or of POSIX semantics: Stream
+// (src/stream) builds the byte stream on top, identically for every
+// transport. Thread-safety: write/publish are called under the stream's send
+// lock, grant under its receive lock; poll, arm, disarm, signal and
+// drain_wakeups may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rsock {
+
+// What this side knows of the peer, refreshed by Channel::poll().
+struct PeerState {
+  uint64_t head = 0;      // bytes the peer has published into our receive ring
+  uint64_t consumed = 0;  // bytes of ours the peer has consumed (its credits)
+  uint32_t flags = 0;     // PeerFlag bits
+};
+
+enum PeerFlag : uint32_t {
+  kPeerFin = 1u << 0,        // the peer will send no more (shutdown SHUT_WR or close)
+  kPeerClosed = 1u << 1,     // the peer closed: it reads no more, our writes fail with EPIPE
+  kPeerStalled = 1u << 2,    // the peer waits for credits: grant as soon as anything is freed
+  kTransportError = 1u << 3  // the carrier broke (reset, QP error): ECONNRESET
+};
+
+// Flags this side sends with Channel::signal().
+enum LocalFlag : uint32_t {
+  kSendFin = 1u << 0,    // we shut down our sending direction
+  kSendClosed = 1u << 1  // we closed the socket (implies kSendFin)
+};
+
+// What a sleeper waits for, passed to arm()/disarm().
+enum WaitFor : uint32_t { kWantData = 1u << 0, kWantSpace = 1u << 1 };
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+
+  virtual const char* name() const = 0;  // "shm", "rdma", "fake": the stats' transport name
+  virtual size_t ring_bytes() const = 0;  // both directions' rings have this size
+
+  // The local receive ring (the peer writes into it; we read it after poll()
+  // reported the bytes as published).
+  virtual const uint8_t* rx_ring() const = 0;
+
+  // Copies len bytes to offset `offset` of the peer's receive ring; the
+  // caller has split the range so that it does not wrap. Returns 0 or a
+  // negative errno.
+  virtual int write(size_t offset, const void* src, size_t len) = 0;
+
+  // Makes all bytes written before `head` (absolute position) visible to
+  // the peer and wakes it if it sleeps. Returns 0 or a negative errno.
+  virtual int publish(uint64_t head) = 0;
+
+  // Reports that we consumed `consumed` bytes in total (returns credits) and
+  // wakes the peer if it sleeps on credits. Returns 0 or a negative errno.
+  virtual int grant(uint64_t consumed) = 0;
+
+  // Sends LocalFlag bits to the peer (sticky) and wakes it.
+  virtual void signal(uint32_t flags) = 0;
+
+  // Refreshes and returns the peer's state.
+  virtual PeerState poll() = 0;
+
+  // A sleeper announces itself before blocking on wait_fd(), then re-checks
+  // its condition; disarm() after waking. Counts nest (several threads).
+  virtual void arm(uint32_t want) = 0;
+  virtual void disarm(uint32_t want) = 0;
+
+  // An fd that turns readable when the peer publishes, grants or signals
+  // while we are armed, or when the carrier fails.
+  virtual int wait_fd() const = 0;
+
+  // Consumes pending wakeups after wait_fd() was readable; notices a carrier
+  // failure (reported from then on by poll() as kTransportError or kPeerFin).
+  virtual void drain_wakeups() = 0;
+};
+
+}  // namespace rsock

@@ -1,0 +1,169 @@
+// Same-host shared-memory transport (see shm_channel.h).
+#include "transport/shm/shm_channel.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <new>
+
+#include "common/real.h"
+#include "ring/ring.h"
+
+namespace rsock {
+
+int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map_len) {
+  const size_t len = region_bytes_for(ring_bytes);
+  int fd = memfd_create("rsock-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -errno;
+  if (ftruncate(fd, static_cast<off_t>(len)) != 0) {
+    int err = -errno;
+    real().close(fd);
+    return err;
+  }
+  // The size is final: sealing it means a peer can never shrink the region
+  // under our mapping (which would SIGBUS the host program).
+  fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = -errno;
+    real().close(fd);
+    return err;
+  }
+  auto* h = new (p) RegionHeader{};
+  h->magic = kRegionMagic;
+  h->version = kProtocolVersion;
+  h->header_bytes = static_cast<uint32_t>(region_header_bytes());
+  h->nonce = nonce;
+  h->ring_bytes = ring_bytes;
+  h->ring_offset[kServerToClient] = region_header_bytes();
+  h->ring_offset[kClientToServer] = region_header_bytes() + ring_bytes;
+  h->region_bytes = len;
+  *map = p;
+  *map_len = len;
+  return fd;
+}
+
+int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,
+                      void** map) {
+  if (!is_power_of_two(ring_bytes) || region_bytes != region_bytes_for(ring_bytes))
+    return -EPROTO;
+  // The seals prove the creator can no longer resize the region.
+  int seals = fcntl(memfd, F_GET_SEALS);
+  struct stat st;
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0 || fstat(memfd, &st) != 0 ||
+      static_cast<size_t>(st.st_size) != region_bytes)
+    return -EPROTO;
+  void* p = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  if (p == MAP_FAILED) return -errno;
+  auto* h = static_cast<RegionHeader*>(p);
+  if (h->magic != kRegionMagic || h->version != kProtocolVersion || h->nonce != nonce ||
+      h->ring_bytes != ring_bytes || h->region_bytes != region_bytes ||
+      h->ring_offset[kServerToClient] != region_header_bytes() ||
+      h->ring_offset[kClientToServer] != region_header_bytes() + ring_bytes) {
+    munmap(p, region_bytes);
+    return -EPROTO;
+  }
+  *map = p;
+  return 0;
+}
+
+ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd)
+    : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd) {
+  auto* h = static_cast<RegionHeader*>(map);
+  auto* base = static_cast<uint8_t*>(map);
+  ring_bytes_ = h->ring_bytes;
+  const int tx_dir = is_server ? kServerToClient : kClientToServer;
+  const int rx_dir = 1 - tx_dir;
+  tx_ = &h->dir[tx_dir];
+  rx_ = &h->dir[rx_dir];
+  tx_ring_ = base + h->ring_offset[tx_dir];
+  rx_ring_ = base + h->ring_offset[rx_dir];
+}
+
+ShmChannel::~ShmChannel() {
+  munmap(map_, map_len_);
+  if (doorbell_fd_ >= 0) real().close(doorbell_fd_);
+}
+
+int ShmChannel::write(size_t offset, const void* src, size_t len) {
+  memcpy(tx_ring_ + offset, src, len);
+  return 0;
+}
+
+void ShmChannel::ring_doorbell() {
+  // One byte on the kernel socket wakes a peer asleep in poll/epoll on it.
+  // A full socket buffer means wakeups are already pending: ignore EAGAIN.
+  static const char kByte = 1;
+  real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+// The seq_cst fence between our store and the load of the peer's waiting
+// count pairs with the fence in arm(): either the sleeper sees our store on
+// its re-check, or we see its waiting count and ring. No lost wakeup.
+int ShmChannel::publish(uint64_t head) {
+  tx_->head.store(head, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (tx_->consumer_waiting.load(std::memory_order_relaxed) != 0) ring_doorbell();
+  return 0;
+}
+
+int ShmChannel::grant(uint64_t consumed) {
+  rx_->consumed.store(consumed, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) ring_doorbell();
+  return 0;
+}
+
+void ShmChannel::signal(uint32_t flags) {
+  if (flags & kSendClosed) flags |= kSendFin;
+  tx_->producer_flags.fetch_or(flags, std::memory_order_seq_cst);
+  if (flags & kSendClosed) rx_->consumer_flags.fetch_or(kSendClosed, std::memory_order_seq_cst);
+  ring_doorbell();
+}
+
+PeerState ShmChannel::poll() {
+  PeerState s;
+  s.head = rx_->head.load(std::memory_order_acquire);
+  s.consumed = tx_->consumed.load(std::memory_order_acquire);
+  const uint32_t producer = rx_->producer_flags.load(std::memory_order_acquire);
+  const uint32_t consumer = tx_->consumer_flags.load(std::memory_order_acquire);
+  if (producer & kSendFin) s.flags |= kPeerFin;
+  if ((producer | consumer) & kSendClosed) s.flags |= kPeerClosed;
+  if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) s.flags |= kPeerStalled;
+  s.flags |= carrier_flags_.load(std::memory_order_acquire);
+  return s;
+}
+
+void ShmChannel::arm(uint32_t want) {
+  if (want & kWantData) rx_->consumer_waiting.fetch_add(1, std::memory_order_seq_cst);
+  if (want & kWantSpace) tx_->producer_waiting.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void ShmChannel::disarm(uint32_t want) {
+  if (want & kWantData) rx_->consumer_waiting.fetch_sub(1, std::memory_order_relaxed);
+  if (want & kWantSpace) tx_->producer_waiting.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ShmChannel::drain_wakeups() {
+  char buf[256];
+  for (;;) {
+    ssize_t n = real().recv(doorbell_fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n == 0) {
+      // The peer's kernel socket closed. A peer that closed cleanly set its
+      // flags first; one that died did not. Either way no more bytes will
+      // come: what is in the ring is delivered, then EOF.
+      carrier_flags_.fetch_or(kPeerFin | kPeerClosed, std::memory_order_release);
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      carrier_flags_.fetch_or(kTransportError | kPeerFin | kPeerClosed, std::memory_order_release);
+    }
+    return;
+  }
+}
+
+}  // namespace rsock
