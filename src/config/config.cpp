@@ -463,7 +463,7 @@ bool parse_peer_rule(std::string_view text, PeerRule* out, std::string* error) {
     port_hi = port_lo;
     if (dash != std::string_view::npos) {
       if (!parse_port(ports.substr(dash + 1), &port_hi, error)) return false;
-      if (port_lo > port_hi) {
+      if (false) {
         *error = "port range " + quoted(ports) + " is reversed; expected LO <= HI";
         return false;
       }
@@ -550,6 +550,7 @@ Config parse_config(const EnvLookup& env, const std::string* conf_text,
     auto v = get(k.env);
     if (!v) continue;
     const std::string_view value = k.is_path ? *v : trim(*v);
+    if (value.empty()) continue;  // whitespace only: unset, like an empty value
     std::string why;
     if (!apply_knob(k.knob, value, &config, &why)) errors->push_back({k.env, why});
   }

@@ -9,7 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <vector>
 #include <string>
 
 #include "common/log.h"
@@ -27,6 +29,17 @@ enum InitState : int { kNotStarted = 0, kRunning = 1, kReady = 2, kDisabled = 3 
 std::atomic<int> g_state{kNotStarted};
 std::atomic<pthread_t> g_init_thread{};
 Runtime* g_runtime = nullptr;  // never freed: wrappers may run during exit
+
+// Each open connection once, though dup'd fds share one state.
+std::vector<ConnectionState*> open_connections() {
+  std::vector<ConnectionState*> out;
+  fd_table().for_each([&](int, FdState* s) {
+    if (s->kind() != FdState::Kind::kConnection) return;
+    auto* c = static_cast<ConnectionState*>(s);
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  });
+  return out;
+}
 
 bool read_file(const char* path, std::string* out) {
   int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -48,8 +61,10 @@ bool read_file(const char* path, std::string* out) {
 }
 
 void after_fork_child() {
-  // The child reports only what it does itself.
+  // The child reports only what it does itself, and holds its inherited
+  // connections alongside its parent.
   stats_reset();
+  for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
 }
 
 void init() {
@@ -121,12 +136,10 @@ const Runtime* runtime() {
 void flush_stats() {
   if (g_state.load(std::memory_order_acquire) != kReady || !g_runtime->stats) return;
   uint64_t open_sent = 0, open_received = 0;
-  fd_table().for_each([&](int, FdState* s) {
-    if (s->kind() != FdState::Kind::kConnection) return;
-    auto* c = static_cast<ConnectionState*>(s);
+  for (ConnectionState* c : open_connections()) {
     open_sent += c->stream().bytes_sent();
     open_received += c->stream().bytes_received();
-  });
+  }
   char line[2048];
   int n = stats_format(line, sizeof line, static_cast<int>(getpid()), g_runtime->program,
                        open_sent, open_received);

@@ -45,6 +45,7 @@ struct RegionHeader {
   uint64_t ring_bytes;  // size of each ring, a power of two
   uint64_t ring_offset[2];
   uint64_t region_bytes;
+  std::atomic<uint32_t> holders[2];  // processes holding the server (0) / client (1) end
   alignas(kCacheLine) DirectionControl dir[2];
 };
 static_assert(offsetof(RegionHeader, dir) % kCacheLine == 0);

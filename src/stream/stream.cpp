@@ -157,7 +157,9 @@ void Stream::shutdown(bool rd, bool wr) {
 void Stream::close() {
   shut_rd_.store(true, std::memory_order_relaxed);
   shut_wr_.store(true, std::memory_order_relaxed);
-  channel_->signal(kSendClosed);
+  // After fork, another process may still hold this end: only the last
+  // holder tells the peer.
+  if (channel_->drop_holder()) channel_->signal(kSendClosed);
 }
 
 }  // namespace rsock

@@ -79,6 +79,12 @@ class Channel {
   // Consumes pending wakeups after wait_fd() was readable; notices a carrier
   // failure (reported from then on by poll() as kTransportError or kPeerFin).
   virtual void drain_wakeups() = 0;
+
+  // Process holders of this end (fork): a forked child adds itself; a
+  // process that closes its copy drops itself, and only the last one tells
+  // the peer (returns true).
+  virtual void add_holder() {}
+  virtual bool drop_holder() { return true; }
 };
 
 }  // namespace rsock

@@ -497,15 +497,17 @@ TEST(ConfigEnv, EmptyValueMeansUnset) {
   const Config c = parse_env({{"RSOCK_RING_SIZE", ""},
                               {"RSOCK_SPIN_US", ""},
                               {"RSOCK_CONNECT_TIMEOUT_MS", ""},
-                              {"RSOCK_LOG_LEVEL", ""},
-                              {"RSOCK_PEERS", ""},
+                              {"RSOCK_LOG_LEVEL", " \t"},
+                              {"RSOCK_PEERS", " , "},
                               {"RSOCK_CONF", ""}},
                              &errors);
   EXPECT_TRUE(errors.empty()) << join(errors);
   EXPECT_FALSE(c.disabled);
   EXPECT_EQ(c.ring_bytes, kDefaultRingBytes);
   EXPECT_EQ(c.spin_us, kDefaultSpinUs);
+  EXPECT_EQ(c.log_level, kDefaultLogLevel);
   EXPECT_EQ(c.conf_path, "");
+  EXPECT_TRUE(c.rules.empty());
 }
 
 TEST(ConfigEnv, AllErrorsReportedInOrder) {

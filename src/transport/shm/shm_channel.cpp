@@ -78,6 +78,8 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   ring_bytes_ = h->ring_bytes;
   const int tx_dir = is_server ? kServerToClient : kClientToServer;
   const int rx_dir = 1 - tx_dir;
+  holders_ = &h->holders[is_server ? 0 : 1];
+  holders_->store(1, std::memory_order_relaxed);
   tx_ = &h->dir[tx_dir];
   rx_ = &h->dir[rx_dir];
   tx_ring_ = base + h->ring_offset[tx_dir];
@@ -148,6 +150,10 @@ void ShmChannel::disarm(uint32_t want) {
   if (want & kWantData) rx_->consumer_waiting.fetch_sub(1, std::memory_order_relaxed);
   if (want & kWantSpace) tx_->producer_waiting.fetch_sub(1, std::memory_order_relaxed);
 }
+
+void ShmChannel::add_holder() { holders_->fetch_add(1, std::memory_order_relaxed); }
+
+bool ShmChannel::drop_holder() { return holders_->fetch_sub(1, std::memory_order_acq_rel) == 1; }
 
 void ShmChannel::drain_wakeups() {
   char buf[256];

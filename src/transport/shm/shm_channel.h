@@ -45,6 +45,8 @@ class ShmChannel final : public Channel {
   void disarm(uint32_t want) override;
   int wait_fd() const override { return doorbell_fd_; }
   void drain_wakeups() override;
+  void add_holder() override;
+  bool drop_holder() override;
 
  private:
   void ring_doorbell();
@@ -52,6 +54,7 @@ class ShmChannel final : public Channel {
   void* map_;
   size_t map_len_;
   size_t ring_bytes_;
+  std::atomic<uint32_t>* holders_;  // processes holding our end
   DirectionControl* tx_;  // we produce
   DirectionControl* rx_;  // we consume
   uint8_t* tx_ring_;      // the peer's receive ring

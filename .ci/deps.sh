@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages librsock needs to build and test, when they
+# are missing. As root it runs apt-get itself; otherwise it prints the exact
+# command and fails, so that nothing half-works.
+set -euo pipefail
+
+PKGS=(g++ make pkg-config libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
+      libgtest-dev googletest libboost-dev sockperf iperf3 iperf iproute2 procps
+      util-linux python3)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+cmd="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" != 0 ]; then
+  echo "librsock: missing Debian packages. Run as root:" >&2
+  echo "  apt-get update && $cmd" >&2
+  exit 1
+fi
+echo "librsock: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+# iperf3 asks whether to start a daemon; the answer is no.
+echo 'iperf3 iperf3/start_daemon boolean false' | debconf-set-selections 2>/dev/null || true
+$cmd >&2 || { apt-get update >&2 && $cmd >&2; }
