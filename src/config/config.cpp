@@ -463,7 +463,7 @@ bool parse_peer_rule(std::string_view text, PeerRule* out, std::string* error) {
     port_hi = port_lo;
     if (dash != std::string_view::npos) {
       if (!parse_port(ports.substr(dash + 1), &port_hi, error)) return false;
-      if (false) {
+      if (port_lo > port_hi) {
         *error = "port range " + quoted(ports) + " is reversed; expected LO <= HI";
         return false;
       }

@@ -36,7 +36,7 @@ struct PeerRule {
   uint16_t port_hi = 65535;
 };
 
-// Defaults, the single place they are defined (README's table mirrors this).
+// Defaults, the single place they are defined (README.md and docs/configuration.md mirror this).
 inline constexpr size_t kDefaultRingBytes = 1u << 20;        // RSOCK_RING_SIZE
 inline constexpr size_t kMinRingBytes = 4u << 10;            // 4 KiB
 inline constexpr size_t kMaxRingBytes = 256u << 20;          // 256 MiB
@@ -73,15 +73,21 @@ using EnvLookup = std::function<const char*(const char* name)>;
 // Parses the environment (RSOCK_*) and, when RSOCK_CONF is set, `conf_text`
 // (the rule file's contents, read by the caller; pass nullptr when the file
 // could not be read, which is itself an error). On any error the returned
-// Config has disabled = true (plain TCP everywhere) and `errors` says why.
+// Config has disabled = true (plain TCP everywhere) and `errors` says why:
+// every problem is appended, environment first, then the file in line order.
+// `errors` may be nullptr. Environment knobs override the file's `set` lines.
 Config parse_config(const EnvLookup& env, const std::string* conf_text,
                     std::vector<ConfigError>* errors);
 
 // Parses one rule "ADDR[/PREFIX]:PORT[-PORT]" (IPv6 in brackets: "[::1]:80",
-// "[fd00::]/8:*"). Returns false and sets *error on bad input.
+// "[fd00::]/8:*"). Returns false and sets *error (may be nullptr) on bad input,
+// leaving *out unchanged. On success sets only the address and port fields of
+// *out (transport, role and program are the caller's); host bits beyond the
+// prefix are cleared and a v4-mapped IPv6 rule with prefix >= 96 becomes IPv4.
 bool parse_peer_rule(std::string_view text, PeerRule* out, std::string* error);
 
-// Parses a size such as "65536", "64K", "1M" (binary units).
+// Parses a size such as "65536", "64K", "1M", "64KiB" (binary units, any case,
+// optional trailing B/iB). No range check; false on junk or overflow.
 bool parse_size(std::string_view text, size_t* out);
 
 }  // namespace rsock

@@ -19,9 +19,11 @@ struct Decision {
 
 // Client side: `peer` is the address passed to connect().
 // Server side: `local` is the address passed to bind()/seen by getsockname()
-// of a listening socket; a wildcard address (0.0.0.0, ::) matches a rule by
-// port alone. IPv4-mapped IPv6 addresses match IPv4 rules. The first matching
-// rule wins; rules scoped to another program or another role are skipped.
+// of a listening socket; a wildcard address matches by port alone (0.0.0.0:
+// IPv4 rules only; the dual-stack ::, IPv4 and IPv6 rules). IPv4-mapped IPv6
+// addresses match IPv4 rules. The first matching rule wins; rules scoped to
+// another program or another role are skipped. Non-inet families, truncated
+// addresses and a disabled Config never match.
 Decision decide(const Config& config, std::string_view program, Role role,
                 const sockaddr* addr, socklen_t len);
 
