@@ -63,6 +63,10 @@
 #   RSOCK_VM_REQUIRE=1     a skip (77) becomes a setup error (125)
 #   RSOCK_VM_KEEP=1        keep the run directory (guest scripts, logs)
 #   RSOCK_VM_VERBOSE=1     kernel messages, QEMU command lines, timings
+
+# SC2317: the guest-side functions below run only inside the guests (copied
+# there with declare -f). SC2054: commas inside QEMU option values are wanted.
+# shellcheck disable=SC2317,SC2054
 set -euo pipefail
 
 readonly EX_SKIP=77 EX_TIMEOUT=124 EX_SETUP=125 EX_USAGE=2
@@ -83,8 +87,6 @@ VERBOSE=${RSOCK_VM_VERBOSE:-0}
 GUEST_MODULES="crc32_generic virtio_pci virtio_net 9pnet_virtio 9p rdma_rxe ib_uverbs rdma_ucm"
 HOST_PACKAGES="qemu-system-x86 busybox-static kmod cpio rdma-core ibverbs-utils ibverbs-providers
                rdmacm-utils perftest iproute2"
-# Bump when the initramfs /init below changes (it is cached by this version).
-INIT_VERSION=3
 
 LC_NUMERIC=C # $EPOCHREALTIME and awk must agree on the decimal point
 T0=$EPOCHREALTIME
@@ -104,7 +106,7 @@ skip() {
   exit "$EX_SKIP"
 }
 
-usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}" >&2; exit "$EX_USAGE"; }
+usage() { sed -n '2,/^$/{/^$/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}" >&2; exit "$EX_USAGE"; }
 [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && usage
 [ $# -eq 2 ] || usage
 CMD_A=$1 CMD_B=$2
@@ -128,7 +130,8 @@ ensure_packages() {
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   note "installing missing host packages: ${missing[*]}"
-  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends)
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends
+             -o DPkg::Lock::Timeout=300) # a concurrent run may be installing too
   # A stale or empty package list is the usual cause of failure: update once.
   "${apt[@]}" "${missing[@]}" >&2 ||
     { apt-get update >&2 && "${apt[@]}" "${missing[@]}" >&2; } ||
@@ -145,7 +148,9 @@ grep -qx dgram <<< "$backends" ||
   skip "$QEMU has no '-netdev dgram' backend (needs QEMU >= 7.2): $("$QEMU" --version | head -1)"
 devices=$("$QEMU" -device help 2> /dev/null || true)
 grep -q '"virtio-9p-pci"' <<< "$devices" || skip "$QEMU was built without 9p (virtfs)"
-[ -x /bin/busybox ] && [[ $(ldd /bin/busybox 2>&1 || true) == *"not a dynamic"* ]] || skip "/bin/busybox is not static (install busybox-static)"
+if [ ! -x /bin/busybox ] || [[ $(ldd /bin/busybox 2>&1 || true) != *"not a dynamic"* ]]; then
+  skip "/bin/busybox is missing or not static (install busybox-static)"
+fi
 avail_mib=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
 [ "$avail_mib" -ge $((2 * MEM + 256)) ] ||
   skip "two guests need $((2 * MEM)) MiB + headroom, only $avail_mib MiB available (RSOCK_VM_MEM)"
@@ -157,36 +162,50 @@ mkdir -p "$CACHE"
 exec 8> "$CACHE/.lock"
 flock 8
 
-kernel_package() {
-  local pkg=${RSOCK_VM_KERNEL_PKG:-}
-  [ -n "$pkg" ] && { echo "$pkg"; return; }
-  [ -s "$CACHE/kernel-package" ] && { cat "$CACHE/kernel-package"; return; }
-  # linux-image-amd64 is a metapackage: its dependency names the real kernel.
-  resolve() { apt-cache depends linux-image-amd64 2> /dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }'; }
-  pkg=$(resolve)
-  if [ -z "$pkg" ]; then apt-get update >&2 || true; pkg=$(resolve); fi
-  [ -n "$pkg" ] || skip "cannot resolve linux-image-amd64 with apt-cache (no Debian package lists?)"
-  echo "$pkg" > "$CACHE/kernel-package"
-  echo "$pkg"
+# linux-image-amd64 is a metapackage: its dependency names the real kernel.
+resolve_kernel() {
+  apt-cache depends linux-image-amd64 2> /dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }'
 }
-KPKG=$(kernel_package)
+KPKG=${RSOCK_VM_KERNEL_PKG:-$(cat "$CACHE/kernel-package" 2> /dev/null || true)}
+if [ -z "$KPKG" ]; then
+  KPKG=$(resolve_kernel)
+  if [ -z "$KPKG" ]; then apt-get update >&2 || true; KPKG=$(resolve_kernel); fi
+  [ -n "$KPKG" ] || skip "cannot resolve linux-image-amd64 with apt-cache (no Debian package lists?)"
+  echo "$KPKG" > "$CACHE/kernel-package"
+fi
+download_kernel() { # $1 = package; unpacks boot/ and lib/modules/ into the cache
+  local dir=$CACHE/kernel-${1#linux-image-} dl
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  # apt downloads as the _apt user: use a directory it can reach (a cache under
+  # /root cannot be), else apt warns and downloads unsandboxed.
+  dl=$(mktemp -d "${TMPDIR:-/tmp}/rsock-vm-kernel.XXXXXX")
+  if [ "$(id -u)" = 0 ] && id _apt > /dev/null 2>&1; then chown _apt "$dl"; fi
+  (cd "$dl" && apt-get download "$1" >&2) || { rm -rf "$dir" "$dl"; return 1; }
+  # Only the kernel image and the modules are needed, not the rest of the .deb.
+  dpkg-deb --fsys-tarfile "$dl"/*.deb | tar -x -C "$dir" ./boot ./lib/modules || die "unpacking $1 failed"
+  # The .deb ships no modules.dep (its postinst makes it); make our own.
+  depmod -b "$dir" "${1#linux-image-}" || die "depmod for $1 failed"
+  rm -rf "$dl"
+  touch "$dir/.complete"
+}
+if [ ! -e "$CACHE/kernel-${KPKG#linux-image-}/.complete" ]; then
+  note "downloading $KPKG (one-time, about 70 MB)"
+  if ! download_kernel "$KPKG"; then
+    # Stale package lists name a version the archive has dropped (security
+    # updates replace kernels): refresh, re-resolve unless pinned, retry once.
+    note "download failed; refreshing the package lists and retrying"
+    apt-get update >&2 || true
+    if [ -z "${RSOCK_VM_KERNEL_PKG:-}" ]; then
+      KPKG=$(resolve_kernel)
+      [ -n "$KPKG" ] || skip "cannot resolve linux-image-amd64 with apt-cache"
+      echo "$KPKG" > "$CACHE/kernel-package"
+    fi
+    download_kernel "$KPKG" || skip "apt-get download $KPKG failed (no access to the Debian archive?)"
+  fi
+fi
 KVER=${KPKG#linux-image-}
 KDIR=$CACHE/kernel-$KVER
-if [ ! -e "$KDIR/.complete" ]; then
-  note "downloading $KPKG (one-time, about 70 MB)"
-  rm -rf "$KDIR" "$CACHE/download"
-  mkdir -p "$KDIR" "$CACHE/download"
-  # apt drops privileges to _apt for downloads; let it write there.
-  if [ "$(id -u)" = 0 ] && id _apt > /dev/null 2>&1; then chown _apt "$CACHE/download"; fi
-  (cd "$CACHE/download" && apt-get download "$KPKG" >&2) || skip "apt-get download $KPKG failed"
-  # Only the kernel image and the modules are needed, not the rest of the .deb.
-  dpkg-deb --fsys-tarfile "$CACHE"/download/*.deb | tar -x -C "$KDIR" ./boot ./lib/modules ||
-    die "unpacking $KPKG failed"
-  # The .deb ships no modules.dep (its postinst makes it); make our own.
-  depmod -b "$KDIR" "$KVER" || die "depmod for $KVER failed"
-  rm -rf "$CACHE/download"
-  touch "$KDIR/.complete"
-fi
 
 # Under TCG, booting the uncompressed ELF through its PVH entry point (QEMU's
 # -kernel supports it) skips the real-mode setup and the in-guest XZ
@@ -211,26 +230,7 @@ KERNEL=$BZIMAGE
 # busybox + the modules (in dependency order) + /init. /init loads the modules,
 # mounts the host root and the run directory, then hands over to guest.sh (a
 # bash script written per run, below) inside a chroot of the host root.
-INITRD=$CACHE/initramfs-$KVER-v$INIT_VERSION-$(echo "$GUEST_MODULES" | md5sum | cut -c1-8).cpio.gz
-if [ ! -e "$INITRD" ]; then
-  log "building $INITRD"
-  tree=$(mktemp -d "$CACHE/initramfs.XXXXXX")
-  mkdir -p "$tree"/{bin,dev,proc,sys,modules,newroot}
-  cp /bin/busybox "$tree/bin/busybox"
-  for a in sh cat chroot dd echo grep insmod mkdir mount printf poweroff sleep sync; do
-    ln -s busybox "$tree/bin/$a"
-  done
-  # modprobe resolves dependencies against the unpacked tree; keep first use.
-  # shellcheck disable=SC2086
-  modprobe -d "$KDIR" -S "$KVER" --show-depends -a $GUEST_MODULES |
-    awk '$1 == "insmod" && !seen[$2]++ { print $2 }' > "$tree/modules.list" ||
-    die "resolving guest modules failed"
-  while read -r ko; do
-    cp "$ko" "$tree/modules/"
-    basename "$ko" >> "$tree/modules/order"
-  done < "$tree/modules.list"
-  rm "$tree/modules.list"
-  cat > "$tree/init" << 'EOF'
+INIT_SCRIPT=$(cat << 'EOF'
 #!/bin/sh
 # PID 1 of an rsock-vm guest (busybox sh).
 export PATH=/bin
@@ -254,6 +254,28 @@ mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 run /newroot/run/rsock
 chroot /newroot /bin/bash /run/rsock-vm/guest.sh < /dev/null > /dev/console 2>&1
 leave
 EOF
+)
+# The cached image is named after everything that goes into it.
+INITRD=$CACHE/initramfs-$KVER-$(printf '%s\n' "$INIT_SCRIPT" "$GUEST_MODULES" | md5sum | cut -c1-10).cpio.gz
+if [ ! -e "$INITRD" ]; then
+  log "building $INITRD"
+  tree=$(mktemp -d "$CACHE/initramfs.XXXXXX")
+  mkdir -p "$tree"/{bin,dev,proc,sys,modules,newroot}
+  cp /bin/busybox "$tree/bin/busybox"
+  for a in sh cat chroot dd echo grep insmod mkdir mount printf poweroff sleep sync; do
+    ln -s busybox "$tree/bin/$a"
+  done
+  # modprobe resolves dependencies against the unpacked tree; keep first use.
+  # shellcheck disable=SC2086
+  modprobe -d "$KDIR" -S "$KVER" --show-depends -a $GUEST_MODULES |
+    awk '$1 == "insmod" && !seen[$2]++ { print $2 }' > "$tree/modules.list" ||
+    die "resolving guest modules failed"
+  while read -r ko; do
+    cp "$ko" "$tree/modules/"
+    basename "$ko" >> "$tree/modules/order"
+  done < "$tree/modules.list"
+  rm "$tree/modules.list"
+  printf '%s\n' "$INIT_SCRIPT" > "$tree/init"
   chmod 755 "$tree/init"
   (cd "$tree" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1) > "$INITRD.tmp" ||
     die "building the initramfs failed"
@@ -293,7 +315,8 @@ kvm_probe() {
   if grep -q RSOCK-VM-PROBE-OK "$out"; then echo yes > "$verdict"; else echo no > "$verdict"; fi
   kill -KILL "$pid" 2> /dev/null || true
   wait "$pid" 2> /dev/null || true
-  log "KVM probe: $(cat "$verdict") ($(tail -c 300 "$out" | tr '\n' ' '))"
+  note "KVM probe: $(sed 's/yes/usable/; s/no/not usable, using TCG/' "$verdict") (verdict cached in $verdict)"
+  log "KVM probe console: $(tail -c 300 "$out" | tr '\n' ' ')"
   rm -f "$out"
   cat "$verdict"
 }
@@ -353,11 +376,11 @@ rsock_retry() {
 # Runs as guest.sh in each guest: mounts, network, rxe, barrier, the command.
 # Its status file (A.rc/B.rc) is what the host reports.
 guest_main() {
-  local run=/run/rsock-vm host=? peer rc d i w
+  local run=/run/rsock-vm host="?" peer rc d i w
   setup_failed() { echo "rsock-vm[$host]: setup failed: $*"; echo 125 > "$run/$host.rc"; : > "$run/sync/$host.done"; exit 125; }
   export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
   # Kernel file systems first (until then /proc is the host's, seen over 9p).
-  mount -t proc proc /proc && mount -t sysfs sysfs /sys && mount -t devtmpfs devtmpfs /dev ||
+  { mount -t proc proc /proc && mount -t sysfs sysfs /sys && mount -t devtmpfs devtmpfs /dev; } ||
     setup_failed "proc/sys/dev mounts"
   for w in $(< /proc/cmdline); do case $w in rsock.host=*) host=${w#rsock.host=} ;; esac; done
   case $host in A) peer=B ;; B) peer=A ;; *) echo "rsock-vm: no rsock.host= on the kernel command line"; exit 125 ;; esac
@@ -365,7 +388,7 @@ guest_main() {
 
   # tmpfs where programs expect to write.
   mkdir -p /dev/pts /dev/shm
-  mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm || setup_failed "devpts/shm"
+  { mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm; } || setup_failed "devpts/shm"
   for d in /tmp /var/tmp /root /var/log; do
     [ -d "$d" ] && { mount -t tmpfs -o mode=1777 tmpfs "$d" || setup_failed "tmpfs on $d"; }
   done
@@ -382,7 +405,7 @@ guest_main() {
   # The wire and soft-RoCE on it.
   local ip=10.20.0.1 peer_ip=10.20.0.2
   [ "$host" = B ] && ip=10.20.0.2 peer_ip=10.20.0.1
-  ip link set lo up && ip link set eth0 mtu "$VM_MTU" up && ip addr add "$ip/24" dev eth0 ||
+  { ip link set lo up && ip link set eth0 mtu "$VM_MTU" up && ip addr add "$ip/24" dev eth0; } ||
     setup_failed "eth0 configuration"
   rdma link add rxe0 type rxe netdev eth0 || setup_failed "rdma link add rxe0"
   for ((i = 0; i < 100; i++)); do rdma link show rxe0/1 2> /dev/null | grep -q 'state ACTIVE' && break; sleep 0.1; done
@@ -403,7 +426,7 @@ guest_main() {
     case $out in *refused*) ok=1; break ;; esac
     sleep 0.2
   done
-  [ $ok = 1 ] || setup_failed "no IP connectivity to $peer_ip ($out)"
+  [ "$ok" = 1 ] || setup_failed "no IP connectivity to $peer_ip ($out)"
   rsock_signal "$host.ready"
   rsock_wait "$peer.ready" "$VM_BARRIER_SECS" || setup_failed "host $peer never became ready"
 
