@@ -69,6 +69,12 @@ void after_fork_child() {
 
 void init() {
   const int saved_errno = errno;
+  const char* disable = getenv("RSOCK_DISABLE");
+  if (disable && strcmp(disable, "1") == 0) {
+    // Pure passthrough: not even the configuration is looked at.
+    g_state.store(kDisabled, std::memory_order_release);
+    return;
+  }
   auto* rt = new Runtime();
   std::vector<ConfigError> errors;
   const char* conf_path = getenv("RSOCK_CONF");
@@ -87,11 +93,9 @@ void init() {
     line += '\n';
     real().write(2, line.data(), line.size());
   }
-  const char* disable = getenv("RSOCK_DISABLE");
-  const bool pure_passthrough = disable && strcmp(disable, "1") == 0;
   rt->accelerate = !rt->config.disabled && !rt->config.rules.empty();
-  rt->stats = !pure_passthrough && !rt->config.stats_path.empty();
-  if (pure_passthrough || (!rt->accelerate && !rt->stats)) {
+  rt->stats = !rt->config.stats_path.empty();
+  if (!rt->accelerate && !rt->stats) {
     g_runtime = rt;  // kept for spin settings; wrappers see "inactive"
     g_state.store(kDisabled, std::memory_order_release);
     errno = saved_errno;

@@ -323,11 +323,13 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   auto it = s->members.find(fd);
   if (op == EPOLL_CTL_ADD) {
     if (it != s->members.end()) return -EEXIST;
-    // The kernel watches the doorbells (level-triggered, drained by us).
+    // The kernel watches the channel's wakeup fd (level-triggered, drained
+    // by us), tagged with the application's fd.
     epoll_event kev = {};
-    kev.events = EPOLLIN | EPOLLRDHUP;
+    kev.events = EPOLLIN;
     kev.data.u64 = kTag | static_cast<uint32_t>(fd);
-    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &kev) < 0) return -errno;
+    int wfd = conn.as<ConnectionState>()->stream().channel().wait_fd();
+    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, wfd, &kev) < 0) return -errno;
     EpollMember m;
     m.conn = std::move(conn);
     m.events = ev->events;
@@ -346,7 +348,8 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     return 0;
   }
   if (op == EPOLL_CTL_DEL) {
-    real().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr);
+    real().epoll_ctl(epfd, EPOLL_CTL_DEL,
+                     it->second.conn.as<ConnectionState>()->stream().channel().wait_fd(), nullptr);
     it->second.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
     s->members.erase(it);
     return 0;
@@ -411,7 +414,8 @@ void epoll_forget(int fd) {
     std::lock_guard<std::mutex> l2(s->mu);
     auto it = s->members.find(fd);
     if (it == s->members.end()) continue;
-    real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, nullptr);
+    real().epoll_ctl(s->epfd, EPOLL_CTL_DEL,
+                     it->second.conn.as<ConnectionState>()->stream().channel().wait_fd(), nullptr);
     it->second.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
     s->members.erase(it);
   }

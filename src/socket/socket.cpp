@@ -235,14 +235,15 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
         pollfd p = {fd, POLLOUT, 0};
         int pr = real().poll(&p, 1, static_cast<int>(cfg.connect_timeout_ms));
         if (pr == 1 && p.revents == POLLOUT) r = 0;
+        if (pr == 0) {  // still connecting: the stream stays on TCP
+          stats_fallback(Fallback::kPairTimeout);
+          stats_connection(Path::kTcp);
+        }
+        errno = EINPROGRESS;  // a failed connect is reported by SO_ERROR, as usual
       }
       if (r != 0) {
         int err = errno;
         real().close(rfd);
-        if (err == EINPROGRESS) {
-          stats_fallback(Fallback::kPairTimeout);
-          stats_connection(Path::kTcp);
-        }
         return -err;
       }
       auto ch = shm_client_pair(fd, rfd, cfg, &why);

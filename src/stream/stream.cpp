@@ -22,11 +22,27 @@ Stream::~Stream() = default;
 
 void Stream::fail() { broken_.store(true, std::memory_order_release); }
 
+namespace {
+uint64_t fold_max(std::atomic<uint64_t>& max, uint64_t v) {
+  uint64_t cur = max.load(std::memory_order_relaxed);
+  while (v > cur && !max.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+  return v > cur ? v : cur;
+}
+}  // namespace
+
+PeerState Stream::poll_peer() {
+  PeerState s = channel_->poll();
+  s.head = fold_max(peer_head_, s.head);
+  s.consumed = fold_max(peer_consumed_, s.consumed);
+  return s;
+}
+
 ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
   std::lock_guard<std::mutex> lock(tx_mu_);
   if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
   if (shut_wr_.load(std::memory_order_relaxed)) return -EPIPE;
-  const PeerState s = channel_->poll();
+  const PeerState s = poll_peer();
   if (s.flags & kTransportError) return -ECONNRESET;
   if (s.flags & kPeerClosed) return -EPIPE;
   if (!ledger_.on_credit(s.consumed)) {
@@ -47,21 +63,17 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
     RingSpan spans[2];
     int n = ring_split(ledger_.sent() + done, len, size, spans);
     for (int k = 0; k < n; ++k) {
+      // A channel error is a carrier failure, which poll() reports from now
+      // on; it is not a violation, so the receive side still drains the ring.
       int rc = channel_->write(spans[k].offset, src, spans[k].len);
-      if (rc < 0) {
-        fail();
-        return rc;
-      }
+      if (rc < 0) return rc;
       src += spans[k].len;
     }
     done += len;
   }
   ledger_.on_sent(done);
   int rc = channel_->publish(ledger_.sent());
-  if (rc < 0) {
-    fail();
-    return rc;
-  }
+  if (rc < 0) return rc;
   bytes_sent_.fetch_add(done, std::memory_order_relaxed);
   return static_cast<ssize_t>(done);
 }
@@ -72,7 +84,7 @@ void Stream::refresh_rx(const PeerState& s) {
 
 ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
   std::lock_guard<std::mutex> lock(rx_mu_);
-  const PeerState s = channel_->poll();
+  const PeerState s = poll_peer();
   refresh_rx(s);
   if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
   const size_t readable = window_.readable();
@@ -103,7 +115,9 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
     window_.on_consumed(done);
     bytes_received_.fetch_add(done, std::memory_order_relaxed);
     if (window_.should_grant((s.flags & kPeerStalled) != 0)) {
-      if (channel_->grant(window_.consumed()) < 0) fail();
+      // A failed grant is a carrier failure (see send): the rest of the ring
+      // stays readable, then recv reports ECONNRESET.
+      (void)channel_->grant(window_.consumed());
       window_.on_granted();
     }
   }
@@ -112,12 +126,12 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
 
 size_t Stream::readable_bytes() {
   std::lock_guard<std::mutex> lock(rx_mu_);
-  refresh_rx(channel_->poll());
+  refresh_rx(poll_peer());
   return window_.readable();
 }
 
 StreamEvents Stream::events() {
-  const PeerState s = channel_->poll();
+  const PeerState s = poll_peer();
   StreamEvents ev;
   size_t readable, room;
   {
@@ -128,7 +142,7 @@ StreamEvents Stream::events() {
     // A receiver that stopped reading early must still let a stalled sender
     // proceed once it has freed anything (see ReceiveWindow::should_grant).
     if ((s.flags & kPeerStalled) && window_.should_grant(true)) {
-      if (channel_->grant(window_.consumed()) < 0) fail();
+      (void)channel_->grant(window_.consumed());
       window_.on_granted();
     }
   }

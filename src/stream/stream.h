@@ -61,6 +61,7 @@ class Stream {
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
 
  private:
+  PeerState poll_peer();                // channel poll with head/consumed folded into maxima
   void refresh_rx(const PeerState& s);  // under rx_mu_
   void fail();                          // protocol violation: reset
 
@@ -72,6 +73,12 @@ class Stream {
   std::atomic<bool> shut_rd_{false};
   std::atomic<bool> shut_wr_{false};
   std::atomic<bool> broken_{false};  // protocol violation seen: behave as reset
+  // Largest totals any poll() has reported. A poll made for one direction
+  // also delivers the other direction's notifications, and a later stale one
+  // may replace them in the channel's PeerState: without these, a fresh
+  // credit seen by recv() (or head seen by send()) could be lost for good.
+  std::atomic<uint64_t> peer_head_{0};
+  std::atomic<uint64_t> peer_consumed_{0};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
 };

@@ -61,7 +61,9 @@ class Channel {
   // wakes the peer if it sleeps on credits. Returns 0 or a negative errno.
   virtual int grant(uint64_t consumed) = 0;
 
-  // Sends LocalFlag bits to the peer (sticky) and wakes it.
+  // Sends LocalFlag bits to the peer (sticky) and wakes it. The peer sees
+  // the flags no earlier than every head published before them (so that a
+  // FIN can never hide the last bytes).
   virtual void signal(uint32_t flags) = 0;
 
   // Refreshes and returns the peer's state.

@@ -127,8 +127,17 @@ void FakeLink::deliver_ready_locked(int to) {
     if (queue_[i].to == to && queue_[i].ready_at <= tick_) ready.push_back(i);
   if (ready.empty()) return;
   if (faults_.reorder && ready.size() > 1) {
-    // Deliver one random ready note; the others wait for the next poll.
-    size_t pick = ready[std::uniform_int_distribution<size_t>(0, ready.size() - 1)(rng_)];
+    // Deliver one random ready note; the others wait for the next poll. Flags
+    // never overtake a head queued before them (channel.h, signal): FIN means
+    // "nothing beyond what was published", so no transport may show it first.
+    std::vector<size_t> candidates;
+    bool head_before = false;
+    for (size_t i : ready) {
+      if (queue_[i].kind != 2 || !head_before) candidates.push_back(i);
+      if (queue_[i].kind == 0) head_before = true;
+    }
+    size_t pick =
+        candidates[std::uniform_int_distribution<size_t>(0, candidates.size() - 1)(rng_)];
     if (pick != ready.front()) ++reordered_;
     deliver_locked(pick);
     return;

@@ -129,14 +129,19 @@ void ShmChannel::signal(uint32_t flags) {
 
 PeerState ShmChannel::poll() {
   PeerState s;
-  s.head = rx_->head.load(std::memory_order_acquire);
-  s.consumed = tx_->consumed.load(std::memory_order_acquire);
+  // Flags before totals: the peer stores its last head before it sets FIN
+  // (or closes the socket), so loading FIN first (acquire) guarantees the
+  // head loaded after it is final. The other order could pair a stale head
+  // with FIN and report EOF with bytes still unread.
+  const uint32_t carrier = carrier_flags_.load(std::memory_order_acquire);
   const uint32_t producer = rx_->producer_flags.load(std::memory_order_acquire);
   const uint32_t consumer = tx_->consumer_flags.load(std::memory_order_acquire);
+  s.head = rx_->head.load(std::memory_order_acquire);
+  s.consumed = tx_->consumed.load(std::memory_order_acquire);
   if (producer & kSendFin) s.flags |= kPeerFin;
   if ((producer | consumer) & kSendClosed) s.flags |= kPeerClosed;
   if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) s.flags |= kPeerStalled;
-  s.flags |= carrier_flags_.load(std::memory_order_acquire);
+  s.flags |= carrier;
   return s;
 }
 
