@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "common/log.h"
@@ -136,10 +137,35 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
       }
       timeout_ms = static_cast<int>((left + 999999) / 1000000);
     }
+    // The doorbell is shared by every thread of this connection, and
+    // draining it consumes the wakeups meant for all of them: a reader that
+    // drained the byte rung for a sleeping writer would leave that writer
+    // asleep forever. So one thread sleeps on the doorbell; the others (still
+    // armed, so the peer keeps ringing) wait until it returns, then re-check.
+    std::unique_lock<std::mutex> lock(c.wait_mu);
+    if (c.poller) {
+      const uint64_t gen = c.wake_gen;
+      auto woken = [&] { return c.wake_gen != gen; };
+      if (timeout_ms < 0)
+        c.wait_cv.wait(lock, woken);
+      else
+        c.wait_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), woken);
+      lock.unlock();
+      ch.disarm(want);
+      if (ready()) return 0;
+      continue;
+    }
+    c.poller = true;
+    lock.unlock();
     pollfd p = {ch.wait_fd(), POLLIN, 0};
     int rc = real().poll(&p, 1, timeout_ms);
     int err = errno;
     ch.drain_wakeups();
+    lock.lock();
+    c.poller = false;
+    ++c.wake_gen;
+    lock.unlock();
+    c.wait_cv.notify_all();
     ch.disarm(want);
     if (rc < 0 && err == EINTR) return -EINTR;
     if (ready()) return 0;

@@ -12,7 +12,9 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 
 #include "fdtable/fdtable.h"
 #include "stats/stats.h"
@@ -47,6 +49,13 @@ class ConnectionState final : public FdState {
   std::atomic<int64_t> rcv_timeout_us{0};  // SO_RCVTIMEO, 0 = none
   std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO
   std::atomic<int> epoll_refs{0};          // epoll sets holding this fd
+
+  // Threads blocked in conn_wait: one sleeps in the kernel on the doorbell,
+  // the others wait here for it to come back (see conn_wait).
+  std::mutex wait_mu;
+  std::condition_variable wait_cv;
+  bool poller = false;    // a thread sleeps on the doorbell (under wait_mu)
+  uint64_t wake_gen = 0;  // bumped whenever that thread returns (under wait_mu)
 
  private:
   Stream stream_;

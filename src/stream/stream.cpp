@@ -23,9 +23,12 @@ Stream::~Stream() = default;
 void Stream::fail() { broken_.store(true, std::memory_order_release); }
 
 namespace {
+// Release/acquire: a head folded in by one thread's poll is used by another
+// thread to read the ring, so it must carry the poll's view of the bytes.
 uint64_t fold_max(std::atomic<uint64_t>& max, uint64_t v) {
-  uint64_t cur = max.load(std::memory_order_relaxed);
-  while (v > cur && !max.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  uint64_t cur = max.load(std::memory_order_acquire);
+  while (v > cur && !max.compare_exchange_weak(cur, v, std::memory_order_acq_rel,
+                                               std::memory_order_acquire)) {
   }
   return v > cur ? v : cur;
 }
@@ -52,6 +55,7 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
   size_t want = 0;
   for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
   if (want == 0) return 0;
+  if (s.flags & kTxBlocked) return -EAGAIN;  // transport send window closed: as a full ring
   size_t room = ledger_.available();
   if (room == 0) return -EAGAIN;
   size_t total = std::min(want, room);
@@ -149,8 +153,8 @@ StreamEvents Stream::events() {
   {
     std::lock_guard<std::mutex> lock(tx_mu_);
     if (!ledger_.on_credit(s.consumed)) fail();
-    room = ledger_.available();
-    ev.tx_gen = ledger_.credited();
+    room = (s.flags & kTxBlocked) ? 0 : ledger_.available();
+    ev.tx_gen = ledger_.credited() + s.tx_epoch;
   }
   const bool broken = broken_.load(std::memory_order_acquire) || (s.flags & kTransportError);
   const bool fin = (s.flags & kPeerFin) != 0;

@@ -19,13 +19,20 @@ struct PeerState {
   uint64_t head = 0;      // bytes the peer has published into our receive ring
   uint64_t consumed = 0;  // bytes of ours the peer has consumed (its credits)
   uint32_t flags = 0;     // PeerFlag bits
+  // Bumped each time a transport-level send limit (kTxBlocked) lifts; part of
+  // the EPOLLOUT edge, since no byte credit changes then. 0 for transports
+  // without such a limit.
+  uint64_t tx_epoch = 0;
 };
 
 enum PeerFlag : uint32_t {
   kPeerFin = 1u << 0,        // the peer will send no more (shutdown SHUT_WR or close)
   kPeerClosed = 1u << 1,     // the peer closed: it reads no more, our writes fail with EPIPE
   kPeerStalled = 1u << 2,    // the peer waits for credits: grant as soon as anything is freed
-  kTransportError = 1u << 3  // the carrier broke (reset, QP error): ECONNRESET
+  kTransportError = 1u << 3,  // the carrier broke (reset, QP error): ECONNRESET
+  // The transport cannot take a publication now (verbs: out of message
+  // credits): a send must wait exactly as if the ring were full.
+  kTxBlocked = 1u << 4
 };
 
 // Flags this side sends with Channel::signal().

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/stat.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -84,6 +86,13 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   rx_ = &h->dir[rx_dir];
   tx_ring_ = base + h->ring_offset[tx_dir];
   rx_ring_ = base + h->ring_offset[rx_dir];
+  // The kernel socket now carries only doorbells. A doorbell held back by
+  // Nagle (until the ACK of the previous one, which the peer's delayed-ACK
+  // timer sends milliseconds later) or by a cork stalls both ends: a
+  // streaming sender sleeps on credits while the receiver sleeps on data.
+  const int on = 1, off = 0;
+  real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_CORK, &off, sizeof off);
+  real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
 }
 
 ShmChannel::~ShmChannel() {
@@ -171,7 +180,13 @@ void ShmChannel::drain_wakeups() {
       // come: what is in the ring is delivered, then EOF.
       carrier_flags_.fetch_or(kPeerFin | kPeerClosed, std::memory_order_release);
     } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      carrier_flags_.fetch_or(kTransportError | kPeerFin | kPeerClosed, std::memory_order_release);
+      // A peer that closed cleanly set kSendClosed before its close(); its
+      // kernel then resets the connection if our doorbell bytes were still
+      // unread there. That reset is a close, not a failure: EOF, not ECONNRESET.
+      uint32_t f = kPeerFin | kPeerClosed;
+      if (!(rx_->producer_flags.load(std::memory_order_acquire) & kSendClosed))
+        f |= kTransportError;
+      carrier_flags_.fetch_or(f, std::memory_order_release);
     }
     return;
   }

@@ -1,0 +1,130 @@
+// Tests of the harness itself (harness.h): the JSON and stats-line parsers
+// accept what librsock writes and reject malformed or off-spec lines, the
+// RESULT parser, and the process fixture (environment, output capture,
+// bounded waits, kill-and-reap). A harness that accepted anything would
+// make every other preload test prove nothing.
+#include "harness.h"
+
+namespace rsock_test {
+namespace {
+
+const char* kLine =
+    "{\"pid\": 10578, \"program\": \"echo_srv\", \"connections\": {\"shm\": 1, \"rdma\": 0, "
+    "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"bytes_sent\": 35, "
+    "\"bytes_received\": 18446744073709551615}";
+
+TEST(StatsParser, ParsesTheDocumentedLine) {
+  std::string error;
+  auto s = parse_stats_line(kLine, &error);
+  ASSERT_TRUE(s) << error;
+  EXPECT_EQ(s->pid, 10578);
+  EXPECT_EQ(s->program, "echo_srv");
+  EXPECT_EQ(s->conn("shm"), 1u);
+  EXPECT_EQ(s->conn("tcp"), 2u);
+  EXPECT_EQ(s->conn("rdma"), 0u);
+  EXPECT_EQ(s->fallback("peer_not_accelerated"), 3u);
+  EXPECT_EQ(s->total_fallbacks(), 3u);
+  EXPECT_EQ(s->bytes_sent, 35u);
+  EXPECT_EQ(s->bytes_received, UINT64_MAX);
+}
+
+TEST(StatsParser, RejectsMalformedLines) {
+  const char* bad[] = {
+      "",
+      "{",
+      "{\"pid\": 1}",  // fields missing
+      "{\"pid\": -1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"bytes_sent\": 0, \"bytes_received\": 0}",  // negative
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"bytes_sent\": 0, \"bytes_received\": 0}",  // rdma missing
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {\"made_up\": 1}, \"bytes_sent\": 0, \"bytes_received\": 0}",  // reason
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"bytes_sent\": 1.5, \"bytes_received\": 0}",  // not an integer
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"bytes_sent\": 0, \"bytes_received\": 0} trailing",
+      "{\"pid\": 1, \"pid\": 2, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, "
+      "\"tcp\": 0}, \"fallbacks\": {}, \"bytes_sent\": 0, \"bytes_received\": 0}",  // duplicate
+  };
+  for (const char* line : bad) {
+    std::string error;
+    EXPECT_FALSE(parse_stats_line(line, &error)) << line;
+    EXPECT_FALSE(error.empty()) << line;
+  }
+}
+
+TEST(JsonParser, Values) {
+  auto j = parse_json("{\"a\": [1, 2.5, -3, true, false, null], \"b\": \"x\\\"\\n\\u0041\"}");
+  ASSERT_TRUE(j);
+  const Json* a = j->get("a");
+  ASSERT_TRUE(a && a->type == Json::Type::kArray && a->array.size() == 6);
+  EXPECT_TRUE(a->array[0].is_uint && a->array[0].uint == 1);
+  EXPECT_FALSE(a->array[1].is_uint);
+  EXPECT_DOUBLE_EQ(a->array[1].number, 2.5);
+  EXPECT_FALSE(a->array[2].is_uint);
+  EXPECT_EQ(a->array[3].type, Json::Type::kBool);
+  EXPECT_TRUE(a->array[3].boolean);
+  EXPECT_EQ(a->array[5].type, Json::Type::kNull);
+  EXPECT_EQ(j->get("b")->string, "x\"\nA");
+  for (const char* bad : {"{\"a\" 1}", "[1,]", "01", "\"\x01\"", "{\"a\": tru}", "1 2", "\"abc"})
+    EXPECT_FALSE(parse_json(bad)) << bad;
+}
+
+TEST(ResultParser, TakesTheLastTaggedLine) {
+  auto kv = parse_result("noise\nRESULT a=1 b=x\nRESULT a=2 c=y\nother a=9\n");
+  EXPECT_EQ(kv.size(), 2u);
+  EXPECT_EQ(kv["a"], "2");
+  EXPECT_EQ(kv["c"], "y");
+  EXPECT_TRUE(parse_result("RESULTS a=1\n").empty());
+  EXPECT_EQ(parse_result("TOTALS sent=5\n", "TOTALS")["sent"], "5");
+}
+
+TEST(FreePort, BindsAndDiffers) {
+  int a = free_port();
+  ASSERT_GT(a, 0);
+  ASSERT_LT(a, 65536);
+  // A port that is in use is not handed out.
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sin = {};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&sin), sizeof sin), 0);
+  ASSERT_EQ(listen(s, 1), 0);
+  socklen_t len = sizeof sin;
+  getsockname(s, reinterpret_cast<sockaddr*>(&sin), &len);
+  for (int i = 0; i < 20; ++i) EXPECT_NE(free_port(), ntohs(sin.sin_port));
+  close(s);
+}
+
+// The fixture runs a real program: a server that never gets a client is
+// killed and reaped in TearDown; its environment has no stray LD_PRELOAD or
+// RSOCK_* variable of ours.
+class FixtureTest : public PreloadTest {};
+
+TEST_F(FixtureTest, SpawnCaptureWaitAndKill) {
+  setenv("RSOCK_PEERS", "127.0.0.1:1", 1);  // must not leak into children
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  bool ready = false;
+  Proc& p = start_server("idle", "rs_stream", {"--role", "server", "--port", std::to_string(port)},
+                         {}, &ready);
+  unsetenv("RSOCK_PEERS");
+  ASSERT_TRUE(ready) << "see its output below";
+  EXPECT_FALSE(wait_exit(p, 100)) << "a server without a client must still be running";
+  std::string environ_text = read_file("/proc/" + std::to_string(p.pid) + "/environ");
+  EXPECT_EQ(environ_text.find("RSOCK_PEERS"), std::string::npos);
+  EXPECT_EQ(environ_text.find("LD_PRELOAD"), std::string::npos);
+  kill_proc(p);
+  EXPECT_TRUE(p.reaped);
+  EXPECT_TRUE(WIFSIGNALED(p.status) && WTERMSIG(p.status) == SIGKILL);
+  EXPECT_EQ(kill(p.pid, 0), -1) << "reaped: the pid is gone";
+
+  Proc& bad = spawn("usage", "rs_stream", {"--role", "nobody"}, {});
+  ASSERT_TRUE(wait_exit(bad, kExitTimeoutMs));
+  EXPECT_TRUE(WIFEXITED(bad.status) && WEXITSTATUS(bad.status) == 2);
+  EXPECT_NE(bad.err().find("usage"), std::string::npos) << bad.err();
+  EXPECT_FALSE(bad.exited_ok());
+}
+
+}  // namespace
+}  // namespace rsock_test
