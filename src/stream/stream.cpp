@@ -27,8 +27,8 @@ namespace {
 // thread to read the ring, so it must carry the poll's view of the bytes.
 uint64_t fold_max(std::atomic<uint64_t>& max, uint64_t v) {
   uint64_t cur = max.load(std::memory_order_acquire);
-  while (v > cur && !max.compare_exchange_weak(cur, v, std::memory_order_acq_rel,
-                                               std::memory_order_acquire)) {
+  while (v > cur &&
+         !max.compare_exchange_weak(cur, v, std::memory_order_acq_rel, std::memory_order_acquire)) {
   }
   return v > cur ? v : cur;
 }

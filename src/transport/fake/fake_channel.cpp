@@ -136,8 +136,7 @@ void FakeLink::deliver_ready_locked(int to) {
       if (queue_[i].kind != 2 || !head_before) candidates.push_back(i);
       if (queue_[i].kind == 0) head_before = true;
     }
-    size_t pick =
-        candidates[std::uniform_int_distribution<size_t>(0, candidates.size() - 1)(rng_)];
+    size_t pick = candidates[std::uniform_int_distribution<size_t>(0, candidates.size() - 1)(rng_)];
     if (pick != ready.front()) ++reordered_;
     deliver_locked(pick);
     return;

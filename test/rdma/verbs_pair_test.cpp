@@ -1,0 +1,609 @@
+// verbs_pair_test.cpp - the verbs transport (src/transport/verbs) between two
+// hosts, below the socket layer: kernel TCP connect/accept, then
+// verbs_client_pair / verbs_server_pair, then rsock::Stream over the channel,
+// blocking the way the socket layer does (spin, arm, re-check, poll the wait
+// fd, drain, disarm).
+//
+//   verbs_pair_test server PORT CASE...       (host A) one accept per case
+//   verbs_pair_test client HOST PORT CASE...  (host B) one connect per case
+//   verbs_pair_test plain-server PORT         a TCP listener without rdma_cm
+//
+// Cases (same list, same order on both ends):
+//   xfer          8 MiB each direction at once, random write sizes, every
+//                 byte checked, then shutdown -> EOF on both ends, close
+//   pingpong      64-byte ping-pong over the stream: latency percentiles
+//   bw            32 MiB client -> server in 65000-byte writes: throughput
+//   tcp-pingpong, tcp-bw   the same over kernel TCP (no pairing), for reference
+//   kill          the server SIGKILLs itself after 1 MiB; the client must see
+//                 an error or EOF within the bound (server: exit status 137)
+//   nolistener    client only, against plain-server: pairing must return
+//                 nullptr with peer_not_accelerated
+// Each case prints "PASS <case>" or "FAIL <case>: why"; exit 0 iff all passed.
+// Every wait is bounded (kWaitMs). Built by test/rdma/verbs.sh.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+#include "stats/stats.h"
+#include "stream/stream.h"
+#include "transport/verbs/verbs_setup.h"
+
+namespace {
+
+constexpr int kWaitMs = 30000;           // bound of any single wait
+constexpr size_t kXferBytes = 8u << 20;  // per direction
+constexpr size_t kBwBytes = 32u << 20;
+constexpr size_t kBwWrite = 65000;
+constexpr int kPingIters = 2000;
+int g_spin_us = 50;  // RSOCK_SPIN_US, as the socket layer
+
+const char* g_role = "?";
+
+void say(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::printf("%s: ", g_role);
+  std::vprintf(fmt, ap);
+  std::printf("\n");
+  std::fflush(stdout);
+  va_end(ap);
+}
+
+int64_t now_us() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000ll + ts.tv_nsec / 1000;
+}
+
+// Deterministic byte stream per direction: both ends can regenerate it.
+struct Pattern {
+  uint64_t x;
+  explicit Pattern(uint64_t seed) : x(seed * 0x9e3779b97f4a7c15ull + 1) {}
+  uint8_t next() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return static_cast<uint8_t>(x >> 24);
+  }
+};
+
+rsock::Config test_config() {
+  rsock::Config cfg;
+  cfg.connect_timeout_ms = 5000;  // emulated guests are slow
+  if (const char* t = getenv("RSOCK_CONNECT_TIMEOUT_MS")) cfg.connect_timeout_ms = atoi(t);
+  if (const char* r = getenv("RSOCK_RING_SIZE")) {
+    size_t v;
+    if (rsock::parse_size(r, &v)) cfg.ring_bytes = v;
+  }
+  return cfg;
+}
+
+// ------------------------------------------------------------- blocking I/O --
+
+// Waits until the stream is readable (kWantData) or writable (kWantSpace),
+// as src/socket does. Returns false after kWaitMs.
+bool wait_ready(rsock::Stream& s, uint32_t want) {
+  auto ready = [&] {
+    rsock::StreamEvents ev = s.events();
+    return want == rsock::kWantData ? ev.readable : ev.writable;
+  };
+  const int64_t spin_end = now_us() + g_spin_us;
+  do {
+    if (ready()) return true;
+  } while (now_us() < spin_end);
+  const int64_t deadline = now_us() + kWaitMs * 1000ll;
+  rsock::Channel& ch = s.channel();
+  for (;;) {
+    ch.arm(want);
+    if (ready()) {
+      ch.disarm(want);
+      return true;
+    }
+    const int64_t left = deadline - now_us();
+    if (left <= 0) {
+      ch.disarm(want);
+      return false;
+    }
+    pollfd p = {ch.wait_fd(), POLLIN, 0};
+    poll(&p, 1, static_cast<int>(left / 1000) + 1);
+    ch.drain_wakeups();
+    ch.disarm(want);
+    if (ready()) return true;
+  }
+}
+
+// Sends all of buf. Returns 0 or a negative errno (-ETIMEDOUT on a stuck wait).
+int send_all(rsock::Stream& s, const uint8_t* buf, size_t len) {
+  while (len > 0) {
+    iovec iov = {const_cast<uint8_t*>(buf), len};
+    ssize_t n = s.send(&iov, 1);
+    if (n > 0) {
+      buf += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n != -EAGAIN) return static_cast<int>(n);
+    if (!wait_ready(s, rsock::kWantSpace)) return -ETIMEDOUT;
+  }
+  return 0;
+}
+
+// Receives up to len bytes (at least one). Returns the count, 0 at EOF, or a
+// negative errno.
+ssize_t recv_some(rsock::Stream& s, uint8_t* buf, size_t len) {
+  for (;;) {
+    iovec iov = {buf, len};
+    ssize_t n = s.recv(&iov, 1, false);
+    if (n != -EAGAIN) return n;
+    if (!wait_ready(s, rsock::kWantData)) return -ETIMEDOUT;
+  }
+}
+
+int recv_all(rsock::Stream& s, uint8_t* buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = recv_some(s, buf, len);
+    if (n <= 0) return n == 0 ? -EPIPE : static_cast<int>(n);
+    buf += n;
+    len -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+// Same for kernel TCP.
+int tcp_io_all(int fd, uint8_t* p, size_t n, bool writing) {
+  while (n) {
+    pollfd pfd{fd, static_cast<short>(writing ? POLLOUT : POLLIN), 0};
+    if (poll(&pfd, 1, kWaitMs) != 1) return -ETIMEDOUT;
+    ssize_t r = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r == 0) return -EPIPE;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------- cases --
+
+struct Result {
+  bool ok = true;
+  std::string why;
+  void fail(const char* fmt, ...) {
+    if (!ok) return;
+    ok = false;
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    why = buf;
+  }
+};
+
+// Both directions at once: this thread sends, a helper thread receives.
+void case_xfer(rsock::Stream& s, bool is_server, Result* res) {
+  const uint64_t tx_seed = is_server ? 1 : 2, rx_seed = is_server ? 2 : 1;
+  std::atomic<bool> rx_ok{true};
+  std::string rx_why;
+  std::thread rx([&] {
+    Pattern pat(rx_seed);
+    std::vector<uint8_t> buf(70000);
+    size_t got = 0;
+    uint32_t r = 12345;
+    for (;;) {
+      r = r * 1103515245 + 12345;
+      size_t want = 1 + (r >> 8) % buf.size();
+      ssize_t n = recv_some(s, buf.data(), want);
+      if (n == 0) break;
+      if (n < 0) {
+        rx_ok = false;
+        rx_why = "recv: " + std::string(strerror(static_cast<int>(-n)));
+        return;
+      }
+      for (ssize_t i = 0; i < n; ++i) {
+        if (buf[i] != pat.next()) {
+          rx_ok = false;
+          rx_why = "data mismatch at byte " + std::to_string(got + i);
+          return;
+        }
+      }
+      got += static_cast<size_t>(n);
+    }
+    if (got != kXferBytes) {
+      rx_ok = false;
+      rx_why = "EOF after " + std::to_string(got) + " bytes";
+    }
+  });
+  Pattern pat(tx_seed);
+  std::vector<uint8_t> buf(70000);
+  size_t sent = 0;
+  uint32_t r = is_server ? 777 : 999;
+  const int64_t t0 = now_us();
+  while (sent < kXferBytes) {
+    r = r * 1103515245 + 12345;
+    size_t n = std::min<size_t>(1 + (r >> 8) % (r & 1 ? 64 : buf.size()), kXferBytes - sent);
+    for (size_t i = 0; i < n; ++i) buf[i] = pat.next();
+    int rc = send_all(s, buf.data(), n);
+    if (rc < 0) {
+      res->fail("send: %s", strerror(-rc));
+      break;
+    }
+    sent += n;
+  }
+  s.shutdown(false, true);  // FIN: the peer's reader sees EOF after the last byte
+  rx.join();
+  const double secs = (now_us() - t0) / 1e6;
+  if (!rx_ok) res->fail("%s", rx_why.c_str());
+  if (res->ok)
+    say("xfer: %zu bytes each way, checked, EOF on both directions, %.2f s (%.1f MB/s each way)",
+        kXferBytes, secs, kXferBytes / secs / 1e6);
+}
+
+void print_latency(const char* what, std::vector<int64_t>& us) {
+  std::sort(us.begin(), us.end());
+  double sum = 0;
+  for (auto v : us) sum += v;
+  say("%s: %zu round trips of 64 B: p50 %lld us, p90 %lld us, p99 %lld us, avg %.1f us "
+      "(one-way ~ p50/2)",
+      what, us.size(), static_cast<long long>(us[us.size() / 2]),
+      static_cast<long long>(us[us.size() * 9 / 10]),
+      static_cast<long long>(us[us.size() * 99 / 100]), sum / us.size());
+}
+
+void case_pingpong(rsock::Stream& s, bool is_server, Result* res) {
+  uint8_t buf[64];
+  memset(buf, 0x5a, sizeof buf);
+  std::vector<int64_t> rtt;
+  for (int i = 0; i < kPingIters && res->ok; ++i) {
+    int rc;
+    if (is_server) {
+      rc = recv_all(s, buf, sizeof buf);
+      if (rc == 0) rc = send_all(s, buf, sizeof buf);
+    } else {
+      buf[0] = static_cast<uint8_t>(i);
+      const int64_t t0 = now_us();
+      rc = send_all(s, buf, sizeof buf);
+      if (rc == 0) rc = recv_all(s, buf, sizeof buf);
+      rtt.push_back(now_us() - t0);
+      if (rc == 0 && buf[0] != static_cast<uint8_t>(i)) res->fail("echo mismatch");
+    }
+    if (rc < 0) res->fail("iteration %d: %s", i, strerror(-rc));
+  }
+  if (!is_server && res->ok) print_latency("pingpong rdma (Stream)", rtt);
+}
+
+void case_bw(rsock::Stream& s, bool is_server, Result* res) {
+  std::vector<uint8_t> buf(kBwWrite);
+  uint8_t ack = 0;
+  if (is_server) {
+    size_t got = 0;
+    while (got < kBwBytes) {
+      ssize_t n = recv_some(s, buf.data(), buf.size());
+      if (n <= 0) {
+        res->fail("recv after %zu bytes: %s", got, n == 0 ? "EOF" : strerror(static_cast<int>(-n)));
+        return;
+      }
+      got += static_cast<size_t>(n);
+    }
+    if (int rc = send_all(s, &ack, 1); rc < 0) res->fail("ack: %s", strerror(-rc));
+    return;
+  }
+  memset(buf.data(), 0xa5, buf.size());
+  const int64_t t0 = now_us();
+  size_t sent = 0;
+  while (sent < kBwBytes && res->ok) {
+    size_t n = std::min(kBwWrite, kBwBytes - sent);
+    if (int rc = send_all(s, buf.data(), n); rc < 0) res->fail("send: %s", strerror(-rc));
+    sent += n;
+  }
+  if (res->ok && recv_all(s, &ack, 1) != 0) res->fail("no ack");
+  const double secs = (now_us() - t0) / 1e6;
+  if (res->ok)
+    say("bw rdma (Stream): %zu bytes in %zu-byte writes: %.2f s, %.1f MB/s (%.0f Mbit/s)", kBwBytes,
+        kBwWrite, secs, kBwBytes / secs / 1e6, kBwBytes * 8 / secs / 1e6);
+}
+
+void case_tcp_pingpong(int fd, bool is_server, Result* res) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  uint8_t buf[64] = {};
+  std::vector<int64_t> rtt;
+  for (int i = 0; i < kPingIters && res->ok; ++i) {
+    int rc;
+    if (is_server) {
+      rc = tcp_io_all(fd, buf, sizeof buf, false);
+      if (rc == 0) rc = tcp_io_all(fd, buf, sizeof buf, true);
+    } else {
+      const int64_t t0 = now_us();
+      rc = tcp_io_all(fd, buf, sizeof buf, true);
+      if (rc == 0) rc = tcp_io_all(fd, buf, sizeof buf, false);
+      rtt.push_back(now_us() - t0);
+    }
+    if (rc < 0) res->fail("iteration %d: %s", i, strerror(-rc));
+  }
+  if (!is_server && res->ok) print_latency("pingpong kernel TCP", rtt);
+}
+
+void case_tcp_bw(int fd, bool is_server, Result* res) {
+  std::vector<uint8_t> buf(kBwWrite);
+  uint8_t ack = 0;
+  if (is_server) {
+    size_t got = 0;
+    while (got < kBwBytes) {
+      ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+      if (n <= 0) {
+        res->fail("recv after %zu bytes", got);
+        return;
+      }
+      got += static_cast<size_t>(n);
+    }
+    if (tcp_io_all(fd, &ack, 1, true) != 0) res->fail("ack");
+    return;
+  }
+  const int64_t t0 = now_us();
+  size_t sent = 0;
+  while (sent < kBwBytes && res->ok) {
+    size_t n = std::min(kBwWrite, kBwBytes - sent);
+    if (int rc = tcp_io_all(fd, buf.data(), n, true); rc < 0) res->fail("send: %s", strerror(-rc));
+    sent += n;
+  }
+  if (res->ok && tcp_io_all(fd, &ack, 1, false) != 0) res->fail("no ack");
+  const double secs = (now_us() - t0) / 1e6;
+  if (res->ok)
+    say("bw kernel TCP: %zu bytes in %zu-byte writes: %.2f s, %.1f MB/s (%.0f Mbit/s)", kBwBytes,
+        kBwWrite, secs, kBwBytes / secs / 1e6, kBwBytes * 8 / secs / 1e6);
+}
+
+// The server dies after 1 MiB; the client keeps sending and must see the end.
+void case_kill(rsock::Stream& s, bool is_server, Result* res) {
+  std::vector<uint8_t> buf(65536);
+  if (is_server) {
+    size_t got = 0;
+    while (got < (1u << 20)) {
+      ssize_t n = recv_some(s, buf.data(), buf.size());
+      if (n <= 0) {
+        res->fail("recv: %zd", n);
+        return;
+      }
+      got += static_cast<size_t>(n);
+    }
+    say("kill: received 1 MiB, SIGKILL to self");
+    kill(getpid(), SIGKILL);
+    pause();
+  }
+  const int64_t t0 = now_us();
+  int64_t seen_at = -1;
+  size_t sent = 0;
+  std::string how;
+  // Send until the stream reports the peer gone (bounded by kWaitMs per
+  // wait inside send_all and by 256 MiB of total volume).
+  while (sent < (256u << 20)) {
+    int rc = send_all(s, buf.data(), buf.size());
+    if (rc == -ETIMEDOUT) {
+      res->fail("send blocked for %d ms with the peer dead", kWaitMs);
+      return;
+    }
+    if (rc < 0) {
+      how = std::string("send: ") + strerror(-rc);
+      break;
+    }
+    sent += buf.size();
+  }
+  if (how.empty()) {
+    res->fail("256 MiB sent to a dead peer without an error");
+    return;
+  }
+  seen_at = now_us();
+  ssize_t n;
+  do {
+    n = recv_some(s, buf.data(), buf.size());
+  } while (n > 0);
+  how += n == 0 ? ", recv: EOF" : std::string(", recv: ") + strerror(static_cast<int>(-n));
+  if (n == -ETIMEDOUT) res->fail("recv blocked with the peer dead");
+  if (res->ok)
+    say("kill: peer death seen after %zu bytes sent (%s), %.0f ms after the first send", sent,
+        how.c_str(), (seen_at - t0) / 1e3);
+}
+
+// ------------------------------------------------------------------ driver --
+
+bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
+
+int make_listener(int port) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || listen(ls, 16) != 0) {
+    say("bind/listen :%d: %s", port, strerror(errno));
+    exit(2);
+  }
+  return ls;
+}
+
+int accept_one(int ls) {
+  pollfd p{ls, POLLIN, 0};
+  if (poll(&p, 1, 4 * kWaitMs) != 1) return -1;
+  return accept(ls, nullptr, nullptr);
+}
+
+int connect_to(const char* host, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) return fd;
+    close(fd);
+    usleep(100000 * (attempt + 1));
+  }
+  return -1;
+}
+
+bool run_case(const std::string& c, int fd, std::unique_ptr<rsock::Channel> ch, bool is_server) {
+  Result res;
+  if (is_tcp_case(c)) {
+    if (c == "tcp-pingpong")
+      case_tcp_pingpong(fd, is_server, &res);
+    else if (c == "tcp-bw")
+      case_tcp_bw(fd, is_server, &res);
+    else
+      res.fail("unknown case");
+  } else {
+    rsock::Stream s(std::move(ch));
+    if (c == "xfer")
+      case_xfer(s, is_server, &res);
+    else if (c == "pingpong")
+      case_pingpong(s, is_server, &res);
+    else if (c == "bw")
+      case_bw(s, is_server, &res);
+    else if (c == "kill")
+      case_kill(s, is_server, &res);
+    else
+      res.fail("unknown case");
+    s.close();
+  }  // the channel (QP) goes before the TCP socket
+  close(fd);
+  if (res.ok)
+    say("PASS %s", c.c_str());
+  else
+    say("FAIL %s: %s", c.c_str(), res.why.c_str());
+  return res.ok;
+}
+
+int server(int port, const std::vector<std::string>& cases) {
+  g_role = "server";
+  const rsock::Config cfg = test_config();
+  int ls = make_listener(port);
+  rsock::Fallback why;
+  rsock::VerbsListener* vl = rsock::verbs_listen(ls, &why);
+  if (!vl) {
+    say("FAIL setup: verbs_listen: %s", rsock::fallback_name(why));
+    return 1;
+  }
+  say("listening on :%d (TCP + rdma_cm)", port);
+  int failed = 0;
+  for (const auto& c : cases) {
+    int fd = accept_one(ls);
+    if (fd < 0) {
+      say("FAIL %s: no connection", c.c_str());
+      ++failed;
+      continue;
+    }
+    std::unique_ptr<rsock::Channel> ch;
+    if (!is_tcp_case(c)) {
+      const int64_t t0 = now_us();
+      ch = rsock::verbs_server_pair(vl, fd, cfg, &why);
+      if (!ch) {
+        say("FAIL %s: verbs_server_pair: %s", c.c_str(), rsock::fallback_name(why));
+        ++failed;
+        close(fd);
+        continue;
+      }
+      say("%s: paired over %s in %.1f ms", c.c_str(), ch->name(), (now_us() - t0) / 1e3);
+    }
+    if (!run_case(c, fd, std::move(ch), true)) ++failed;
+  }
+  rsock::verbs_listener_close(vl);
+  close(ls);
+  return failed ? 1 : 0;
+}
+
+int plain_server(int port) {
+  g_role = "plain-server";
+  int ls = make_listener(port);
+  say("listening on :%d (TCP only)", port);
+  int fd = accept_one(ls);
+  if (fd < 0) return 1;
+  char b;
+  pollfd p{fd, POLLIN, 0};
+  poll(&p, 1, kWaitMs);  // until the client closes
+  (void)!read(fd, &b, 1);
+  close(fd);
+  close(ls);
+  return 0;
+}
+
+int client(const char* host, int port, const std::vector<std::string>& cases) {
+  g_role = "client";
+  const rsock::Config cfg = test_config();
+  int failed = 0;
+  for (const auto& c : cases) {
+    int fd = connect_to(host, port);
+    if (fd < 0) {
+      say("FAIL %s: TCP connect to %s:%d failed", c.c_str(), host, port);
+      ++failed;
+      continue;
+    }
+    std::unique_ptr<rsock::Channel> ch;
+    rsock::Fallback why = rsock::Fallback::kCount;
+    if (c == "nolistener") {
+      const int64_t t0 = now_us();
+      ch = rsock::verbs_client_pair(fd, cfg, &why);
+      const double ms = (now_us() - t0) / 1e3;
+      const bool ok = !ch && why == rsock::Fallback::kPeerNotAccelerated;
+      if (ok)
+        say("PASS nolistener (nullptr, %s, after %.1f ms)", rsock::fallback_name(why), ms);
+      else
+        say("FAIL nolistener: %s, %s", ch ? "paired" : "nullptr",
+            ch ? "" : rsock::fallback_name(why));
+      ch.reset();
+      close(fd);
+      if (!ok) ++failed;
+      continue;
+    }
+    if (!is_tcp_case(c)) {
+      const int64_t t0 = now_us();
+      ch = rsock::verbs_client_pair(fd, cfg, &why);
+      if (!ch) {
+        say("FAIL %s: verbs_client_pair: %s", c.c_str(), rsock::fallback_name(why));
+        ++failed;
+        close(fd);
+        continue;
+      }
+      say("%s: paired over %s in %.1f ms", c.c_str(), ch->name(), (now_us() - t0) / 1e3);
+    }
+    if (!run_case(c, fd, std::move(ch), false)) ++failed;
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN);
+  if (const char* v = getenv("RSOCK_SPIN_US")) g_spin_us = atoi(v);
+  std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "server" && argc >= 4)
+    return server(atoi(argv[2]), std::vector<std::string>(argv + 3, argv + argc));
+  if (mode == "plain-server" && argc == 3) return plain_server(atoi(argv[2]));
+  if (mode == "client" && argc >= 5)
+    return client(argv[2], atoi(argv[3]), std::vector<std::string>(argv + 4, argv + argc));
+  std::fprintf(stderr,
+               "usage: verbs_pair_test server PORT CASE... | client HOST PORT CASE... |\n"
+               "       verbs_pair_test plain-server PORT\n");
+  return 2;
+}
