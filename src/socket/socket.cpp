@@ -18,6 +18,7 @@
 #include "lifecycle/runtime.h"
 #include "policy/policy.h"
 #include "transport/shm/rendezvous.h"
+#include "transport/verbs/verbs_setup.h"
 
 namespace rsock {
 namespace {
@@ -97,6 +98,7 @@ int64_t monotonic_ns() {
 
 ListenerState::~ListenerState() {
   if (marker_fd_ >= 0) real().close(marker_fd_);
+  if (verbs_) verbs_listener_close(verbs_);
 }
 
 ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, int /*fd*/)
@@ -228,6 +230,55 @@ int conn_shutdown(ConnectionState& c, int how) {
   return 0;
 }
 
+namespace {
+
+// The real connect(). A nonblocking connect to a candidate is waited for
+// here (bounded): the pairing that follows needs the TCP connection. Returns
+// 0, or a negative errno (-EINPROGRESS when it is still in progress; a
+// failure is then reported through SO_ERROR, as usual).
+int connect_for_pairing(int fd, const sockaddr* addr, socklen_t len, const Config& cfg) {
+  if (real().connect(fd, addr, len) == 0) return 0;
+  if (errno != EINPROGRESS) return -errno;
+  pollfd p = {fd, POLLOUT, 0};
+  int pr = real().poll(&p, 1, static_cast<int>(cfg.connect_timeout_ms));
+  if (pr == 1 && p.revents == POLLOUT) return 0;
+  if (pr == 0) {  // still connecting: the stream stays on TCP
+    stats_fallback(Fallback::kPairTimeout);
+    stats_connection(Path::kTcp);
+  }
+  return -EINPROGRESS;
+}
+
+// A peer address with port 0: the key of the server side's negative cache,
+// which remembers hosts (a client's source port changes every time).
+sockaddr_storage host_key(const sockaddr* peer) {
+  sockaddr_storage k = {};
+  memcpy(&k, peer, peer->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (k.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&k)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&k)->sin6_port = 0;
+  return k;
+}
+
+// After a successful TCP connect: commit to the channel, or record why not.
+int finish_pairing(int fd, const sockaddr* addr, std::unique_ptr<Channel> ch, Path path,
+                   Fallback why) {
+  if (ch) {
+    attach(fd, std::move(ch), path);
+    LOG_INFO("connect fd %d: accelerated (%s)", fd, path == Path::kShm ? "shm" : "rdma");
+    return 0;
+  }
+  if (why == Fallback::kPairTimeout || why == Fallback::kPeerNotAccelerated)
+    negative_cache_add(addr);
+  stats_fallback(why);
+  stats_connection(Path::kTcp);
+  LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
+  return 0;
+}
+
+}  // namespace
+
 int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len) {
   const Config& cfg = rt.config;
   Decision d = decide(cfg, rt.program, Role::kClient, addr, len);
@@ -239,51 +290,41 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
   };
   if (!d.candidate) return plain(rt.stats && is_tcp_stream(fd));
   if (!is_tcp_stream(fd)) return plain(false);
+
+  // Same host: shared memory, unless the rule forces RDMA. Another host:
+  // RDMA, unless the rule forces shared memory.
+  const bool local = is_local_address(addr);
+  const bool use_shm = d.transport == TransportKind::kShm ||
+                       (d.transport == TransportKind::kAuto && local);
   Fallback why;
-  if (d.transport == TransportKind::kRdma) {
-    why = Fallback::kTransportDisabled;  // the verbs transport is not built yet
-  } else if (!is_local_address(addr)) {
-    why = Fallback::kNotSameHost;
-  } else if (negative_cache_hit(addr)) {
+  if (negative_cache_hit(addr)) {
     why = Fallback::kNegativeCache;
-  } else if (!shm_server_advertised(addr)) {
-    why = Fallback::kPeerNotAccelerated;
-  } else {
-    int rfd = shm_client_prepare(fd, addr);
-    if (rfd < 0) {
+  } else if (use_shm) {
+    if (!local) {
+      why = Fallback::kNotSameHost;
+    } else if (!shm_server_advertised(addr)) {
+      why = Fallback::kPeerNotAccelerated;
+    } else {
+      int rfd = shm_client_prepare(fd, addr);
+      if (rfd >= 0) {
+        int r = connect_for_pairing(fd, addr, len, cfg);
+        if (r != 0) {
+          real().close(rfd);
+          return r;
+        }
+        auto ch = shm_client_pair(fd, rfd, cfg, &why);
+        return finish_pairing(fd, addr, std::move(ch), Path::kShm, why);
+      }
       LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
       why = Fallback::kResources;
-    } else {
-      int r = real().connect(fd, addr, len);
-      if (r != 0 && errno == EINPROGRESS) {
-        // Nonblocking connect: on one host the handshake completes at once;
-        // wait for it (bounded), so the pairing can happen here.
-        pollfd p = {fd, POLLOUT, 0};
-        int pr = real().poll(&p, 1, static_cast<int>(cfg.connect_timeout_ms));
-        if (pr == 1 && p.revents == POLLOUT) r = 0;
-        if (pr == 0) {  // still connecting: the stream stays on TCP
-          stats_fallback(Fallback::kPairTimeout);
-          stats_connection(Path::kTcp);
-        }
-        errno = EINPROGRESS;  // a failed connect is reported by SO_ERROR, as usual
-      }
-      if (r != 0) {
-        int err = errno;
-        real().close(rfd);
-        return -err;
-      }
-      auto ch = shm_client_pair(fd, rfd, cfg, &why);
-      if (ch) {
-        attach(fd, std::move(ch), Path::kShm);
-        LOG_INFO("connect fd %d: accelerated (shm)", fd);
-        return 0;
-      }
-      if (why == Fallback::kPairTimeout) negative_cache_add(addr);
-      stats_fallback(why);
-      stats_connection(Path::kTcp);
-      LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
-      return 0;
     }
+  } else if (!verbs_available()) {
+    why = Fallback::kNotSameHost;  // no RDMA device on this host
+  } else {
+    int r = connect_for_pairing(fd, addr, len, cfg);
+    if (r != 0) return r;
+    auto ch = verbs_client_pair(fd, cfg, &why);
+    return finish_pairing(fd, addr, std::move(ch), Path::kRdma, why);
   }
   stats_fallback(why);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
@@ -297,14 +338,26 @@ int setup_listen(const Runtime& rt, int fd, int backlog) {
   socklen_t len = sizeof ss;
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
   Decision d = decide(rt.config, rt.program, Role::kServer, reinterpret_cast<sockaddr*>(&ss), len);
-  if (!d.candidate || d.transport == TransportKind::kRdma || !is_tcp_stream(fd)) return 0;
-  int marker = shm_advertise_listener(fd);
-  if (marker < 0 && marker != -EADDRINUSE)
-    LOG_WARN("listen fd %d: cannot advertise (%s); clients will use TCP", fd, strerror(-marker));
-  auto* st = new ListenerState(marker);
+  if (!d.candidate || !is_tcp_stream(fd)) return 0;
+  const bool shm = d.transport != TransportKind::kRdma;
+  int marker = -1;
+  if (shm) {
+    marker = shm_advertise_listener(fd);
+    if (marker < 0 && marker != -EADDRINUSE)
+      LOG_WARN("listen fd %d: cannot advertise (%s); same-host clients will use TCP", fd,
+               strerror(-marker));
+  }
+  VerbsListener* verbs = nullptr;
+  if (d.transport != TransportKind::kShm && verbs_available()) {
+    Fallback why;
+    verbs = verbs_listen(fd, &why);
+    if (!verbs) LOG_INFO("listen fd %d: no rdma_cm listener (%s)", fd, fallback_name(why));
+  }
+  auto* st = new ListenerState(marker, verbs, shm);
   fd_table().set(fd, st);
   st->unref();
-  LOG_INFO("listen fd %d: candidate listener", fd);
+  LOG_INFO("listen fd %d: candidate listener (shm %s, rdma %s)", fd, shm ? "yes" : "no",
+           verbs ? "yes" : "no");
   return 0;
 }
 
@@ -313,11 +366,32 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd) {
     if (rt.stats && is_tcp_stream(newfd)) stats_connection(Path::kTcp);
     return;
   }
-  Fallback why;
-  auto ch = shm_server_pair(newfd, rt.config, &why);
+  auto* l = static_cast<ListenerState*>(listener);
+  sockaddr_storage peer;
+  socklen_t plen = sizeof peer;
+  if (getpeername(newfd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) return;
+  const sockaddr* pa = reinterpret_cast<const sockaddr*>(&peer);
+  const sockaddr_storage key = host_key(pa);
+  const sockaddr* host = reinterpret_cast<const sockaddr*>(&key);
+  Fallback why = Fallback::kPeerNotAccelerated;
+  std::unique_ptr<Channel> ch;
+  Path path = Path::kShm;
+  if (l->shm_allowed() && is_local_address(pa)) {
+    ch = shm_server_pair(newfd, rt.config, &why);
+  } else if (l->verbs() == nullptr) {
+    why = l->shm_allowed() ? Fallback::kNotSameHost : Fallback::kPeerNotAccelerated;
+  } else if (negative_cache_hit(host)) {
+    // A host that did not pair recently (a plain client, or no RDMA): no
+    // new wait in accept().
+    why = Fallback::kNegativeCache;
+  } else {
+    path = Path::kRdma;
+    ch = verbs_server_pair(l->verbs(), newfd, rt.config, &why);
+    if (!ch && why == Fallback::kPeerNotAccelerated) negative_cache_add(host);
+  }
   if (ch) {
-    attach(newfd, std::move(ch), Path::kShm);
-    LOG_INFO("accept fd %d: accelerated (shm)", newfd);
+    attach(newfd, std::move(ch), path);
+    LOG_INFO("accept fd %d: accelerated (%s)", newfd, path == Path::kShm ? "shm" : "rdma");
     return;
   }
   stats_fallback(why);

@@ -24,15 +24,23 @@ namespace rsock {
 
 struct Runtime;
 
-// A listening socket whose streams are candidates (a rule matched).
+class VerbsListener;
+
+// A listening socket whose streams are candidates (a rule matched): it
+// advertises itself to same-host clients and, when RDMA is available and
+// allowed, listens on rdma_cm at the same address.
 class ListenerState final : public FdState {
  public:
-  explicit ListenerState(int marker_fd) : FdState(Kind::kListener), marker_fd_(marker_fd) {}
+  ListenerState(int marker_fd, VerbsListener* verbs, bool shm_allowed)
+      : FdState(Kind::kListener), marker_fd_(marker_fd), verbs_(verbs), shm_allowed_(shm_allowed) {}
   ~ListenerState() override;
-  int marker_fd() const { return marker_fd_; }
+  VerbsListener* verbs() const { return verbs_; }
+  bool shm_allowed() const { return shm_allowed_; }
 
  private:
-  int marker_fd_;  // the same-host advertisement (-1 if another process holds it)
+  int marker_fd_;          // the same-host advertisement (-1: none, or another process holds it)
+  VerbsListener* verbs_;   // the rdma_cm listener, or nullptr
+  bool shm_allowed_;
 };
 
 // An accelerated connection.
