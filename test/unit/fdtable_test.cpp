@@ -1,0 +1,321 @@
+// Unit tests for src/fdtable: set/get/clear, dup-style sharing (two fds, one
+// state: on_last_close only at the last clear), replacing a slot (dup2 over
+// an fd), references that outlive a clear, fds outside [0, kMaxFd), chunk
+// boundaries, for_each, FdRef moves, and a multi-threaded get/clear/set
+// stress in which every state counts its lifecycle events and poisons itself
+// on destruction, so that a use after free or a double close is detected
+// (definitively when built with -fsanitize=address).
+
+#include "fdtable/fdtable.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace rsock {
+namespace {
+
+constexpr uint64_t kAlive = 0xa11ce0000a11ce00ull;
+constexpr uint64_t kDead = 0xdeaddeaddeaddeadull;
+
+struct Counters {
+  std::atomic<int> created{0};
+  std::atomic<int> destroyed{0};
+  std::atomic<int> last_closes{0};
+  std::atomic<int> bad_destroy{0};   // destroyed without exactly one last close
+  std::atomic<int> double_close{0};  // on_last_close twice on one state
+};
+
+class TestState : public FdState {
+ public:
+  explicit TestState(Counters* c) : FdState(Kind::kConnection), c_(c) { c_->created++; }
+  ~TestState() override {
+    if (closes_.load() != 1) c_->bad_destroy++;
+    magic_.store(kDead);
+    c_->destroyed++;
+  }
+  void on_last_close() override {
+    if (closes_.fetch_add(1) != 0) c_->double_close++;
+    c_->last_closes++;
+  }
+  bool alive() const { return magic_.load() == kAlive; }
+  int closes() const { return closes_.load(); }
+  std::atomic<uint64_t> uses{0};
+
+ private:
+  Counters* c_;
+  std::atomic<uint64_t> magic_{kAlive};
+  std::atomic<int> closes_{0};
+};
+
+// The table never frees its chunks (it lives for the process); a test table
+// leaks a few pages, which is fine.
+std::unique_ptr<FdTable> new_table() { return std::make_unique<FdTable>(); }
+
+TEST(FdTable, EmptyTableHasNothing) {
+  auto t = new_table();
+  EXPECT_FALSE(t->has(5));
+  EXPECT_FALSE(t->get(5));
+  EXPECT_FALSE(t->clear(5));
+  EXPECT_FALSE(t->has(-1));
+  EXPECT_FALSE(t->get(-1));
+  EXPECT_FALSE(t->clear(-1));
+  int visited = 0;
+  t->for_each([&](int, FdState*) { ++visited; });
+  EXPECT_EQ(visited, 0);
+}
+
+TEST(FdTable, SetGetClear) {
+  auto t = new_table();
+  Counters c;
+  auto* s = new TestState(&c);
+  ASSERT_TRUE(t->set(5, s));
+  s->unref();  // the table holds it now
+  EXPECT_TRUE(t->has(5));
+  EXPECT_FALSE(t->has(4));
+  EXPECT_FALSE(t->has(6));
+  {
+    FdRef r = t->get(5);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r.get(), s);
+    EXPECT_EQ(r.as<TestState>(), s);
+    EXPECT_EQ(r.get()->kind(), FdState::Kind::kConnection);
+  }
+  EXPECT_EQ(c.destroyed.load(), 0);  // a released reference is not the last one
+  EXPECT_TRUE(t->clear(5));
+  EXPECT_EQ(c.last_closes.load(), 1);
+  EXPECT_EQ(c.destroyed.load(), 1);
+  EXPECT_FALSE(t->has(5));
+  EXPECT_FALSE(t->get(5));
+  EXPECT_FALSE(t->clear(5));  // a second clear finds nothing
+  EXPECT_EQ(c.last_closes.load(), 1);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+}
+
+TEST(FdTable, ReferenceOutlivesClear) {
+  auto t = new_table();
+  Counters c;
+  auto* s = new TestState(&c);
+  ASSERT_TRUE(t->set(3, s));
+  s->unref();
+  FdRef r = t->get(3);
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(t->clear(3));
+  EXPECT_EQ(c.last_closes.load(), 1);  // torn down as a connection...
+  EXPECT_EQ(c.destroyed.load(), 0);    // ...but alive while an I/O call uses it
+  EXPECT_TRUE(r.as<TestState>()->alive());
+  r.reset();
+  EXPECT_EQ(c.destroyed.load(), 1);
+  EXPECT_FALSE(r);
+}
+
+TEST(FdTable, DupSharesOneStateUntilTheLastClose) {
+  auto t = new_table();
+  Counters c;
+  auto* s = new TestState(&c);
+  ASSERT_TRUE(t->set(5, s));
+  ASSERT_TRUE(t->set(9, s));  // dup(5) == 9
+  s->unref();
+  EXPECT_EQ(t->get(5).get(), s);
+  EXPECT_EQ(t->get(9).get(), s);
+  EXPECT_FALSE(t->clear(5));  // not the last fd
+  EXPECT_EQ(c.last_closes.load(), 0);
+  EXPECT_EQ(c.destroyed.load(), 0);
+  EXPECT_FALSE(t->has(5));
+  EXPECT_EQ(t->get(9).get(), s);
+  EXPECT_TRUE(t->clear(9));
+  EXPECT_EQ(c.last_closes.load(), 1);
+  EXPECT_EQ(c.destroyed.load(), 1);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+}
+
+TEST(FdTable, ReplacingASlotClosesTheOldStateIfItWasItsLastFd) {
+  auto t = new_table();
+  Counters c;
+  auto* a = new TestState(&c);
+  auto* b = new TestState(&c);
+  ASSERT_TRUE(t->set(5, a));
+  a->unref();
+  ASSERT_TRUE(t->set(5, b));  // dup2(other, 5)
+  b->unref();
+  EXPECT_EQ(c.last_closes.load(), 1);
+  EXPECT_EQ(c.destroyed.load(), 1);  // a is gone
+  EXPECT_EQ(t->get(5).get(), b);
+  EXPECT_TRUE(t->clear(5));
+  EXPECT_EQ(c.destroyed.load(), 2);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+}
+
+TEST(FdTable, ReplacingOneOfTwoFdsKeepsTheState) {
+  auto t = new_table();
+  Counters c;
+  auto* a = new TestState(&c);
+  auto* b = new TestState(&c);
+  ASSERT_TRUE(t->set(5, a));
+  ASSERT_TRUE(t->set(6, a));
+  a->unref();
+  ASSERT_TRUE(t->set(5, b));
+  b->unref();
+  EXPECT_EQ(a->closes(), 0);  // still open through fd 6
+  EXPECT_EQ(t->get(6).get(), a);
+  EXPECT_EQ(t->get(5).get(), b);
+  EXPECT_TRUE(t->clear(6));
+  EXPECT_EQ(c.destroyed.load(), 1);
+  EXPECT_TRUE(t->clear(5));
+  EXPECT_EQ(c.destroyed.load(), 2);
+  EXPECT_EQ(c.last_closes.load(), 2);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+}
+
+TEST(FdTable, SettingTheSameStateAgainIsNotAClose) {
+  auto t = new_table();
+  Counters c;
+  auto* s = new TestState(&c);
+  ASSERT_TRUE(t->set(5, s));
+  ASSERT_TRUE(t->set(5, s));  // dup2(5, 5)-like
+  s->unref();
+  EXPECT_EQ(c.last_closes.load(), 0);
+  EXPECT_EQ(c.destroyed.load(), 0);
+  EXPECT_TRUE(t->clear(5));
+  EXPECT_EQ(c.last_closes.load(), 1);
+  EXPECT_EQ(c.destroyed.load(), 1);
+}
+
+TEST(FdTable, FdsOutsideTheTableAreIgnored) {
+  auto t = new_table();
+  Counters c;
+  auto* s = new TestState(&c);
+  EXPECT_FALSE(t->set(FdTable::kMaxFd, s));
+  EXPECT_FALSE(t->set(FdTable::kMaxFd + 12345, s));
+  EXPECT_FALSE(t->set(-1, s));
+  EXPECT_FALSE(t->has(FdTable::kMaxFd));
+  EXPECT_FALSE(t->get(FdTable::kMaxFd));
+  EXPECT_FALSE(t->clear(FdTable::kMaxFd));
+  // The last tracked fd works.
+  ASSERT_TRUE(t->set(FdTable::kMaxFd - 1, s));
+  EXPECT_EQ(t->get(FdTable::kMaxFd - 1).get(), s);
+  EXPECT_TRUE(t->clear(FdTable::kMaxFd - 1));
+  EXPECT_EQ(c.destroyed.load(), 0);
+  // The failed sets took no reference: one unref, from the creator, frees it.
+  s->unref();
+  EXPECT_EQ(c.destroyed.load(), 1);
+}
+
+TEST(FdTable, ChunkBoundariesAreIndependentSlots) {
+  auto t = new_table();
+  Counters c;
+  const int k = FdTable::kChunkSlots;
+  std::vector<int> fds = {0, k - 1, k, k + 1, 2 * k - 1, 7 * k};
+  std::map<int, TestState*> states;
+  for (int fd : fds) {
+    states[fd] = new TestState(&c);
+    ASSERT_TRUE(t->set(fd, states[fd]));
+    states[fd]->unref();
+  }
+  for (int fd : fds) EXPECT_EQ(t->get(fd).get(), states[fd]) << fd;
+  EXPECT_FALSE(t->has(k + 2));
+  EXPECT_FALSE(t->has(3 * k));  // a chunk never created
+  std::map<int, FdState*> seen;
+  t->for_each([&](int fd, FdState* st) { seen[fd] = st; });
+  ASSERT_EQ(seen.size(), fds.size());
+  for (int fd : fds) EXPECT_EQ(seen[fd], states[fd]) << fd;
+  for (int fd : fds) EXPECT_TRUE(t->clear(fd));
+  EXPECT_EQ(c.destroyed.load(), static_cast<int>(fds.size()));
+}
+
+TEST(FdTable, GlobalTableIsOneInstance) { EXPECT_EQ(&fd_table(), &fd_table()); }
+
+TEST(FdRef, MovesTransferTheReference) {
+  Counters c;
+  auto* a = new TestState(&c);
+  auto* b = new TestState(&c);
+  a->on_last_close();  // these never sit in a table; keep the destructor check quiet
+  b->on_last_close();
+  FdRef ra(a);  // adopts the creator's reference
+  FdRef moved(std::move(ra));
+  EXPECT_FALSE(ra);
+  EXPECT_EQ(moved.get(), a);
+  EXPECT_EQ(c.destroyed.load(), 0);
+  FdRef rb(b);
+  moved = std::move(rb);  // releases a
+  EXPECT_EQ(c.destroyed.load(), 1);
+  EXPECT_EQ(moved.get(), b);
+  EXPECT_FALSE(rb);
+  moved = std::move(moved);  // self-move keeps it
+  EXPECT_EQ(moved.get(), b);
+  moved.reset();
+  EXPECT_EQ(c.destroyed.load(), 2);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+}
+
+// Readers take references and use the state while a writer attaches states
+// to two fds (as dup does), replaces and clears them. Every state must be
+// alive whenever a reader holds it, closed exactly once, and freed exactly
+// once.
+TEST(FdTable, ConcurrentGetVersusClearAndReplace) {
+  auto t = new_table();
+  Counters c;
+  constexpr int kFdA = 100, kFdB = 1100;  // in two chunks
+  constexpr int kRounds = 60000;
+  constexpr int kReaders = 3;
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> dead_seen{0}, hits{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.emplace_back([&, i] {
+      std::mt19937 rng(i);
+      while (!done.load(std::memory_order_relaxed)) {
+        FdRef r = t->get(rng() % 2 ? kFdA : kFdB);
+        if (!r) continue;
+        auto* s = r.as<TestState>();
+        if (!s->alive()) dead_seen++;
+        s->uses.fetch_add(1, std::memory_order_relaxed);
+        if (!s->alive()) dead_seen++;
+        hits++;
+      }
+    });
+  }
+  std::mt19937 rng(99);
+  for (int round = 0; round < kRounds; ++round) {
+    auto* s = new TestState(&c);
+    t->set(kFdA, s);  // replaces (and may close) the previous round's state
+    t->set(kFdB, s);
+    s->unref();
+    switch (rng() % 3) {
+      case 0:  // close both fds, in either order
+        if (rng() % 2) {
+          t->clear(kFdA);
+          t->clear(kFdB);
+        } else {
+          t->clear(kFdB);
+          t->clear(kFdA);
+        }
+        break;
+      case 1:  // close one; the next round replaces the other
+        t->clear(rng() % 2 ? kFdA : kFdB);
+        break;
+      default:  // leave both to be replaced
+        break;
+    }
+  }
+  t->clear(kFdA);
+  t->clear(kFdB);
+  done.store(true);
+  for (auto& th : readers) th.join();
+  EXPECT_EQ(dead_seen.load(), 0u) << "a reader used a destroyed state";
+  EXPECT_EQ(c.created.load(), kRounds);
+  EXPECT_EQ(c.destroyed.load(), kRounds);
+  EXPECT_EQ(c.last_closes.load(), kRounds);
+  EXPECT_EQ(c.double_close.load(), 0);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+  EXPECT_GT(hits.load(), 0u);  // the readers did race with the writer
+  RecordProperty("reader_hits", std::to_string(hits.load()));
+}
+
+}  // namespace
+}  // namespace rsock

@@ -1,0 +1,463 @@
+// Unit tests for src/transport/shm in one process: the region a server
+// creates (header, seals) and the checks a client makes when attaching it
+// (nonce, size, seals, magic, version, layout); two ShmChannels over two
+// mappings of one memfd with a socketpair as the doorbell socket: ring
+// placement, control words, doorbells rung only for an armed peer, liveness
+// through the socket (close, reset); then Stream over the channels, streaming
+// 256 MiB between two threads with random sizes and verified content.
+
+#include "transport/shm/shm_channel.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ring/wire.h"
+#include "stream/stream.h"
+#include "stream_test_support.h"
+
+namespace rsock {
+namespace {
+
+constexpr uint64_t kNonce = 0x0123456789abcdefull;
+
+// A created region and a second mapping of it, as the two processes hold them.
+struct Region {
+  int memfd = -1;
+  void* server_map = nullptr;
+  void* client_map = nullptr;
+  size_t len = 0;
+  ~Region() {
+    if (server_map) munmap(server_map, len);
+    if (client_map) munmap(client_map, len);
+    if (memfd >= 0) close(memfd);
+  }
+};
+
+RegionHeader* header(void* map) { return static_cast<RegionHeader*>(map); }
+
+// Both channels of one connection. Each takes its mapping and socket end.
+struct ShmPair {
+  std::unique_ptr<ShmChannel> server;
+  std::unique_ptr<ShmChannel> client;
+};
+
+ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce) {
+  ShmPair p;
+  void* smap = nullptr;
+  size_t len = 0;
+  int memfd = shm_region_create(ring, nonce, &smap, &len);
+  EXPECT_GE(memfd, 0) << strerror(-memfd);
+  if (memfd < 0) return p;
+  void* cmap = nullptr;
+  const int rc = shm_region_attach(memfd, len, nonce, ring, &cmap);
+  EXPECT_EQ(rc, 0);
+  close(memfd);  // the mappings keep the memory
+  int sv[2];
+  EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  p.server = std::make_unique<ShmChannel>(smap, len, true, sv[0]);
+  if (rc == 0) p.client = std::make_unique<ShmChannel>(cmap, len, false, sv[1]);
+  return p;
+}
+
+int queued_bytes(int fd) {
+  int n = -1;
+  EXPECT_EQ(ioctl(fd, FIONREAD, &n), 0);
+  return n;
+}
+
+bool fd_readable(int fd) {
+  pollfd p = {fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+}
+
+// ----------------------------------------------------------------- region
+
+TEST(ShmRegion, CreateInitialisesHeaderAndSeals) {
+  Region r;
+  r.memfd = shm_region_create(1 << 16, kNonce, &r.server_map, &r.len);
+  ASSERT_GE(r.memfd, 0);
+  EXPECT_EQ(r.len, region_bytes_for(1 << 16));
+  const RegionHeader* h = header(r.server_map);
+  EXPECT_EQ(h->magic, kRegionMagic);
+  EXPECT_EQ(h->version, kProtocolVersion);
+  EXPECT_EQ(h->header_bytes, region_header_bytes());
+  EXPECT_EQ(h->nonce, kNonce);
+  EXPECT_EQ(h->ring_bytes, 1u << 16);
+  EXPECT_EQ(h->ring_offset[kServerToClient], region_header_bytes());
+  EXPECT_EQ(h->ring_offset[kClientToServer], region_header_bytes() + (1 << 16));
+  EXPECT_EQ(h->ring_offset[kServerToClient] % kPageBytes, 0u);
+  EXPECT_EQ(h->ring_offset[kClientToServer] % kPageBytes, 0u);
+  EXPECT_EQ(h->region_bytes, r.len);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(h->dir[d].head.load(), 0u);
+    EXPECT_EQ(h->dir[d].consumed.load(), 0u);
+    EXPECT_EQ(h->dir[d].producer_flags.load(), 0u);
+    EXPECT_EQ(h->dir[d].consumer_flags.load(), 0u);
+    EXPECT_EQ(h->dir[d].producer_waiting.load(), 0u);
+    EXPECT_EQ(h->dir[d].consumer_waiting.load(), 0u);
+  }
+  struct stat st;
+  ASSERT_EQ(fstat(r.memfd, &st), 0);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), r.len);
+  const int seals = fcntl(r.memfd, F_GET_SEALS);
+  EXPECT_TRUE(seals & F_SEAL_SHRINK);
+  EXPECT_TRUE(seals & F_SEAL_GROW);
+  EXPECT_TRUE(seals & F_SEAL_SEAL);
+  EXPECT_NE(ftruncate(r.memfd, 4096), 0);  // the seals hold
+  EXPECT_TRUE(fcntl(r.memfd, F_GETFD) & FD_CLOEXEC);
+}
+
+TEST(ShmRegion, AttachMapsTheSameMemory) {
+  Region r;
+  r.memfd = shm_region_create(4096, kNonce, &r.server_map, &r.len);
+  ASSERT_GE(r.memfd, 0);
+  ASSERT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &r.client_map), 0);
+  ASSERT_NE(r.client_map, r.server_map);
+  header(r.server_map)->dir[1].head.store(42);
+  EXPECT_EQ(header(r.client_map)->dir[1].head.load(), 42u);
+  static_cast<uint8_t*>(r.client_map)[r.len - 1] = 0x5a;
+  EXPECT_EQ(static_cast<uint8_t*>(r.server_map)[r.len - 1], 0x5a);
+}
+
+TEST(ShmRegion, AttachRejectsWrongNonce) {
+  Region r;
+  r.memfd = shm_region_create(4096, kNonce, &r.server_map, &r.len);
+  ASSERT_GE(r.memfd, 0);
+  void* map = reinterpret_cast<void*>(1);
+  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce + 1, 4096, &map), -EPROTO);
+  EXPECT_EQ(map, reinterpret_cast<void*>(1));  // untouched on failure
+  EXPECT_EQ(shm_region_attach(r.memfd, r.len, 0, 4096, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &r.client_map), 0);
+}
+
+TEST(ShmRegion, AttachRejectsWrongSizes) {
+  Region r;
+  r.memfd = shm_region_create(8192, kNonce, &r.server_map, &r.len);
+  ASSERT_GE(r.memfd, 0);
+  void* map = nullptr;
+  // region_bytes that does not match the ring size, or the memfd.
+  EXPECT_EQ(shm_region_attach(r.memfd, r.len - 4096, kNonce, 8192, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, r.len + 4096, kNonce, 8192, &map), -EPROTO);
+  // A consistent offer for another ring size: the memfd's size gives it away.
+  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(4096), kNonce, 4096, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(16384), kNonce, 16384, &map), -EPROTO);
+  // Not a power of two.
+  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(6144), kNonce, 6144, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(0), kNonce, 0, &map), -EPROTO);
+  EXPECT_EQ(map, nullptr);
+  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 8192, &r.client_map), 0);
+}
+
+// A byte-for-byte copy of a valid region in a memfd: unsealed, or sealed.
+int copy_region(const void* src, size_t len, bool seal) {
+  int fd = memfd_create("rsock-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(len)) != 0 ||
+      pwrite(fd, src, len, 0) != static_cast<ssize_t>(len)) {
+    close(fd);
+    return -1;
+  }
+  if (seal) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+  return fd;
+}
+
+TEST(ShmRegion, AttachRejectsUnsealedMemfd) {
+  Region r;
+  r.memfd = shm_region_create(4096, kNonce, &r.server_map, &r.len);
+  ASSERT_GE(r.memfd, 0);
+  int unsealed = copy_region(r.server_map, r.len, false);
+  int sealed = copy_region(r.server_map, r.len, true);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_GE(sealed, 0);
+  void* map = nullptr;
+  EXPECT_EQ(shm_region_attach(unsealed, r.len, kNonce, 4096, &map), -EPROTO);
+  EXPECT_EQ(map, nullptr);
+  // The same bytes, sealed, are accepted: the seal was the only difference.
+  EXPECT_EQ(shm_region_attach(sealed, r.len, kNonce, 4096, &map), 0);
+  if (map) munmap(map, r.len);
+  close(unsealed);
+  close(sealed);
+}
+
+TEST(ShmRegion, AttachRejectsCorruptHeader) {
+  Region r;
+  r.memfd = shm_region_create(4096, kNonce, &r.server_map, &r.len);
+  ASSERT_GE(r.memfd, 0);
+  RegionHeader* h = header(r.server_map);
+  void* map = nullptr;
+  auto expect_rejected = [&](const char* what) {
+    EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &map), -EPROTO) << what;
+    EXPECT_EQ(map, nullptr) << what;
+  };
+  h->magic ^= 1;
+  expect_rejected("magic");
+  h->magic ^= 1;
+  h->version = kProtocolVersion + 1;
+  expect_rejected("version");
+  h->version = kProtocolVersion;
+  h->ring_bytes = 2048;
+  expect_rejected("ring_bytes");
+  h->ring_bytes = 4096;
+  h->region_bytes = r.len - 1;
+  expect_rejected("region_bytes");
+  h->region_bytes = r.len;
+  h->ring_offset[kClientToServer] = region_header_bytes();  // both rings overlap
+  expect_rejected("ring_offset");
+  h->ring_offset[kClientToServer] = region_header_bytes() + 4096;
+  h->ring_offset[kServerToClient] += 4096;
+  expect_rejected("ring_offset");
+  h->ring_offset[kServerToClient] = region_header_bytes();
+  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &r.client_map), 0);
+}
+
+TEST(ShmRegion, AttachRejectsANonMemfd) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  void* map = nullptr;
+  EXPECT_EQ(shm_region_attach(sv[0], region_bytes_for(4096), kNonce, 4096, &map), -EPROTO);
+  EXPECT_EQ(map, nullptr);
+  close(sv[0]);
+  close(sv[1]);
+}
+
+// --------------------------------------------------------------- channels
+
+TEST(ShmChannel, RingsAndControlWordsAreCrossed) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  EXPECT_STREQ(p.server->name(), "shm");
+  EXPECT_EQ(p.server->ring_bytes(), 4096u);
+  EXPECT_EQ(p.client->ring_bytes(), 4096u);
+  ASSERT_EQ(p.server->write(4090, "abcdef", 6), 0);
+  EXPECT_EQ(memcmp(p.client->rx_ring() + 4090, "abcdef", 6), 0);
+  ASSERT_EQ(p.client->write(0, "xyz", 3), 0);
+  EXPECT_EQ(memcmp(p.server->rx_ring(), "xyz", 3), 0);
+  EXPECT_NE(memcmp(p.server->rx_ring() + 4090, "abcdef", 6), 0);  // not the same ring
+
+  ASSERT_EQ(p.server->publish(123), 0);
+  EXPECT_EQ(p.client->poll().head, 123u);
+  EXPECT_EQ(p.server->poll().head, 0u);
+  ASSERT_EQ(p.client->grant(100), 0);
+  EXPECT_EQ(p.server->poll().consumed, 100u);
+  EXPECT_EQ(p.client->poll().consumed, 0u);
+  ASSERT_EQ(p.client->publish(7), 0);
+  EXPECT_EQ(p.server->poll().head, 7u);
+  EXPECT_EQ(p.client->poll().flags, 0u);
+  EXPECT_EQ(p.server->poll().flags, 0u);
+}
+
+TEST(ShmChannel, FlagsReachThePeer) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  p.server->signal(kSendFin);
+  EXPECT_EQ(p.client->poll().flags, uint32_t{kPeerFin});
+  EXPECT_EQ(p.server->poll().flags, 0u);  // our own flags are not the peer's
+  p.server->signal(kSendClosed);
+  EXPECT_EQ(p.client->poll().flags, uint32_t{kPeerFin | kPeerClosed});
+  EXPECT_EQ(p.server->poll().flags, 0u);
+  p.client->signal(kSendClosed);  // closed implies FIN
+  EXPECT_EQ(p.server->poll().flags, uint32_t{kPeerFin | kPeerClosed});
+}
+
+TEST(ShmChannel, StalledPeerIsReported) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  p.client->arm(kWantData);
+  EXPECT_FALSE(p.server->poll().flags & kPeerStalled);
+  p.client->arm(kWantSpace);
+  EXPECT_TRUE(p.server->poll().flags & kPeerStalled);
+  EXPECT_FALSE(p.client->poll().flags & kPeerStalled);
+  p.client->disarm(kWantSpace);
+  EXPECT_FALSE(p.server->poll().flags & kPeerStalled);
+  p.client->disarm(kWantData);
+}
+
+TEST(ShmChannel, DoorbellRingsOnlyForAnArmedPeer) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  const int cfd = p.client->wait_fd();
+  const int sfd = p.server->wait_fd();
+  // Nobody sleeps: publishing and granting cost no syscall.
+  ASSERT_EQ(p.server->publish(10), 0);
+  ASSERT_EQ(p.server->grant(0), 0);
+  EXPECT_EQ(queued_bytes(cfd), 0);
+  // Armed for space, the client is not woken by data, and the reverse.
+  p.client->arm(kWantSpace);
+  ASSERT_EQ(p.server->publish(20), 0);
+  EXPECT_EQ(queued_bytes(cfd), 0);
+  p.client->disarm(kWantSpace);
+  p.client->arm(kWantData);
+  ASSERT_EQ(p.server->grant(0), 0);
+  EXPECT_EQ(queued_bytes(cfd), 0);
+  // Armed for data: a publish rings exactly once.
+  ASSERT_EQ(p.server->publish(30), 0);
+  EXPECT_EQ(queued_bytes(cfd), 1);
+  EXPECT_TRUE(fd_readable(cfd));
+  p.client->disarm(kWantData);
+  ASSERT_EQ(p.server->publish(40), 0);
+  EXPECT_EQ(queued_bytes(cfd), 1);
+  p.client->drain_wakeups();
+  EXPECT_EQ(queued_bytes(cfd), 0);
+  EXPECT_FALSE(fd_readable(cfd));
+  EXPECT_EQ(p.client->poll().flags, 0u);  // draining is not a failure
+  // Armed for space: a grant rings.
+  p.client->arm(kWantSpace);
+  ASSERT_EQ(p.server->grant(0), 0);
+  EXPECT_EQ(queued_bytes(cfd), 1);
+  p.client->disarm(kWantSpace);
+  p.client->drain_wakeups();
+  // Counts nest: two sleepers, one leaves, the other is still woken.
+  p.client->arm(kWantData);
+  p.client->arm(kWantData);
+  p.client->disarm(kWantData);
+  ASSERT_EQ(p.server->publish(50), 0);
+  EXPECT_EQ(queued_bytes(cfd), 1);
+  p.client->disarm(kWantData);
+  p.client->drain_wakeups();
+  // Flags always ring (a peer may be asleep in the application's poll).
+  p.client->signal(kSendFin);
+  EXPECT_EQ(queued_bytes(sfd), 1);
+  EXPECT_EQ(queued_bytes(cfd), 0);
+}
+
+TEST(ShmChannel, PeerSocketCloseIsFinAndClosed) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  const int cfd = p.client->wait_fd();
+  p.server.reset();                       // unmaps and closes its socket end, without setting flags
+  EXPECT_EQ(p.client->poll().flags, 0u);  // not noticed until the wakeup is drained
+  EXPECT_TRUE(fd_readable(cfd));
+  p.client->drain_wakeups();
+  const uint32_t flags = p.client->poll().flags;
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerFin | kPeerClosed});
+  EXPECT_FALSE(flags & kTransportError);
+}
+
+TEST(ShmChannel, PeerSocketResetIsTransportError) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  // A doorbell the server never reads: closing a unix socket with unread data
+  // resets the connection (the client's recv fails with ECONNRESET).
+  p.client->signal(kSendFin);
+  ASSERT_EQ(queued_bytes(p.server->wait_fd()), 1);
+  p.server.reset();
+  p.client->drain_wakeups();
+  EXPECT_EQ(p.client->poll().flags & (kTransportError | kPeerFin | kPeerClosed),
+            uint32_t{kTransportError | kPeerFin | kPeerClosed});
+}
+
+TEST(ShmChannel, ResetAfterACleanCloseIsNotAnError) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  // The client's doorbell stays unread in the server's socket, so closing it
+  // resets the connection; but the server had set CLOSED first (a clean
+  // close), so the client reads EOF, not ECONNRESET.
+  p.client->signal(kSendFin);
+  ASSERT_EQ(queued_bytes(p.server->wait_fd()), 1);
+  p.server->signal(kSendClosed);
+  p.server.reset();
+  p.client->drain_wakeups();
+  const uint32_t flags = p.client->poll().flags;
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerFin | kPeerClosed});
+  EXPECT_FALSE(flags & kTransportError);
+}
+
+// ------------------------------------------------------- Stream over shm
+
+TEST(ShmStream, PeerThatDiesLeavesDataThenEof) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  auto server = std::make_unique<Stream>(std::move(p.server));
+  Stream client(std::move(p.client));
+  iovec v = {const_cast<char*>("last"), 4};
+  ASSERT_EQ(server->send(&v, 1), 4);
+  server.reset();  // no close(): the process died, its socket closed
+  char buf[16];
+  iovec in = {buf, sizeof buf};
+  EXPECT_EQ(client.recv(&in, 1, false), 4);
+  EXPECT_EQ(memcmp(buf, "last", 4), 0);
+  EXPECT_EQ(client.recv(&in, 1, false), -EAGAIN);  // the death is seen on the socket
+  client.channel().drain_wakeups();
+  EXPECT_EQ(client.recv(&in, 1, false), 0);
+  EXPECT_EQ(client.send(&v, 1), -EPIPE);
+}
+
+TEST(ShmStream, CloseAndShutdown) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  iovec v = {const_cast<char*>("ping"), 4};
+  ASSERT_EQ(client.send(&v, 1), 4);
+  client.shutdown(false, true);
+  char buf[16];
+  iovec in = {buf, sizeof buf};
+  EXPECT_EQ(server.recv(&in, 1, false), 4);
+  EXPECT_EQ(server.recv(&in, 1, false), 0);
+  EXPECT_TRUE(server.events().rdhup);
+  v = {const_cast<char*>("pong"), 4};
+  ASSERT_EQ(server.send(&v, 1), 4);  // half-close: the other way still works
+  EXPECT_EQ(client.recv(&in, 1, false), 4);
+  EXPECT_EQ(memcmp(buf, "pong", 4), 0);
+  client.close();
+  EXPECT_EQ(server.send(&v, 1), -EPIPE);
+  EXPECT_TRUE(server.events().hup);
+}
+
+struct ShmCase {
+  size_t ring;
+  uint64_t bytes;
+};
+
+class ShmStreamThreaded : public ::testing::TestWithParam<ShmCase> {};
+
+TEST_P(ShmStreamThreaded, StreamArrivesIntact) {
+  const ShmCase c = GetParam();
+  ShmPair p = make_shm_pair(c.ring);
+  ASSERT_TRUE(p.server && p.client);
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  testing::PumpShared sh;
+  testing::WaitParams wp;
+  wp.spin = 64;
+  wp.timeout_ms = 100;  // a lost wakeup shows as a timeout, not a hang
+  wp.stall_limit = 50;  // 5 s without any progress anywhere: deadlock
+  testing::SendResult sent;
+  testing::RecvResult got;
+  std::thread tx([&] { sent = testing::pump_send(client, 42, c.bytes, 1, sh, wp, true); });
+  std::thread rx([&] { got = testing::pump_recv(server, 42, 2, sh, wp); });
+  tx.join();
+  rx.join();
+  ASSERT_FALSE(sh.deadlock.load());
+  EXPECT_TRUE(sent.finished);
+  EXPECT_EQ(sent.error, 0);
+  EXPECT_EQ(got.error, 0);
+  EXPECT_TRUE(got.eof);
+  EXPECT_EQ(got.received, c.bytes);
+  EXPECT_EQ(got.first_bad, UINT64_MAX) << "corrupt byte at " << got.first_bad;
+  EXPECT_EQ(client.bytes_sent(), c.bytes);
+  EXPECT_EQ(server.bytes_received(), c.bytes);
+  RecordProperty("sleeps", std::to_string(sh.sleeps.load()));
+  RecordProperty("timeouts", std::to_string(sh.timeouts.load()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ShmStreamThreaded,
+                         ::testing::Values(ShmCase{1 << 16, uint64_t{256} << 20},
+                                           ShmCase{4096, uint64_t{32} << 20}),
+                         [](const ::testing::TestParamInfo<ShmCase>& info) {
+                           return "ring" + std::to_string(info.param.ring / 1024) + "k";
+                         });
+
+}  // namespace
+}  // namespace rsock
