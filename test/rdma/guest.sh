@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# guest.sh - the cases of the soft-RoCE tier, run inside BOTH guests of one
+# test/rdma/vm.sh boot by test/rdma/run.sh (never run it directly).
+#
+# Host A (10.20.0.1) runs every server, host B (10.20.0.2) every client; each
+# case function below holds both roles, chosen by $RSOCK_VM_HOST, and the two
+# hosts move through the cases in lockstep with vm.sh's rsock_signal /
+# rsock_wait (sync names "<case>.ready": A's server listens, "<case>.cli-done":
+# B's clients ended). This script only runs things and records what happened;
+# run.sh judges every case on the host afterwards. Per case it writes, into
+# $TIER_RES/<case>/ (the repository is shared read-write at the same path):
+#   <proc>.out / .err    the program's stdout / stderr
+#   <proc>.rc            its exit status, or "timeout" when we had to kill it
+#   <proc>.stats         RSOCK_STATS (every process gets the variable; only a
+#                        preloaded one may write it)
+#   <proc>.log           the shim's log (RSOCK_LOG_LEVEL=info) when preloaded
+#   notes                harness remarks (e.g. a listener that never appeared)
+# where <proc> is srv, cli (cli1, cli2 for the negative-cache case).
+# Every wait is bounded and a process still running at its bound is killed,
+# by pid, so one broken case costs at most a few minutes and never the run;
+# the script always exits 0 (a non-zero status would make vm.sh kill the
+# other guest). Inputs (exported by run.sh): TIER_RES, TIER_LIB, TIER_BIN
+# (build/progs), TIER_ECHO, TIER_CASES (the case names to run, in order),
+# TIER_SECONDS (tool run time), TIER_CONNECT_TIMEOUT_MS, TIER_BYTES,
+# TIER_MATRIX_BYTES, TIER_KILL_AFTER.
+
+# SC2317: the case_* functions are called by name ("case_$CASE").
+# shellcheck disable=SC2317
+set -uo pipefail
+
+HOST=$RSOCK_VM_HOST
+SRV_IP=10.20.0.1 # host A
+RS=$TIER_BIN/rs_stream
+CASE=""
+DIR=""
+declare -A PID=()
+
+note() { echo "$*" >> "$DIR/notes"; }
+
+# env_for PROC PORT yes|no: sets ENVV, the `env ...` prefix of a process of
+# this case, preloaded or not. Plain processes get the same settings (nothing
+# reads them): a stats line from one would show that the shim ran.
+env_for() {
+  local proc=$1 port=$2 preload=$3
+  ENVV=(env RSOCK_PEERS="$SRV_IP:$port" RSOCK_STATS="$DIR/$proc.stats"
+        RSOCK_CONNECT_TIMEOUT_MS="$TIER_CONNECT_TIMEOUT_MS")
+  if [ "$preload" = yes ]; then
+    ENVV+=(LD_PRELOAD="$TIER_LIB" RSOCK_LOG_LEVEL=info RSOCK_LOG_FILE="$DIR/$proc.log")
+  else
+    ENVV=(env -u LD_PRELOAD "${ENVV[@]:1}")
+  fi
+}
+
+# start PROC CMD...: runs ENVV + CMD in the background; $! is the program
+# itself (env execs it), so signals reach it and nothing else.
+start() {
+  local proc=$1
+  shift
+  "${ENVV[@]}" "$@" > "$DIR/$proc.out" 2> "$DIR/$proc.err" &
+  PID[$proc]=$!
+}
+
+alive() { kill -0 "$1" 2> /dev/null; }
+
+# finish PROC SECS [SYNC]: waits for PROC to exit, at most SECS, or 20 s more
+# once the peer signalled SYNC; then SIGKILL. Records the status in PROC.rc.
+finish() {
+  local proc=$1 secs=$2 sync=${3:-} pid=${PID[$1]} i grace=-1 st
+  for ((i = 0; i < secs * 10; i++)); do
+    alive "$pid" || break
+    if [ -n "$sync" ] && [ "$grace" -lt 0 ] && [ -e "$RSOCK_VM_SYNC/$sync" ]; then grace=200; fi
+    if [ "$grace" -ge 0 ]; then
+      [ "$grace" -eq 0 ] && break
+      grace=$((grace - 1))
+    fi
+    sleep 0.1
+  done
+  if alive "$pid"; then
+    kill -KILL "$pid" 2> /dev/null
+    wait "$pid" 2> /dev/null
+    echo timeout > "$DIR/$proc.rc"
+    note "$proc (pid $pid) was still running after its bound and was killed"
+    return
+  fi
+  wait "$pid" 2> /dev/null
+  st=$?
+  echo "$st" > "$DIR/$proc.rc"
+}
+
+tcp_listening() { [ -n "$(ss -Hltn "sport = :$1" 2> /dev/null)" ]; }
+cm_listening() { rdma resource show cm_id 2> /dev/null | grep 'state LISTEN' | grep -Eq ":$1( |$)"; }
+
+# ready PROC PORT yes|no: waits (bounded) until the server listens on TCP
+# and, when preloaded, also on rdma_cm (a client arriving between the two
+# would be rejected as "no listener"), then signals <case>.ready in any case.
+ready() {
+  local proc=$1 port=$2 preload=$3 i ok=0
+  for ((i = 0; i < 600; i++)); do
+    alive "${PID[$proc]}" || { note "$proc exited before listening"; break; }
+    if tcp_listening "$port" && { [ "$preload" = no ] || cm_listening "$port"; }; then ok=1; break; fi
+    sleep 0.1
+  done
+  [ "$ok" = 1 ] || note "$proc: no listener on port $port (TCP$([ "$preload" = yes ] && echo ' + rdma_cm'))"
+  rsock_signal "$CASE.ready"
+}
+
+# B: waits for A's server; on failure the client still runs (and fails fast).
+await_server() { rsock_wait "$CASE.ready" 240 || note "no '$CASE.ready' from host A"; }
+
+# A: waits for B's clients before the next case (lockstep keeps one case at a time).
+await_clients() { rsock_wait "$CASE.cli-done" 300 || note "no '$CASE.cli-done' from host B"; }
+
+# ---- cases --------------------------------------------------------------------
+
+# An rs_stream exchange: BYTES each way at once, random write sizes and write
+# APIs, mixed read APIs, every byte checked, EOF after the last one.
+# exchange PORT SERVER_PRELOADED CLIENT_PRELOADED BYTES
+exchange() {
+  local port=$1 spre=$2 cpre=$3 bytes=$4
+  local common=(--addr "$SRV_IP" --port "$port" --send "$bytes" --expect "$bytes" --read-api mixed
+                --write-api mixed --order duplex --shut-wr --expect-eof)
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" "$spre"
+    start srv "$RS" --role server "${common[@]}" --tx-seed 11 --rx-seed 12
+    ready srv "$port" "$spre"
+    finish srv 150 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    env_for cli "$port" "$cpre"
+    start cli "$RS" --role client "${common[@]}" --tx-seed 12 --rx-seed 11
+    finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+case_integrity() { exchange 7501 yes yes "$TIER_BYTES"; }
+case_fallback-both-preloaded() { exchange 7511 yes yes "$TIER_MATRIX_BYTES"; }
+case_fallback-client-preloaded() { exchange 7512 no yes "$TIER_MATRIX_BYTES"; }
+case_fallback-server-preloaded() { exchange 7513 yes no "$TIER_MATRIX_BYTES"; }
+case_fallback-neither-preloaded() { exchange 7514 no no "$TIER_MATRIX_BYTES"; }
+
+# A preloaded server process takes two connections from the same plain client
+# host, one after the other: the first waits for an rdma_cm request that never
+# comes (peer_not_accelerated), the second must not wait (negative_cache).
+# The data is echoed and checked by the client (equal seeds).
+case_fallback-negative-cache() {
+  local port=7515 n=$TIER_MATRIX_BYTES
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_ECHO" --addr "$SRV_IP" --port "$port" --count 2
+    ready srv "$port" yes
+    finish srv 150 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    local c
+    for c in cli1 cli2; do
+      env_for "$c" "$port" no
+      start "$c" "$RS" --role client --addr "$SRV_IP" --port "$port" --send "$n" --expect "$n" \
+        --tx-seed 31 --rx-seed 31 --order duplex --shut-wr --expect-eof
+      finish "$c" 90
+    done
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# Unmodified sockperf, shim on both ends; the server is stopped with SIGINT
+# once the client is done (it then prints its totals and writes its stats).
+sockperf_case() {
+  local port=$1 mode=$2
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv sockperf server --tcp -i "$SRV_IP" -p "$port"
+    ready srv "$port" yes
+    await_clients
+    kill -INT "${PID[srv]}" 2> /dev/null
+    finish srv 30
+  else
+    await_server
+    env_for cli "$port" yes
+    if [ "$mode" = pp ]; then
+      start cli sockperf ping-pong --tcp -i "$SRV_IP" -p "$port" -m 64 -t "$TIER_SECONDS"
+    else
+      start cli sockperf throughput --tcp -i "$SRV_IP" -p "$port" -m 1400 -t "$TIER_SECONDS"
+    fi
+    finish cli $((TIER_SECONDS + 90))
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+case_sockperf-pingpong() { sockperf_case 7521 pp; }
+case_sockperf-throughput() { sockperf_case 7522 tp; }
+
+# Unmodified iperf3 (control + data connection), shim on both ends; the server
+# serves one test (-1) and exits.
+case_iperf3() {
+  local port=7523
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv iperf3 -s -1 -B "$SRV_IP" -p "$port" -J
+    ready srv "$port" yes
+    finish srv $((TIER_SECONDS + 120)) "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    start cli iperf3 -c "$SRV_IP" -p "$port" -t "$TIER_SECONDS" -J
+    finish cli $((TIER_SECONDS + 90))
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# Both ends stream without end; once the server has received TIER_KILL_AFTER
+# bytes (1 MiB), host A SIGKILLs it. The client must end on its own (write
+# error, EOF or reset); its bound (150 s) only turns a hang into a failure.
+case_peer-killed() {
+  local port=7531 i
+  local common=(--addr "$SRV_IP" --port "$port" --send -1 --expect -1 --progress "$TIER_KILL_AFTER")
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$RS" --role server "${common[@]}" --tx-seed 41 --rx-seed 42
+    ready srv "$port" yes
+    for ((i = 0; i < 1200; i++)); do
+      grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && break
+      alive "${PID[srv]}" || break
+      [ -e "$RSOCK_VM_SYNC/$CASE.cli-done" ] && break
+      sleep 0.1
+    done
+    if grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && alive "${PID[srv]}"; then
+      echo "peer-killed: SIGKILL to the server (pid ${PID[srv]}) mid-stream; bash reports it as 'Killed'"
+      kill -KILL "${PID[srv]}"
+      date +%s.%N > "$DIR/killed"
+    else
+      note "the server never reported $TIER_KILL_AFTER bytes received; not killed by the case"
+    fi
+    finish srv 30
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    start cli "$RS" --role client "${common[@]}" --tx-seed 42 --rx-seed 41
+    finish cli 150
+    date +%s.%N > "$DIR/cli.ended"
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# ---- main ---------------------------------------------------------------------
+
+for CASE in $TIER_CASES; do
+  DIR=$TIER_RES/$CASE
+  mkdir -p "$DIR"
+  date +%s.%N > "$DIR/$HOST.start"
+  "case_$CASE"
+  date +%s.%N > "$DIR/$HOST.end"
+done
+exit 0

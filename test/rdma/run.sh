@@ -1,0 +1,402 @@
+#!/usr/bin/env bash
+# run.sh - the soft-RoCE test tier: librsock over real verbs between two hosts.
+#
+# usage: test/rdma/run.sh        (from anywhere; `make test-rdma`, and `make test`
+#                                through test/run_all.sh)
+#
+# Boots the two guests of test/rdma/vm.sh ONCE (A = 10.20.0.1 serves,
+# B = 10.20.0.2 connects, each its own kernel and rxe0, TCG or KVM) and runs
+# every case inside them (test/rdma/guest.sh), with build/librsock.so preloaded
+# into the processes the case says, RSOCK_PEERS naming the server
+# (10.20.0.1:PORT), RSOCK_STATS / RSOCK_LOG_FILE per process in a results
+# directory under $BUILD/rdma-results/ (shared read-write with the guests).
+# Afterwards this script judges each case from the programs' own output AND
+# from the stats of both ends:
+#   integrity                    rs_stream, 4 MiB each way at once, random write
+#                                sizes and APIs, checked bytes + EOF; both ends:
+#                                connections.rdma == 1, no tcp, no fallback,
+#                                bytes_sent == bytes_received == 4 MiB
+#   fallback-both-preloaded      the matrix, 1 MiB each way, checked: rdma on
+#   fallback-client-preloaded    both ends only when both are preloaded; else
+#   fallback-server-preloaded    the preloaded end counts tcp 1 with
+#   fallback-neither-preloaded   peer_not_accelerated (client: rdma_cm REJECT;
+#                                server: its bounded wait) and a plain end
+#                                writes no stats at all
+#   fallback-negative-cache      one preloaded echo server, two connections
+#                                from the plain client host: tcp 2 with
+#                                peer_not_accelerated 1 + negative_cache 1
+#   sockperf-pingpong            unmodified sockperf, shim on both ends
+#   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
+#   iperf3                       unmodified iperf3 -t 2, shim on both ends
+#   peer-killed                  SIGKILL to the server mid-stream (both ways
+#                                busy): the client ends on its own, writes
+#                                failing with EPIPE/ECONNRESET, reads with
+#                                EOF/ECONNRESET/EPIPE (a 150 s bound marks a
+#                                hang); the killed server's log shows rdma
+# Output: one line per case, "PASS name" / "FAIL name: why" / "SKIP name: why",
+# and as the LAST line "N passed, N failed" (", N skipped" appended when any).
+# When QEMU cannot run here (vm.sh exit 77) every case is SKIPPED, loudly,
+# never passed: "0 passed, 0 failed, N skipped", exit 0 (run_all.sh counts
+# no failure). Exit status: 0 when nothing failed, else 1. Results of a run
+# with a failure are kept (path printed); a clean run's are removed.
+# Runtime: about 1.5-2 minutes under TCG on 2 cores (boot 10-20 s, each case
+# 3-10 s; the two cases where a server waits for a plain client cost one
+# connect timeout each). Every wait is bounded; a hang costs at most the
+# vm.sh timeout (900 s here).
+#
+# Knobs: BUILD (default build); RDMA_ONLY (regex of case names); RDMA_SECONDS
+# (sockperf/iperf3 run time, default 2); RDMA_CONNECT_TIMEOUT_MS (default
+# 5000); RDMA_KEEP=1 (keep the results); RDMA_REJUDGE=DIR (judge a kept
+# results directory again, without a run); vm.sh's RSOCK_VM_* (RSOCK_VM_TIMEOUT
+# defaults to 900 here, RSOCK_VM_REQUIRE=1 turns a skip into a failure).
+
+# SC2317: the judge_* functions are called by name ("judge_$CASE").
+# SC2015: "A && B || why ..." is meant: the reason is recorded when A or B fails.
+# shellcheck disable=SC2317,SC2015
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+cd "$ROOT" || exit 1 # vm.sh shares the current directory with the guests
+BUILD=${BUILD:-build}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+
+ALL_CASES="integrity fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
+           fallback-neither-preloaded fallback-negative-cache sockperf-pingpong sockperf-throughput
+           iperf3 peer-killed"
+CASES=""
+for c in $ALL_CASES; do [[ $c =~ ${RDMA_ONLY:-.} ]] && CASES+="$c "; done
+CASES=${CASES% }
+NCASES=$(wc -w <<< "$CASES")
+
+BYTES=$((4 << 20))        # integrity, each way
+MATRIX_BYTES=$((1 << 20)) # fallback matrix, each way
+KILL_AFTER=$((1 << 20))   # peer-killed: the server dies after receiving this
+PASSED=0 FAILED=0 SKIPPED=0
+
+summary() {
+  local line="$PASSED passed, $FAILED failed"
+  [ "$SKIPPED" -gt 0 ] && line+=", $SKIPPED skipped"
+  echo "$line"
+  [ "$FAILED" = 0 ]
+  exit $?
+}
+pass() { echo "PASS $1"; PASSED=$((PASSED + 1)); }
+fail() { echo "FAIL $1: $2"; FAILED=$((FAILED + 1)); }
+skip_all() {
+  echo "rdma: ################################################################"
+  echo "rdma: SKIPPED: $1"
+  echo "rdma: every case of this tier is counted as skipped, none as passed"
+  echo "rdma: ################################################################"
+  local c
+  for c in $CASES; do echo "SKIP $c: $1"; SKIPPED=$((SKIPPED + 1)); done
+  summary
+}
+# A prerequisite failed: no case could run, each counts as failed.
+fail_all() {
+  local c
+  for c in $CASES; do fail "$c" "$1"; done
+  summary
+}
+
+[ "$NCASES" -gt 0 ] || { echo "rdma: RDMA_ONLY='${RDMA_ONLY:-}' selects no case" >&2; echo "0 passed, 1 failed"; exit 1; }
+
+# ---- prerequisites --------------------------------------------------------------
+prerequisites() {
+  local tool apt
+  for tool in sockperf iperf3 jq; do
+    command -v "$tool" > /dev/null && continue
+    echo "rdma: installing $tool" >&2
+    echo 'iperf3 iperf3/start_daemon boolean false' | debconf-set-selections 2> /dev/null
+    apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends
+         -o DPkg::Lock::Timeout=300)
+    "${apt[@]}" "$tool" >&2 || { apt-get update >&2 && "${apt[@]}" "$tool" >&2; } ||
+      fail_all "cannot install $tool"
+  done
+  if [ ! -f "$BUILD/librsock.so" ] || [ ! -x "$BUILD/progs/rs_stream" ]; then
+    make -s BUILD="$BUILD" all >&2 || fail_all "make all failed"
+  fi
+  if [ ! -x "$ECHO" ] || [ "$HERE/echo_server.cpp" -nt "$ECHO" ]; then
+    mkdir -p "$BUILD/rdma"
+    # Built aside and renamed: a concurrent run never sees half a binary.
+    g++ -std=c++20 -O2 -g -Wall -Wextra -o "$ECHO.tmp.$$" "$HERE/echo_server.cpp" >&2 &&
+      mv "$ECHO.tmp.$$" "$ECHO" || fail_all "building $ECHO failed"
+  fi
+}
+
+# ---- the run ------------------------------------------------------------------
+# Boots the guests once; sets RES (the results directory) and VM_RC.
+run_guests() {
+  mkdir -p "$BUILD/rdma-results"
+  RES=$(mktemp -d "$BUILD/rdma-results/run.XXXXXX") || fail_all "cannot create a results directory"
+  export TIER_RES=$RES TIER_LIB=$BUILD/librsock.so TIER_BIN=$BUILD/progs TIER_ECHO=$ECHO
+  export TIER_CASES=$CASES TIER_SECONDS=${RDMA_SECONDS:-2}
+  export TIER_CONNECT_TIMEOUT_MS=${RDMA_CONNECT_TIMEOUT_MS:-5000}
+  export TIER_BYTES=$BYTES TIER_MATRIX_BYTES=$MATRIX_BYTES TIER_KILL_AFTER=$KILL_AFTER
+  export RSOCK_VM_TIMEOUT=${RSOCK_VM_TIMEOUT:-900}
+  # The guests see the repository; a build directory elsewhere is shared too.
+  [[ $BUILD == "$ROOT"/* ]] || export RSOCK_VM_RW=$BUILD${RSOCK_VM_RW:+:$RSOCK_VM_RW}
+  echo "rdma: booting the two guests; cases: $CASES" >&2
+  local t0=$SECONDS
+  "$HERE/vm.sh" "bash $HERE/guest.sh" "bash $HERE/guest.sh" 2>&1 | tee "$RES/vm.log" >&2
+  VM_RC=${PIPESTATUS[0]}
+  echo "rdma: vm.sh status $VM_RC after $((SECONDS - t0)) s" >&2
+  if [ "$VM_RC" = 77 ]; then
+    rm -rf "$RES"
+    skip_all "QEMU cannot run the RDMA guests on this machine (vm.sh exit 77; reason above)"
+  fi
+}
+
+ECHO=$BUILD/rdma/echo_server
+if [ -n "${RDMA_REJUDGE:-}" ]; then # debugging: judge a kept results directory again
+  RES=$(cd "$RDMA_REJUDGE" && pwd) || exit 1
+  RDMA_KEEP=1 VM_RC=0
+else
+  prerequisites
+  run_guests
+fi
+
+# ---- judging ------------------------------------------------------------------
+WHY=""
+why() { WHY+="$*; "; }
+
+# The "RESULT k=v ..." line of an rs_stream, and one of its values.
+result_of() { grep -m1 '^RESULT ' "$1" 2> /dev/null; }
+val() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<< " ${1#RESULT }"; }
+rc_of() { cat "$DIR/$1.rc" 2> /dev/null || echo none; }
+
+# stats PROC PROGRAM JQ: JQ over PROGRAM's stats lines of PROC, as an array.
+stats() { jq -c -s --arg p "$2" "[.[] | select(.program == \$p)] | $3" "$DIR/$1.stats" 2> /dev/null; }
+nstats() { # all stats lines of PROC, any program
+  [ -s "$DIR/$1.stats" ] || { echo 0; return; }
+  grep -c . "$DIR/$1.stats"
+}
+
+# expect_stats PROC PROGRAM RDMA TCP FALLBACKS SENT RECEIVED: exactly one line
+# of PROGRAM in PROC's stats, with these counts (RDMA may be ">=1"; SENT and
+# RECEIVED may be ">0" or "-" for no check); FALLBACKS is JSON, e.g. {} .
+expect_stats() {
+  local proc=$1 prog=$2 rdma=$3 tcp=$4 fb=$5 sent=$6 recv=$7 n line v
+  n=$(stats "$proc" "$prog" length)
+  if [ "${n:-0}" != 1 ]; then
+    why "$proc: ${n:-0} stats lines of $prog, want 1 ($(nstats "$proc") lines in all)"
+    return
+  fi
+  line=$(stats "$proc" "$prog" '.[0]')
+  v=$(jq -r .connections.rdma <<< "$line")
+  if [ "$rdma" = ">=1" ]; then
+    [ "$v" -ge 1 ] || why "$proc: connections.rdma=$v, want >= 1"
+  else
+    [ "$v" = "$rdma" ] || why "$proc: connections.rdma=$v, want $rdma"
+  fi
+  v=$(jq -r .connections.tcp <<< "$line")
+  [ "$v" = "$tcp" ] || why "$proc: connections.tcp=$v, want $tcp"
+  v=$(jq -r .connections.shm <<< "$line")
+  [ "$v" = 0 ] || why "$proc: connections.shm=$v, want 0"
+  v=$(jq -S -c '.fallbacks | with_entries(select(.value != 0))' <<< "$line")
+  [ "$v" = "$(jq -S -c . <<< "$fb")" ] || why "$proc: fallbacks $v, want $fb"
+  local key want
+  for key in bytes_sent bytes_received; do
+    want=$sent
+    [ "$key" = bytes_received ] && want=$recv
+    v=$(jq -r ".$key" <<< "$line")
+    case $want in
+      -) ;;
+      ">0") [ "$v" -gt 0 ] || why "$proc: $key=$v, want > 0" ;;
+      *) [ "$v" = "$want" ] || why "$proc: $key=$v, want $want" ;;
+    esac
+  done
+}
+expect_no_stats() { # a plain process: the shim never ran in it
+  [ "$(nstats "$1")" = 0 ] || why "$1 is not preloaded but wrote stats: $(head -c 300 "$DIR/$1.stats")"
+}
+# stat_val PROC PROGRAM FIELD: FIELD of PROGRAM's (single) stats line.
+stat_val() { stats "$1" "$2" ".[0].$3 // empty" | tr -d '"'; }
+
+notes() { [ -s "$DIR/notes" ] && why "harness: $(paste -sd' ' "$DIR/notes")"; }
+
+# rs_stream exchange of N bytes each way: both exit 0, counts, EOF, hashes.
+check_exchange() {
+  local n=$1 s c p r
+  for p in srv cli; do
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+  done
+  s=$(result_of "$DIR/srv.out") c=$(result_of "$DIR/cli.out")
+  [ -n "$s" ] || { why "no RESULT line from the server"; return; }
+  [ -n "$c" ] || { why "no RESULT line from the client"; return; }
+  for p in s c; do
+    r=${!p}
+    [ "$(val "$r" sent)" = "$n" ] || why "$p sent $(val "$r" sent), want $n"
+    [ "$(val "$r" received)" = "$n" ] || why "$p received $(val "$r" received), want $n"
+    [ "$(val "$r" rx_end)" = eof ] || why "$p rx_end=$(val "$r" rx_end), want eof"
+  done
+  [ "$(val "$s" tx_hash)" = "$(val "$c" rx_hash)" ] || why "server tx_hash != client rx_hash"
+  [ "$(val "$c" tx_hash)" = "$(val "$s" rx_hash)" ] || why "client tx_hash != server rx_hash"
+}
+
+judge_integrity() {
+  check_exchange "$BYTES"
+  expect_stats srv rs_stream 1 0 '{}' "$BYTES" "$BYTES"
+  expect_stats cli rs_stream 1 0 '{}' "$BYTES" "$BYTES"
+}
+judge_fallback-both-preloaded() {
+  check_exchange "$MATRIX_BYTES"
+  expect_stats srv rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
+  expect_stats cli rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
+}
+judge_fallback-client-preloaded() {
+  check_exchange "$MATRIX_BYTES"
+  expect_stats cli rs_stream 0 1 '{"peer_not_accelerated": 1}' 0 0
+  expect_no_stats srv
+}
+judge_fallback-server-preloaded() {
+  check_exchange "$MATRIX_BYTES"
+  expect_stats srv rs_stream 0 1 '{"peer_not_accelerated": 1}' 0 0
+  expect_no_stats cli
+}
+judge_fallback-neither-preloaded() {
+  check_exchange "$MATRIX_BYTES"
+  expect_no_stats srv
+  expect_no_stats cli
+}
+judge_fallback-negative-cache() {
+  local p r i
+  for p in cli1 cli2; do
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+    r=$(result_of "$DIR/$p.out")
+    if [ -z "$r" ]; then why "no RESULT line from $p"; continue; fi
+    [ "$(val "$r" sent)" = "$MATRIX_BYTES" ] || why "$p sent $(val "$r" sent)"
+    [ "$(val "$r" received)" = "$MATRIX_BYTES" ] || why "$p got back $(val "$r" received)"
+    [ "$(val "$r" tx_hash)" = "$(val "$r" rx_hash)" ] || why "$p: echoed bytes differ from the sent ones"
+    expect_no_stats "$p"
+  done
+  r=$(rc_of srv)
+  [ "$r" = 0 ] || why "echo server exit status $r ($(tail -n 2 "$DIR/srv.err" 2> /dev/null | paste -sd' '))"
+  for i in 1 2; do
+    grep -q "^CONN $i echoed=$MATRIX_BYTES end=eof\$" "$DIR/srv.out" 2> /dev/null ||
+      why "echo server: connection $i: $(grep "^CONN $i " "$DIR/srv.out" 2> /dev/null || echo 'not served')"
+  done
+  expect_stats srv echo_server 0 2 '{"peer_not_accelerated": 1, "negative_cache": 1}' 0 0
+}
+
+strip() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2> /dev/null; }
+judge_sockperf() { # MODE pp|tp
+  local r srv_total sent received line
+  r=$(rc_of cli)
+  [ "$r" = 0 ] || why "client exit status $r ($(strip "$DIR/cli.err" | tail -n 2 | paste -sd' '))"
+  r=$(rc_of srv)
+  [ "$r" = 0 ] || why "server exit status $r after SIGINT"
+  srv_total=$(strip "$DIR/srv.out" | sed -n 's/.*Total \([0-9]*\) messages received.*/\1/p' | tail -n 1)
+  if [ "$1" = tp ]; then
+    sent=$(strip "$DIR/cli.out" | sed -n 's/.*Total of \([0-9]*\) messages sent.*/\1/p' | tail -n 1)
+    [ -n "$sent" ] && [ "$sent" -gt 0 ] || why "client reports no messages sent"
+  else
+    line=$(strip "$DIR/cli.out" | grep -m1 'Total Run')
+    sent=$(sed -n 's/.*SentMessages=\([0-9]*\).*/\1/p' <<< "$line")
+    received=$(sed -n 's/.*ReceivedMessages=\([0-9]*\).*/\1/p' <<< "$line")
+    [ -n "$received" ] && [ "$received" -gt 0 ] || why "client received no replies"
+    strip "$DIR/cli.out" | grep -q 'percentile 50.000' || why "no latency percentiles"
+  fi
+  expect_stats srv sockperf ">=1" 0 '{}' - ">0"
+  expect_stats cli sockperf ">=1" 0 '{}' ">0" -
+  # Every byte the client's shim sent was read by the server's shim.
+  local cs sr
+  cs=$(stat_val cli sockperf bytes_sent) sr=$(stat_val srv sockperf bytes_received)
+  [ "$cs" = "$sr" ] || why "stats: client bytes_sent=$cs, server bytes_received=$sr"
+  if [ "$1" = pp ]; then
+    [ "$srv_total" = "$sent" ] || why "server received ${srv_total:-?} messages, client sent ${sent:-?}"
+    [ "$(stat_val srv sockperf bytes_sent)" -gt 0 ] 2> /dev/null || why "stats: the server sent no reply bytes"
+  elif [[ $srv_total =~ ^[0-9]+$ ]] && [[ $sent =~ ^[0-9]+$ ]] && [[ $sr =~ ^[0-9]+$ ]]; then
+    # sockperf counts a message before sending it and does not take it back
+    # when the send fails with EINTR (its end-of-test SIGALRM has no
+    # SA_RESTART): a sender blocked on a full ring/socket at that moment
+    # reports one message more than it sent, or sent part of the last one.
+    # So: the server's count is what the bytes say, and the client's claim
+    # is that or one more.
+    [ "$srv_total" = $((sr / 1400)) ] ||
+      why "server counted $srv_total messages but its shim received $sr bytes (= $((sr / 1400)) x 1400 + $((sr % 1400)))"
+    [ "$sent" = "$srv_total" ] || [ "$sent" = $((srv_total + 1)) ] ||
+      why "server received $srv_total messages, client sent $sent"
+  else
+    why "counts missing: server received ${srv_total:-?} messages, client sent ${sent:-?}, server stats ${sr:-?} bytes"
+  fi
+}
+judge_sockperf-pingpong() { judge_sockperf pp; }
+judge_sockperf-throughput() { judge_sockperf tp; }
+
+judge_iperf3() {
+  local r err bytes cs sr
+  r=$(rc_of cli)
+  [ "$r" = 0 ] || why "client exit status $r"
+  r=$(rc_of srv)
+  [ "$r" = 0 ] || why "server exit status $r"
+  err=$(jq -r '.error // empty' "$DIR/cli.out" 2> /dev/null)
+  [ -z "$err" ] || why "iperf3 client error: $err"
+  err=$(jq -r '.error // empty' "$DIR/srv.out" 2> /dev/null)
+  [ -z "$err" ] || why "iperf3 server error: $err"
+  bytes=$(jq -r '.end.sum_received.bytes // 0' "$DIR/cli.out" 2> /dev/null)
+  [[ $bytes =~ ^[0-9]+$ ]] && [ "$bytes" -gt 0 ] || why "client JSON end.sum_received.bytes=${bytes:-?}"
+  expect_stats srv iperf3 ">=1" 0 '{}' ">0" ">0"
+  expect_stats cli iperf3 ">=1" 0 '{}' ">0" ">0"
+  cs=$(stat_val cli iperf3 bytes_sent) sr=$(stat_val srv iperf3 bytes_received)
+  [[ $bytes =~ ^[0-9]+$ ]] && [[ $cs =~ ^[0-9]+$ ]] && [[ $sr =~ ^[0-9]+$ ]] &&
+    { [ "$cs" -lt "$bytes" ] || [ "$sr" -lt "$bytes" ]; } &&
+    why "stats: client sent $cs, server received $sr < iperf3's $bytes"
+}
+
+judge_peer-killed() {
+  local r c tx rx
+  [ -e "$DIR/killed" ] || why "the server was not killed mid-stream"
+  r=$(rc_of srv)
+  [ "$r" = 137 ] || why "server status $r, want 137 (SIGKILL)"
+  grep -q 'accept fd [0-9]*: accelerated (rdma)' "$DIR/srv.log" 2> /dev/null ||
+    why "the server's log does not show an rdma stream (it is killed, so it writes no stats)"
+  expect_no_stats srv
+  r=$(rc_of cli)
+  case $r in
+    0) ;;
+    timeout) why "the client hung after its peer was killed (killed at its 150 s bound)" ;;
+    *) why "client exit status $r ($(tail -n 2 "$DIR/cli.err" 2> /dev/null | paste -sd' '))" ;;
+  esac
+  c=$(result_of "$DIR/cli.out")
+  if [ -z "$c" ]; then
+    why "no RESULT line from the client"
+  else
+    tx=$(val "$c" tx_end) rx=$(val "$c" rx_end)
+    case $tx in EPIPE | ECONNRESET) ;; *) why "client tx_end=$tx, want EPIPE or ECONNRESET" ;; esac
+    case $rx in eof | ECONNRESET | EPIPE) ;; *) why "client rx_end=$rx, want eof, ECONNRESET or EPIPE" ;; esac
+    [ "$(val "$c" sent)" -ge "$KILL_AFTER" ] 2> /dev/null || why "client sent only $(val "$c" sent) bytes"
+    expect_stats cli rs_stream 1 0 '{}' "$(val "$c" sent)" "$(val "$c" received)"
+  fi
+  if [ -e "$DIR/killed" ] && [ -e "$DIR/cli.ended" ]; then
+    echo "rdma: peer-killed: the client ended $(awk -v a="$(cat "$DIR/killed")" \
+      -v b="$(cat "$DIR/cli.ended")" 'BEGIN { printf "%.1f", b - a }') s after the kill" \
+      "(two guest clocks: approximate)" >&2
+  fi
+}
+
+LC_NUMERIC=C
+for CASE in $CASES; do
+  DIR=$RES/$CASE
+  WHY=""
+  if [ ! -d "$DIR" ] || [ ! -e "$DIR/A.end" ] || [ ! -e "$DIR/B.end" ]; then
+    why "the case did not run to its end in both guests (vm.sh status $VM_RC)"
+  fi
+  [ -d "$DIR" ] && { notes; "judge_$CASE"; }
+  if [ -e "$DIR/A.start" ] && [ -e "$DIR/B.end" ]; then
+    echo "rdma: $CASE took $(awk -v a="$(cat "$DIR/A.start")" -v b="$(cat "$DIR/B.end")" \
+      'BEGIN { printf "%.1f", b - a }') s (guest clocks)" >&2
+  fi
+  if [ -z "$WHY" ]; then pass "$CASE"; else fail "$CASE" "${WHY%; }"; fi
+done
+if [ "$VM_RC" != 0 ] && [ "$FAILED" = 0 ]; then
+  fail harness "vm.sh exited with status $VM_RC (log: $RES/vm.log)"
+fi
+if [ "$FAILED" != 0 ] || [ "${RDMA_KEEP:-0}" = 1 ]; then
+  echo "rdma: results kept in $RES" >&2
+else
+  rm -rf "$RES"
+fi
+summary
