@@ -2,7 +2,9 @@
 // carries librsock state; a plain fd goes straight to the real call. Only
 // these wrappers set errno, and only when they fail; internal calls return
 // negative errno values. Nothing here throws or exits.
+#include <dlfcn.h>
 #include <errno.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,6 +14,8 @@
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include "common/real.h"
@@ -340,6 +344,10 @@ EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
+  // After the switch the kernel socket carries only doorbells, which Nagle
+  // or a cork would hold back for milliseconds (stalling both ends): those
+  // two options are accepted and not applied.
+  if (level == IPPROTO_TCP && (name == TCP_NODELAY || name == TCP_CORK) && conn_ref(fd)) return 0;
   int r = real().setsockopt(fd, level, name, val, len);
   if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && val &&
       len >= sizeof(timeval)) {
@@ -399,21 +407,34 @@ EXPORT int __poll_chk(struct pollfd* fds, nfds_t n, int timeout, size_t fdslen) 
 // ---- exec: the stats of this image are written before it is replaced ---------
 
 EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
-  flush_stats();
+  flush_stats(FlushAt::kExec);
   return real().execve(path, argv, envp);
 }
 
 EXPORT int execv(const char* path, char* const argv[]) {
-  flush_stats();
+  flush_stats(FlushAt::kExec);
   return real().execv(path, argv);
 }
 
 EXPORT int execvp(const char* file, char* const argv[]) {
-  flush_stats();
+  flush_stats(FlushAt::kExec);
   return real().execvp(file, argv);
 }
 
 EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
-  flush_stats();
+  flush_stats(FlushAt::kExec);
   return real().execvpe(file, argv, envp);
 }
+
+// ---- _exit: a program that leaves without exit handlers still reports -------
+
+EXPORT void _exit(int status) {
+  flush_stats();
+  using ExitFn = void (*)(int);
+  static ExitFn real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
+  if (real_exit) real_exit(status);
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+
+EXPORT void _Exit(int status) { _exit(status); }

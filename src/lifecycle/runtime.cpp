@@ -137,8 +137,16 @@ const Runtime* runtime() {
   return runtime();
 }
 
-void flush_stats() {
+void flush_stats(FlushAt when) {
   if (g_state.load(std::memory_order_acquire) != kReady || !g_runtime->stats) return;
+  if (when == FlushAt::kExec && stats_connections(Path::kShm) + stats_connections(Path::kRdma) +
+                                        stats_connections(Path::kTcp) ==
+                                    0)
+    return;
+  // Written once per process image: exit handlers and an explicit _exit
+  // may both get here.
+  static std::atomic<bool> written{false};
+  if (when == FlushAt::kExit && written.exchange(true)) return;
   uint64_t open_sent = 0, open_received = 0;
   for (ConnectionState* c : open_connections()) {
     open_sent += c->stream().bytes_sent();

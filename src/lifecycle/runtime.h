@@ -20,7 +20,10 @@ struct Runtime {
 // The runtime, or nullptr when librsock is disabled or still initialising.
 const Runtime* runtime();
 
-// Writes the stats line now (exit, exec).
-void flush_stats();
+// Writes the stats line now (exit, _exit). At exec, only a process that
+// made or accepted connections writes one: a forked child about to exec
+// has nothing to report, and its new image writes its own line.
+enum class FlushAt { kExit, kExec };
+void flush_stats(FlushAt when = FlushAt::kExit);
 
 }  // namespace rsock

@@ -93,9 +93,19 @@ class EpollState final : public FdState {
     members.clear();
   }
   const int epfd;
+  std::atomic<unsigned> kernel_ticks{0};  // see look_at_kernel
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
 };
+
+// Whether a wait loop also asks the kernel about its kernel members (one
+// syscall). When accelerated members are ready, every 8th call does, so
+// kernel fds are never starved but a busy ping-pong pays no syscall per
+// message; while waiting, every 16th spin pass and the last pass do.
+bool look_at_kernel(bool accel_ready, bool last_pass, int iter, std::atomic<unsigned>* ticks) {
+  if (accel_ready) return ticks->fetch_add(1, std::memory_order_relaxed) % 8 == 7;
+  return last_pass || iter % 16 == 0;
+}
 
 uint32_t epoll_mask_of(const StreamEvents& ev) {
   uint32_t m = 0;
@@ -199,7 +209,8 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
   bool has_kernel = false;
   for (nfds_t i = 0; i < n; ++i)
     if (!refs[i] && fds[i].fd >= 0) has_kernel = true;
-  for (int iter = 0;; ++iter) {
+  static thread_local std::atomic<unsigned> poll_ticks{0};
+  for (int iter = 1;; ++iter) {
     int ready = 0;
     for (nfds_t i = 0; i < n; ++i) {
       fds[i].revents = 0;
@@ -208,9 +219,8 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
         if (fds[i].revents) ++ready;
       }
     }
-    // Kernel members: a zero-timeout look (every pass while spinning is too
-    // costly; every 16th pass keeps their latency within the spin).
-    if (has_kernel && (ready > 0 || iter % 16 == 0)) {
+    const bool last = deadline >= 0 && monotonic_ns() >= deadline;
+    if (has_kernel && look_at_kernel(ready > 0, last, iter, &poll_ticks)) {
       for (nfds_t i = 0; i < n; ++i) kfds[i].fd = refs[i] ? -1 : fds[i].fd;
       int k = real().poll(kfds.data(), n, 0);
       if (k > 0)
@@ -221,7 +231,7 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
           }
     }
     if (ready > 0) return ready;
-    if (deadline >= 0 && monotonic_ns() >= deadline) return 0;
+    if (last) return 0;
     if (monotonic_ns() < spin_end) {
       __builtin_ia32_pause();
       continue;
@@ -255,7 +265,7 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       }
     if (rc < 0 && err == EINTR) return -EINTR;
     if (rc < 0) return -err;
-    iter = -1;  // look at everything on the next pass
+    iter = -1;  // the next pass (0) looks at everything, kernel members included
   }
 }
 
@@ -373,14 +383,15 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
   }
   const int64_t deadline = timeout_ms < 0 ? -1 : monotonic_ns() + int64_t{timeout_ms} * 1000000;
   const int64_t spin_end = monotonic_ns() + spin_budget_ns();
-  for (int iter = 0;; ++iter) {
+  for (int iter = 1;; ++iter) {
     int n = collect(*s, events, maxevents);
-    if (n > 0 || iter % 16 == 0) {
+    const bool last = deadline >= 0 && monotonic_ns() >= deadline;
+    if (n < maxevents && look_at_kernel(n > 0, last, iter, &s->kernel_ticks)) {
       int k = real().epoll_wait(epfd, events + n, maxevents - n, 0);
       if (k > 0) n += filter_kernel(*s, events + n, k);
     }
     if (n > 0) return n;
-    if (deadline >= 0 && monotonic_ns() >= deadline) return 0;
+    if (last) return 0;
     if (monotonic_ns() < spin_end) {
       __builtin_ia32_pause();
       continue;
@@ -404,7 +415,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       n += collect(*s, events + n, maxevents - n);
       return n;
     }
-    iter = -1;
+    iter = -1;  // the next pass (0) looks at the kernel members too
   }
 }
 
