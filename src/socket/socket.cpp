@@ -319,7 +319,7 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
       why = Fallback::kResources;
     }
   } else if (!verbs_available()) {
-    why = Fallback::kNotSameHost;  // no RDMA device on this host
+    why = Fallback::kNoRdmaDevice;
   } else {
     int r = connect_for_pairing(fd, addr, len, cfg);
     if (r != 0) return r;
@@ -379,7 +379,9 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd) {
   if (l->shm_allowed() && is_local_address(pa)) {
     ch = shm_server_pair(newfd, rt.config, &why);
   } else if (l->verbs() == nullptr) {
-    why = l->shm_allowed() ? Fallback::kNotSameHost : Fallback::kPeerNotAccelerated;
+    why = !verbs_available() ? Fallback::kNoRdmaDevice
+          : l->shm_allowed() ? Fallback::kNotSameHost
+                             : Fallback::kPeerNotAccelerated;
   } else if (negative_cache_hit(host)) {
     // A host that did not pair recently (a plain client, or no RDMA): no
     // new wait in accept().

@@ -19,6 +19,7 @@ enum class Fallback : int {
   kResources,           // "resources": memfd/mmap/socket creation failed
   kTransportDisabled,   // "transport_disabled": the rule forces a transport that cannot serve
   kUnsupportedSocket,   // "unsupported_socket": matched address but not a plain TCP socket
+  kNoRdmaDevice,        // "no_rdma_device": RDMA is needed and this host has no RDMA device
   kCount
 };
 const char* fallback_name(Fallback f);

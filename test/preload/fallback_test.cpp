@@ -136,6 +136,33 @@ TEST_F(FallbackTest, RuleOnServerOnly) {
   expect_stats(*server_, false, {{"peer_not_accelerated", 1}});
 }
 
+// A rule file forcing RDMA on a host without an RDMA device: both ends
+// stay on TCP at once and say why (issue 3: "no device gives plain TCP with
+// a reason in the stats").
+TEST_F(FallbackTest, ForcedRdmaWithoutDeviceFallsBack) {
+  DIR* ib = opendir("/sys/class/infiniband");
+  bool has_device = false;
+  if (ib) {
+    while (dirent* e = readdir(ib)) has_device |= e->d_name[0] != '.';
+    closedir(ib);
+  }
+  if (has_device) GTEST_SKIP() << "this host has an RDMA device";
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string conf = dir() + "/rdma.conf";
+  {
+    FILE* f = fopen(conf.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    fprintf(f, "# every stream to this port must use RDMA\nrule rdma any 127.0.0.1:%d\n", port);
+    fclose(f);
+  }
+  const Env env = {{"RSOCK_CONF", conf}};
+  exchange({true, env}, {true, env}, port);
+  if (HasFatalFailure()) return;
+  expect_stats(*client_, false, {{"no_rdma_device", 1}});
+  expect_stats(*server_, false, {{"no_rdma_device", 1}});
+}
+
 // RSOCK_DISABLE=1 turns the shim into a no-op: data flows, nothing is
 // written to the stats file, nothing to stderr.
 TEST_F(FallbackTest, DisableIsPurePassthrough) {

@@ -348,7 +348,8 @@ struct Stats {
 inline const std::vector<std::string>& known_fallbacks() {
   static const std::vector<std::string> k = {
       "peer_not_accelerated", "not_same_host", "negative_cache",     "pair_timeout",
-      "pair_failed",          "resources",     "transport_disabled", "unsupported_socket"};
+      "pair_failed",          "resources",     "transport_disabled", "unsupported_socket",
+      "no_rdma_device"};
   return k;
 }
 

@@ -282,11 +282,12 @@ TEST(StatsNames, FallbackNamesAreStable) {
   EXPECT_STREQ(fallback_name(Fallback::kResources), "resources");
   EXPECT_STREQ(fallback_name(Fallback::kTransportDisabled), "transport_disabled");
   EXPECT_STREQ(fallback_name(Fallback::kUnsupportedSocket), "unsupported_socket");
-  EXPECT_EQ(static_cast<int>(Fallback::kCount), 8);
+  EXPECT_STREQ(fallback_name(Fallback::kNoRdmaDevice), "no_rdma_device");
+  EXPECT_EQ(static_cast<int>(Fallback::kCount), 9);
   std::set<std::string> names;
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     names.insert(fallback_name(static_cast<Fallback>(i)));
-  EXPECT_EQ(names.size(), 8u);
+  EXPECT_EQ(names.size(), 9u);
 }
 
 TEST_F(Stats, ProgramNameIsEscaped) {
