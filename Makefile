@@ -65,7 +65,7 @@ test-preload: all $(BUILD)/preload_tests
 	$(BUILD)/preload_tests
 
 test-rdma: deps all
-	@bash test/rdma/run.sh
+	@bash test/rdma/run.sh && bash test/rdma/verbs.sh
 
 bench: deps all
 	@bash benchmarks/run.sh

@@ -33,6 +33,16 @@
 #                                failing with EPIPE/ECONNRESET, reads with
 #                                EOF/ECONNRESET/EPIPE (a 150 s bound marks a
 #                                hang); the killed server's log shows rdma
+#   memlock                      preloaded client with RLIMIT_MEMLOCK 64 KiB
+#                                and no CAP_IPC_LOCK (its 1 MiB ring cannot be
+#                                registered), 256 KiB each way, checked: client
+#                                tcp 1 with "resources", server tcp 1 with
+#                                peer_not_accelerated (its bounded wait)
+#   device-lost                  (LAST: destroys A's device) `rdma link delete
+#                                rxe0` on A under a stream running both ways:
+#                                both ends end on their own within 120 s,
+#                                status 0, EPIPE/ECONNRESET on send, EOF or an
+#                                error on receive, both stats rdma 1
 # Output: one line per case, "PASS name" / "FAIL name: why" / "SKIP name: why",
 # and as the LAST line "N passed, N failed" (", N skipped" appended when any).
 # When QEMU cannot run here (vm.sh exit 77) every case is SKIPPED, loudly,
@@ -40,8 +50,8 @@
 # no failure). Exit status: 0 when nothing failed, else 1. Results of a run
 # with a failure are kept (path printed); a clean run's are removed.
 # Runtime: about 1.5-2 minutes under TCG on 2 cores (boot 10-20 s, each case
-# 3-10 s; the two cases where a server waits for a plain client cost one
-# connect timeout each). Every wait is bounded; a hang costs at most the
+# 3-10 s; the three cases where a server waits for a client that sends no
+# rdma_cm request cost one connect timeout each). Every wait is bounded; a hang costs at most the
 # vm.sh timeout (900 s here).
 #
 # Knobs: BUILD (default build); RDMA_ONLY (regex of case names); RDMA_SECONDS
@@ -63,7 +73,7 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
 ALL_CASES="integrity fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache sockperf-pingpong sockperf-throughput
-           iperf3 peer-killed"
+           iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
 CASES=""
 for c in $ALL_CASES; do [[ $c =~ ${RDMA_ONLY:-.} ]] && CASES+="$c "; done
 CASES=${CASES% }
@@ -71,7 +81,10 @@ NCASES=$(wc -w <<< "$CASES")
 
 BYTES=$((4 << 20))        # integrity, each way
 MATRIX_BYTES=$((1 << 20)) # fallback matrix, each way
-KILL_AFTER=$((1 << 20))   # peer-killed: the server dies after receiving this
+KILL_AFTER=$((1 << 20))   # peer-killed/device-lost: the server dies/loses its device after this
+SMALL_BYTES=$((256 << 10)) # memlock, each way
+MEMLOCK_LIMIT=$((64 << 10)) # memlock: RLIMIT_MEMLOCK of the client (bytes), < one 1 MiB ring
+LOSS_BOUND=120            # device-lost: both ends must end this long after the removal
 PASSED=0 FAILED=0 SKIPPED=0
 
 summary() {
@@ -133,6 +146,7 @@ run_guests() {
   export TIER_CASES=$CASES TIER_SECONDS=${RDMA_SECONDS:-2}
   export TIER_CONNECT_TIMEOUT_MS=${RDMA_CONNECT_TIMEOUT_MS:-5000}
   export TIER_BYTES=$BYTES TIER_MATRIX_BYTES=$MATRIX_BYTES TIER_KILL_AFTER=$KILL_AFTER
+  export TIER_SMALL_BYTES=$SMALL_BYTES TIER_MEMLOCK_LIMIT=$MEMLOCK_LIMIT TIER_LOSS_BOUND=$LOSS_BOUND
   export RSOCK_VM_TIMEOUT=${RSOCK_VM_TIMEOUT:-900}
   # The guests see the repository; a build directory elsewhere is shared too.
   [[ $BUILD == "$ROOT"/* ]] || export RSOCK_VM_RW=$BUILD${RSOCK_VM_RW:+:$RSOCK_VM_RW}
@@ -374,6 +388,100 @@ judge_peer-killed() {
     echo "rdma: peer-killed: the client ended $(awk -v a="$(cat "$DIR/killed")" \
       -v b="$(cat "$DIR/cli.ended")" 'BEGIN { printf "%.1f", b - a }') s after the kill" \
       "(two guest clocks: approximate)" >&2
+  fi
+}
+
+# memlock: the client could not pin its rings, so it never sent an rdma_cm
+# request and stayed on TCP with "resources" (verbs_client_pair: a failed
+# VerbsChannel::create, i.e. ibv_reg_mr -> ENOMEM, is kResources, which
+# stats.h documents as a resource creation failure and verbs_setup.h as
+# "registration or queue creation failed (memlock)"). The server, which never
+# sees a request for this TCP connection, falls back after its bounded wait
+# (RSOCK_CONNECT_TIMEOUT_MS) with "peer_not_accelerated" (verbs_server_pair:
+# "no request came for this connection in time"), the same as for a plain
+# client. Both keep exchanging over the kernel TCP connection, checked.
+judge_memlock() {
+  local lim cap
+  check_exchange "$SMALL_BYTES"
+  expect_stats cli rs_stream 0 1 '{"resources": 1}' 0 0
+  expect_stats srv rs_stream 0 1 '{"peer_not_accelerated": 1}' 0 0
+  # The setting itself: without it the case would prove nothing.
+  lim=$(sed -n 's/^memlock_kib=//p' "$DIR/cli.limits" 2> /dev/null)
+  [ "$lim" = $((MEMLOCK_LIMIT >> 10)) ] || why "client RLIMIT_MEMLOCK ${lim:-?} KiB, want $((MEMLOCK_LIMIT >> 10))"
+  cap=$(sed -n 's/^CapEff:[[:space:]]*//p' "$DIR/cli.limits" 2> /dev/null)
+  if [[ $cap =~ ^[0-9a-f]+$ ]]; then
+    (((16#$cap >> 14) & 1)) && why "client still has CAP_IPC_LOCK (CapEff $cap)"
+  else
+    why "client capabilities unknown ($(paste -sd' ' "$DIR/cli.limits" 2> /dev/null))"
+  fi
+  grep -q 'rdma: queue pair/registration failed' "$DIR/cli.log" 2> /dev/null ||
+    why "the client's log does not show the failed registration"
+  grep -q 'connect fd [0-9]*: plain TCP (resources)' "$DIR/cli.log" 2> /dev/null ||
+    why "the client's log does not show 'plain TCP (resources)'"
+}
+
+# device-lost: host A's rxe0 was deleted under a running accelerated stream.
+# Both processes must end on their own (a "timeout" status means it hung and
+# was killed at the bound), with status 0 (rs_stream: every byte read
+# matched; a crash shows as a status >= 128, and no signal is expected:
+# SIGPIPE is ignored); both stats lines count the stream as rdma, with
+# exactly the bytes the program moved. The server, whose device vanished,
+# must report the loss as an error on both directions (ECONNRESET), not as a
+# clean EOF: its shim gets RDMA_CM_EVENT_DEVICE_REMOVAL on the connection's
+# event channel, queued before anything the client can do in reaction, and
+# reads it before the TCP socket (verbs_channel.cpp, drain_wakeups). (Without
+# that handling the server still ends, but only through the client: the
+# kernel destroys the server's rdma_cm id, the client gets DISCONNECTED and
+# exits, the server then reads EOF and gets EPIPE; measured.) The client,
+# whose device is fine, may see either the disconnect (ECONNRESET) or the
+# server's TCP FIN (EOF, then EPIPE). The deletion must have completed (it
+# returns once no process holds the device).
+judge_device-lost() {
+  local p r res
+  if [ -e "$DIR/removal.start" ]; then
+    r=$(cat "$DIR/removal.rc" 2> /dev/null || echo none)
+    [ "$r" = 0 ] || why "rdma link delete rxe0: status $r ($(paste -sd' ' "$DIR/removal.out" 2> /dev/null))"
+    grep -q '^rdma link show: status 0$' "$DIR/removal.after" 2> /dev/null ||
+      why "no device list after the deletion ($(paste -sd' ' "$DIR/removal.after" 2> /dev/null))"
+    grep -q 'rxe0' "$DIR/removal.after" 2> /dev/null && why "rxe0 still present after its deletion"
+  else
+    why "the device was not removed mid-stream"
+  fi
+  for p in srv cli; do
+    r=$(rc_of "$p")
+    case $r in
+      0) ;;
+      timeout) why "$p hung after the device was removed (killed at its ${LOSS_BOUND} s bound)" ;;
+      *) why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))" ;;
+    esac
+    res=$(result_of "$DIR/$p.out")
+    if [ -z "$res" ]; then
+      why "no RESULT line from $p"
+      continue
+    fi
+    echo "rdma: device-lost: $p ${res#RESULT }" >&2
+    expect_stats "$p" rs_stream 1 0 '{}' "$(val "$res" sent)" "$(val "$res" received)"
+    if [ "$p" = srv ]; then
+      [ "$(val "$res" tx_end)" = ECONNRESET ] || why "srv tx_end=$(val "$res" tx_end), want ECONNRESET"
+      [ "$(val "$res" rx_end)" = ECONNRESET ] || why "srv rx_end=$(val "$res" rx_end), want ECONNRESET"
+      [ "$(val "$res" received)" -ge "$KILL_AFTER" ] 2> /dev/null ||
+        why "server received only $(val "$res" received) bytes"
+    else
+      case $(val "$res" tx_end) in EPIPE | ECONNRESET) ;; *) why "cli tx_end=$(val "$res" tx_end), want EPIPE or ECONNRESET" ;; esac
+      case $(val "$res" rx_end) in eof | ECONNRESET) ;; *) why "cli rx_end=$(val "$res" rx_end), want eof or ECONNRESET" ;; esac
+    fi
+  done
+  grep -q 'RDMA_CM_EVENT_DEVICE_REMOVAL: failing the connection' "$DIR/srv.log" 2> /dev/null ||
+    why "the server's log does not show the device removal event"
+  if [ -e "$DIR/removal.start" ]; then
+    local t0 what
+    t0=$(cat "$DIR/removal.start")
+    for what in srv.ended cli.ended removal.end; do
+      [ -e "$DIR/$what" ] || continue
+      echo "rdma: device-lost: ${what%.*} ended $(awk -v a="$t0" -v b="$(cat "$DIR/$what")" \
+        'BEGIN { printf "%.1f", b - a }') s after the removal began$([ "$what" = cli.ended ] &&
+        echo ' (two guest clocks: approximate)')" >&2
+    done
   fi
 }
 

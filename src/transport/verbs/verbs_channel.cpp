@@ -196,6 +196,13 @@ VerbsChannel::~VerbsChannel() {
     }
   }
   if (id_ && remote_rkey_ != 0) rdma_disconnect(id_);
+  if (tcp_fd_ >= 0 && (carrier_flags_.load(std::memory_order_relaxed) & kTransportError)) {
+    // Bytes we accepted may have died with the queue pair. A reset on the
+    // kernel socket (at its last close) makes the peer read ECONNRESET, not
+    // a clean EOF that would hide the truncation.
+    const linger reset = {1, 0};
+    setsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  }
   lock.unlock();
   teardown(true);
 }
