@@ -201,7 +201,7 @@ VerbsChannel::~VerbsChannel() {
     // kernel socket (at its last close) makes the peer read ECONNRESET, not
     // a clean EOF that would hide the truncation.
     const linger reset = {1, 0};
-    setsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    real().setsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   }
   lock.unlock();
   teardown(true);
