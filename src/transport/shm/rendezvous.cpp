@@ -176,6 +176,16 @@ bool verify_proof(int our_fd, int their_fd) {
          same_wire(our_peer, their_local);
 }
 
+// Who is on the other end of the rendezvous (SO_PEERCRED), for the log.
+// Identity is established by the socket proof above, which also holds across
+// users (a client and a server may legitimately run as different users).
+void log_peer(int conn, const char* what) {
+  ucred cred = {};
+  socklen_t len = sizeof cred;
+  if (real().getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+    LOG_DEBUG("shm pairing: %s is pid %d uid %u", what, static_cast<int>(cred.pid), cred.uid);
+}
+
 // A private, close-on-exec dup of the connection's socket: the doorbell fd
 // outlives the application's own fd numbering (dup2, close of one of two).
 int private_dup(int fd) { return real().fcntl(fd, F_DUPFD_CLOEXEC, 0); }
@@ -309,6 +319,7 @@ std::unique_ptr<Channel> shm_client_pair(int tcp_fd, int rendezvous_fd, const Co
   if (send_msg(conn, &hello, sizeof hello, &tcp_fd, 1) == 0)
     got = recv_msg(conn, &offer, sizeof offer, fds, 2, deadline);
   if (got == -ETIMEDOUT) *why = Fallback::kPairTimeout;
+  log_peer(conn, "server");
   void* map = nullptr;
   if (got == 2 && offer.type == static_cast<uint32_t>(MsgType::kOffer) &&
       offer.version == kProtocolVersion && verify_proof(tcp_fd, fds[1]) &&
@@ -360,6 +371,7 @@ std::unique_ptr<Channel> shm_server_pair(int tcp_fd, const Config& cfg, Fallback
   int client_fd = -1;
   int got = recv_msg(conn, &hello, sizeof hello, &client_fd, 1, deadline);
   if (got == -ETIMEDOUT) *why = Fallback::kPairTimeout;
+  log_peer(conn, "client");
   bool proven = got == 1 && hello.type == static_cast<uint32_t>(MsgType::kHello) &&
                 hello.version == kProtocolVersion && verify_proof(tcp_fd, client_fd);
   if (client_fd >= 0) real().close(client_fd);
