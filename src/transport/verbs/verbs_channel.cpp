@@ -171,10 +171,13 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
 VerbsChannel::~VerbsChannel() {
   std::unique_lock<std::mutex> lock(mu_);
   // Everything we posted (the last publication, CLOSED) must reach the peer
-  // before the QP goes away: wait, bounded, for a signaled marker WR.
+  // before the QP goes away: wait, bounded, for a signaled marker WR. Not
+  // when the peer has closed: it reads nothing more, and it may have torn
+  // down its QP already, so the marker would only run into the deadline.
+  if (qp_created_) poll_cq_locked();
   if (qp_created_ && remote_rkey_ != 0 &&
       (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
-      wr_done_ < wr_posted_) {
+      (peer_flags_ & kPeerClosed) == 0 && wr_done_ < wr_posted_) {
     ibv_send_wr wr = {};
     wr.opcode = IBV_WR_RDMA_WRITE;  // zero-length: a pure ordering marker
     wr.wr.rdma.remote_addr = remote_addr_;
@@ -186,11 +189,17 @@ VerbsChannel::~VerbsChannel() {
       ibv_send_wr* bad = nullptr;
       if (ibv_post_send(id_->qp, &wr, &bad) == 0) {
         const int64_t deadline = now_ms() + kCloseWaitMs;
+        // Also over once the peer disconnects: it closed, nothing more can
+        // be delivered (and its QP may be gone: no ACK would ever come).
         while (wr_done_ < wr_posted_ &&
-               (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
+               (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kPeerClosed)) ==
+                   0 &&
                now_ms() < deadline) {
           poll_cq_locked();
-          if (wr_done_ < wr_posted_) usleep(100);
+          if (wr_done_ < wr_posted_) {
+            drain_cm_events_locked();
+            usleep(100);
+          }
         }
       }
     }
@@ -505,6 +514,25 @@ void VerbsChannel::disarm(uint32_t /*want*/) {
   if (armed_ > 0) --armed_;
 }
 
+void VerbsChannel::drain_cm_events_locked() {
+  // Connection events: the peer disconnected (after CLOSED: a clean end;
+  // before: it vanished) or the device went away.
+  for (;;) {
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(cm_channel_, &ev) != 0) break;
+    const rdma_cm_event_type type = ev->event;
+    rdma_ack_cm_event(ev);
+    if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+      poll_cq_locked();  // the peer's last immediates precede its disconnect
+      carrier_lost((peer_flags_ & kPeerClosed) ? (kPeerFin | kPeerClosed)
+                                               : (kTransportError | kPeerFin | kPeerClosed));
+    } else if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || type == RDMA_CM_EVENT_ADDR_CHANGE) {
+      LOG_INFO("rdma: %s: failing the connection", rdma_event_str(type));
+      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+    }
+  }
+}
+
 void VerbsChannel::drain_wakeups() {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t count;
@@ -525,22 +553,7 @@ void VerbsChannel::drain_wakeups() {
       unacked_cq_events_ = 0;
     }
   }
-  // Connection events: the peer disconnected (after CLOSED: a clean end;
-  // before: it vanished) or the device went away.
-  for (;;) {
-    rdma_cm_event* ev = nullptr;
-    if (rdma_get_cm_event(cm_channel_, &ev) != 0) break;
-    const rdma_cm_event_type type = ev->event;
-    rdma_ack_cm_event(ev);
-    if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
-      poll_cq_locked();  // the peer's last immediates precede its disconnect
-      carrier_lost((peer_flags_ & kPeerClosed) ? (kPeerFin | kPeerClosed)
-                                               : (kTransportError | kPeerFin | kPeerClosed));
-    } else if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || type == RDMA_CM_EVENT_ADDR_CHANGE) {
-      LOG_INFO("rdma: %s: failing the connection", rdma_event_str(type));
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
-    }
-  }
+  drain_cm_events_locked();
   // The kernel TCP connection: nothing is sent on it, so readable means EOF
   // or an error: the peer process is gone (or closed).
   if (tcp_fd_ >= 0) {

@@ -123,6 +123,7 @@ class VerbsChannel final : public Channel {
   int reserve_sq_locked(int count);
   bool data_window_open_locked() const;
   void carrier_lost(uint32_t flags);
+  void drain_cm_events_locked();
   void teardown(bool destroy_id);
 
   std::mutex mu_;
