@@ -233,7 +233,6 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     if (ready > 0) return ready;
     if (last) return 0;
     if (monotonic_ns() < spin_end) {
-      __builtin_ia32_pause();
       continue;
     }
     // Block: arm the accelerated members, re-check, then sleep in the kernel
@@ -393,7 +392,6 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     if (n > 0) return n;
     if (last) return 0;
     if (monotonic_ns() < spin_end) {
-      __builtin_ia32_pause();
       continue;
     }
     arm_all(*s, true);
@@ -411,8 +409,9 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     if (k < 0 && err == EINTR) return -EINTR;
     if (k < 0) return -err;
     if (n > 0) {
-      // Kernel members are ready: add whatever accelerated ones are too.
-      n += collect(*s, events + n, maxevents - n);
+      // Kernel members woke us: add whatever accelerated ones are ready too
+      // (not when n came from the re-check above: those are collected).
+      if (k > 0) n += collect(*s, events + n, maxevents - n);
       return n;
     }
     iter = -1;  // the next pass (0) looks at the kernel members too

@@ -118,10 +118,12 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
   };
   // Spin briefly: a peer that answers within the spin costs no syscall.
   const int64_t spin_end = monotonic_ns() + spin_ns();
-  do {
+  // No PAUSE here: under emulation (TCG) and hypervisors with pause-loop
+  // exiting it leaves the vCPU, which costs far more than the check.
+  for (;;) {
     if (ready()) return 0;
-    __builtin_ia32_pause();
-  } while (monotonic_ns() < spin_end);
+    if (monotonic_ns() >= spin_end) break;
+  }
 
   Channel& ch = c.stream().channel();
   for (;;) {

@@ -500,7 +500,10 @@ void VerbsChannel::arm(uint32_t want) {
   // Any completion from now on (data, credit, flags, ACK, error) makes the
   // completion channel readable; the caller re-checks after arm(), which
   // polls the CQ, so nothing that completed before is missed.
-  if (cq_) ibv_req_notify_cq(cq_, 0);
+  if (cq_ && !cq_armed_) {  // armed until its event is taken
+    ibv_req_notify_cq(cq_, 0);
+    cq_armed_ = true;
+  }
   if ((want & kWantSpace) && !stall_announced_ &&
       (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0) {
     // The peer grants as soon as it frees anything while we wait.
@@ -535,48 +538,54 @@ void VerbsChannel::drain_cm_events_locked() {
 
 void VerbsChannel::drain_wakeups() {
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t count;
-  if (wake_fd_ >= 0) (void)!real().read(wake_fd_, &count, sizeof count);
-  // Completion events: consume them (acks batched; all acked before the CQ
-  // is destroyed). One event wakes every thread asleep on wait_fd, but a
-  // thread between its re-check and its poll() would find the event gone
-  // and the completion it waits for already processed by us: when another
-  // thread is armed, leave a wakeup on the eventfd for it.
+  // The usual wakeup is a completion event: take it (one read) and leave
+  // the other sources alone. wait_fd is level-triggered, so anything else
+  // that is pending wakes the next sleeper at once and is handled then.
   bool took_event = false;
-  for (;;) {
-    ibv_cq* cq = nullptr;
-    void* ctx = nullptr;
-    if (ibv_get_cq_event(comp_channel_, &cq, &ctx) != 0) break;  // EAGAIN: none left
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  if (ibv_get_cq_event(comp_channel_, &cq, &ctx) == 0) {
     took_event = true;
+    cq_armed_ = false;
     if (++unacked_cq_events_ >= kAckEventsBatch) {
       ibv_ack_cq_events(cq_, unacked_cq_events_);
       unacked_cq_events_ = 0;
     }
   }
-  drain_cm_events_locked();
-  // The kernel TCP connection: nothing is sent on it, so readable means EOF
-  // or an error: the peer process is gone (or closed).
-  if (tcp_fd_ >= 0) {
-    char buf[256];
-    for (;;) {
-      ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
-      if (n > 0) continue;
-      uint32_t lost = 0;
-      if (n == 0)
-        lost = kPeerFin | kPeerClosed;
-      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        lost = kTransportError | kPeerFin | kPeerClosed;
-      if (lost) {
-        poll_cq_locked();
-        carrier_lost(lost);
-        // Level-triggered EOF would keep wait_fd readable for ever.
-        real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
+  if (!took_event) {
+    uint64_t count;
+    if (wake_fd_ >= 0) (void)!real().read(wake_fd_, &count, sizeof count);
+    drain_cm_events_locked();
+    // The kernel TCP connection: nothing is sent on it, so readable means EOF
+    // or an error: the peer process is gone (or closed).
+    if (tcp_fd_ >= 0) {
+      char buf[256];
+      for (;;) {
+        ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) continue;
+        uint32_t lost = 0;
+        if (n == 0)
+          lost = kPeerFin | kPeerClosed;
+        else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+          lost = kTransportError | kPeerFin | kPeerClosed;
+        if (lost) {
+          poll_cq_locked();
+          carrier_lost(lost);
+          // Level-triggered EOF would keep wait_fd readable for ever.
+          real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
+        }
+        break;
       }
-      break;
     }
   }
   poll_cq_locked();
-  if (armed_ > 0 && cq_) ibv_req_notify_cq(cq_, 0);
+  // The caller disarms and re-checks next (and arm() re-arms the CQ before
+  // it sleeps again): re-arm here only for other sleepers. A CQ armed for
+  // nobody turns the next completion into a stale event and a wasted wakeup.
+  if (armed_ > 1 && cq_ && !cq_armed_) {
+    ibv_req_notify_cq(cq_, 0);
+    cq_armed_ = true;
+  }
   if (took_event && armed_ > 1 && wake_fd_ >= 0) {
     const uint64_t one = 1;
     (void)!real().write(wake_fd_, &one, sizeof one);

@@ -168,6 +168,7 @@ class VerbsChannel final : public Channel {
 
   int armed_ = 0;
   uint32_t unacked_cq_events_ = 0;
+  bool cq_armed_ = false;  // notification requested, its event not yet taken
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
 };
 
