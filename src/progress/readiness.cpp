@@ -181,12 +181,25 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n) {
 // ---- poll -----------------------------------------------------------------
 
 int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
-  std::vector<FdRef> refs;
   bool any = false;
   for (nfds_t i = 0; i < n; ++i)
     if (fds[i].fd >= 0 && fd_table().has(fds[i].fd)) any = true;
+  // Small sets (the usual case) live on the stack: a poll loop allocates
+  // nothing per call.
+  constexpr nfds_t kInline = 16;
+  FdRef refs_inline[kInline];
+  pollfd kfds_inline[kInline];
+  std::vector<FdRef> refs_heap;
+  std::vector<pollfd> kfds_heap;
+  FdRef* refs = refs_inline;
+  pollfd* kfds = kfds_inline;
+  if (any && n > kInline) {
+    refs_heap.resize(n);
+    kfds_heap.resize(n);
+    refs = refs_heap.data();
+    kfds = kfds_heap.data();
+  }
   if (any) {
-    refs.resize(n);
     any = false;
     for (nfds_t i = 0; i < n; ++i) {
       if (fds[i].fd < 0) continue;
@@ -205,7 +218,7 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
   }
   const int64_t deadline = timeout_ns < 0 ? -1 : monotonic_ns() + timeout_ns;
   const int64_t spin_end = monotonic_ns() + spin_budget_ns();
-  std::vector<pollfd> kfds(fds, fds + n);
+  std::copy(fds, fds + n, kfds);
   bool has_kernel = false;
   for (nfds_t i = 0; i < n; ++i)
     if (!refs[i] && fds[i].fd >= 0) has_kernel = true;
@@ -222,7 +235,7 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     const bool last = deadline >= 0 && monotonic_ns() >= deadline;
     if (has_kernel && look_at_kernel(ready > 0, last, iter, &poll_ticks)) {
       for (nfds_t i = 0; i < n; ++i) kfds[i].fd = refs[i] ? -1 : fds[i].fd;
-      int k = real().poll(kfds.data(), n, 0);
+      int k = real().poll(kfds, n, 0);
       if (k > 0)
         for (nfds_t i = 0; i < n; ++i)
           if (!refs[i] && kfds[i].revents) {
@@ -254,7 +267,7 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       timespec ts;
       int ms;
       remaining(deadline, &ts, &ms);
-      rc = real().ppoll(kfds.data(), n, deadline < 0 ? nullptr : &ts, mask);
+      rc = real().ppoll(kfds, n, deadline < 0 ? nullptr : &ts, mask);
       err = errno;
     }
     for (nfds_t i = 0; i < n; ++i)

@@ -57,22 +57,39 @@ void attach(int fd, std::unique_ptr<Channel> ch, Path path) {
   stats_connection(path);
 }
 
-// Iovec cursor: the part of an iovec array not yet transferred.
-struct IovCursor {
-  explicit IovCursor(const iovec* iov, int n) : v(iov, iov + n) {}
-  void advance(size_t n) {
-    while (n > 0 && first < v.size()) {
-      size_t k = std::min(n, v[first].iov_len);
-      v[first].iov_base = static_cast<char*>(v[first].iov_base) + k;
-      v[first].iov_len -= k;
-      n -= k;
-      if (v[first].iov_len == 0) ++first;
+// Iovec cursor: the part of an iovec array not yet transferred. Up to
+// kInline entries live on the stack, so the usual send/recv allocates
+// nothing; longer arrays (up to IOV_MAX) use the heap.
+class IovCursor {
+ public:
+  IovCursor(const iovec* iov, int n) : n_(static_cast<size_t>(n)) {
+    if (n_ > kInline) {
+      heap_.assign(iov, iov + n_);
+      v_ = heap_.data();
+    } else {
+      std::copy(iov, iov + n_, inline_);
+      v_ = inline_;
     }
   }
-  const iovec* data() const { return v.data() + first; }
-  int count() const { return static_cast<int>(v.size() - first); }
-  std::vector<iovec> v;
-  size_t first = 0;
+  void advance(size_t n) {
+    while (n > 0 && first_ < n_) {
+      size_t k = std::min(n, v_[first_].iov_len);
+      v_[first_].iov_base = static_cast<char*>(v_[first_].iov_base) + k;
+      v_[first_].iov_len -= k;
+      n -= k;
+      if (v_[first_].iov_len == 0) ++first_;
+    }
+  }
+  const iovec* data() const { return v_ + first_; }
+  int count() const { return static_cast<int>(n_ - first_); }
+
+ private:
+  static constexpr size_t kInline = 8;
+  iovec inline_[kInline];
+  std::vector<iovec> heap_;
+  iovec* v_;
+  size_t n_;
+  size_t first_ = 0;
 };
 
 size_t iov_total(const iovec* iov, int n) {
