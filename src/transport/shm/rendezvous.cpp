@@ -20,45 +20,11 @@
 #include "common/log.h"
 #include "common/real.h"
 #include "ring/wire.h"
+#include "transport/addr.h"
 #include "transport/shm/shm_channel.h"
 
 namespace rsock {
 namespace {
-
-// An address as both ends name it: IPv4 as v4-mapped IPv6.
-bool to_wire(const sockaddr* sa, WireAddr* out) {
-  memset(out, 0, sizeof *out);
-  if (sa->sa_family == AF_INET) {
-    auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    out->addr[10] = 0xff;
-    out->addr[11] = 0xff;
-    memcpy(out->addr + 12, &in->sin_addr, 4);
-    out->port = ntohs(in->sin_port);
-    return true;
-  }
-  if (sa->sa_family == AF_INET6) {
-    auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    memcpy(out->addr, &in6->sin6_addr, 16);
-    out->port = ntohs(in6->sin6_port);
-    return true;
-  }
-  return false;
-}
-
-bool same_wire(const WireAddr& a, const WireAddr& b) {
-  return a.port == b.port && memcmp(a.addr, b.addr, 16) == 0;
-}
-
-bool fd_addrs(int fd, WireAddr* local, WireAddr* peer) {
-  sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
-      !to_wire(reinterpret_cast<sockaddr*>(&ss), local))
-    return false;
-  len = sizeof ss;
-  return getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 &&
-         to_wire(reinterpret_cast<sockaddr*>(&ss), peer);
-}
 
 void hex_addr(const WireAddr& a, char out[33]) {
   for (int i = 0; i < 16; ++i) snprintf(out + 2 * i, 3, "%02x", a.addr[i]);

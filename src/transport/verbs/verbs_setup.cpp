@@ -4,6 +4,8 @@
 // fork-safety decision and every bounded wait of connection setup.
 #include "transport/verbs/verbs_setup.h"
 
+#include "transport/addr.h"
+
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -73,63 +75,6 @@ int64_t now_ms() {
 int ms_left(int64_t deadline) {
   int64_t left = deadline - now_ms();
   return left < 0 ? 0 : static_cast<int>(left);
-}
-
-// An address as both ends name it: 16 bytes, IPv4 as v4-mapped, plus port.
-struct Addr16 {
-  uint8_t a[16];
-  uint16_t port;
-};
-
-bool to_addr16(const sockaddr* sa, Addr16* out) {
-  memset(out, 0, sizeof *out);
-  if (sa->sa_family == AF_INET) {
-    auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    out->a[10] = out->a[11] = 0xff;
-    memcpy(out->a + 12, &in->sin_addr, 4);
-    out->port = ntohs(in->sin_port);
-    return true;
-  }
-  if (sa->sa_family == AF_INET6) {
-    auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-    memcpy(out->a, &in6->sin6_addr, 16);
-    out->port = ntohs(in6->sin6_port);
-    return true;
-  }
-  return false;
-}
-
-bool is_mapped_v4(const uint8_t a[16]) {
-  static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return memcmp(a, kPrefix, 12) == 0;
-}
-
-// The form rdma_cm wants: plain AF_INET for IPv4 (also v4-mapped).
-socklen_t to_sockaddr(const Addr16& w, sockaddr_storage* ss) {
-  memset(ss, 0, sizeof *ss);
-  if (is_mapped_v4(w.a)) {
-    auto* in = reinterpret_cast<sockaddr_in*>(ss);
-    in->sin_family = AF_INET;
-    memcpy(&in->sin_addr, w.a + 12, 4);
-    in->sin_port = htons(w.port);
-    return sizeof *in;
-  }
-  auto* in6 = reinterpret_cast<sockaddr_in6*>(ss);
-  in6->sin6_family = AF_INET6;
-  memcpy(&in6->sin6_addr, w.a, 16);
-  in6->sin6_port = htons(w.port);
-  return sizeof *in6;
-}
-
-bool fd_addrs(int fd, Addr16* local, Addr16* peer) {
-  sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
-      !to_addr16(reinterpret_cast<sockaddr*>(&ss), local))
-    return false;
-  len = sizeof ss;
-  return getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 &&
-         to_addr16(reinterpret_cast<sockaddr*>(&ss), peer);
 }
 
 int log2_of(size_t v) {
@@ -221,7 +166,7 @@ bool verbs_available() {
 
 std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallback* why) {
   *why = Fallback::kPairFailed;
-  Addr16 local, peer;
+  WireAddr local, peer;
   if (!fd_addrs(tcp_fd, &local, &peer)) return nullptr;
   const int ring_log2 = log2_of(cfg.ring_bytes);
   if (!verbs_available()) {
@@ -232,7 +177,7 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallba
   global_init();
   const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
   sockaddr_storage src, dst;
-  Addr16 src16 = local;
+  WireAddr src16 = local;
   src16.port = 0;  // rdma_cm picks its own port (its port space is separate)
   to_sockaddr(src16, &src);
   to_sockaddr(peer, &dst);
@@ -273,8 +218,8 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallba
     req.ring_log2 = static_cast<uint8_t>(ring_log2);
     req.client_port = htobe16(local.port);
     req.server_port = htobe16(peer.port);
-    memcpy(req.client_addr, local.a, 16);
-    memcpy(req.server_addr, peer.a, 16);
+    memcpy(req.client_addr, local.addr, 16);
+    memcpy(req.server_addr, peer.addr, 16);
     req.ring_rkey = htobe32(ch->rx_rkey());
     req.ring_addr = htobe64(ch->rx_addr());
     rdma_conn_param cp = {};
@@ -374,9 +319,9 @@ class VerbsListener {
       ok = ok && be32toh(priv.magic) == kPrivMagic && priv.version == kPrivVersion &&
            ring_log2_ok(priv.ring_log2);
       // The request must come from the address it names as the client's.
-      Addr16 cm_peer;
+      WireAddr cm_peer;
       const sockaddr* pa = rdma_get_peer_addr(req_id);
-      if (ok && pa && to_addr16(pa, &cm_peer) && memcmp(cm_peer.a, priv.client_addr, 16) != 0) {
+      if (ok && pa && to_wire(pa, &cm_peer) && memcmp(cm_peer.addr, priv.client_addr, 16) != 0) {
         LOG_INFO("rdma: connect request from another address than it names: rejected");
         ok = false;
       }
@@ -410,9 +355,9 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
   *why = Fallback::kResources;
   sockaddr_storage ss;
   socklen_t len = sizeof ss;
-  Addr16 local;
+  WireAddr local;
   if (getsockname(tcp_listen_fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
-      !to_addr16(reinterpret_cast<sockaddr*>(&ss), &local))
+      !to_wire(reinterpret_cast<sockaddr*>(&ss), &local))
     return nullptr;
   if (!verbs_available()) {
     *why = Fallback::kNotSameHost;
@@ -431,7 +376,7 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
   // Bind exactly as the TCP listener: a wildcard listens on every RDMA
   // device; an IPv6 wildcard also takes IPv4 unless the socket is v6-only.
   sockaddr_storage bind_ss;
-  if (ss.ss_family == AF_INET6 && !is_mapped_v4(local.a)) {
+  if (ss.ss_family == AF_INET6 && !is_mapped_v4(local.addr)) {
     bind_ss = ss;
     int v6only = 0;
     socklen_t olen = sizeof v6only;
@@ -459,7 +404,7 @@ void verbs_listener_close(VerbsListener* listener) { delete listener; }
 std::unique_ptr<Channel> verbs_server_pair(VerbsListener* l, int tcp_fd, const Config& cfg,
                                            Fallback* why) {
   *why = Fallback::kPairFailed;
-  Addr16 local, peer;
+  WireAddr local, peer;
   if (!l || !fd_addrs(tcp_fd, &local, &peer)) return nullptr;
   const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
   // A request older than this can no longer belong to a waiting client.
@@ -472,7 +417,7 @@ std::unique_ptr<Channel> verbs_server_pair(VerbsListener* l, int tcp_fd, const C
     for (size_t i = 0; i < l->pending.size(); ++i) {
       const ConnectPriv& p = l->pending[i].priv;
       if (be16toh(p.client_port) == peer.port && be16toh(p.server_port) == local.port &&
-          memcmp(p.client_addr, peer.a, 16) == 0 && memcmp(p.server_addr, local.a, 16) == 0) {
+          memcmp(p.client_addr, peer.addr, 16) == 0 && memcmp(p.server_addr, local.addr, 16) == 0) {
         got = l->pending[i];
         l->pending[i] = l->pending.back();
         l->pending.pop_back();
