@@ -83,4 +83,23 @@ bool FdTable::clear(int fd) {
   return last;
 }
 
+bool FdTable::replace(int fd, FdState* expected, FdState* next) {
+  Slot* s = slot(fd, false);
+  if (!s || s->load(std::memory_order_relaxed) != reinterpret_cast<uintptr_t>(expected))
+    return false;
+  uintptr_t v = lock_slot(s);
+  if (v != reinterpret_cast<uintptr_t>(expected)) {
+    s->store(v, std::memory_order_release);
+    return false;
+  }
+  if (next) {
+    next->ref();
+    next->fds_.fetch_add(1, std::memory_order_relaxed);
+  }
+  s->store(reinterpret_cast<uintptr_t>(next), std::memory_order_release);
+  expected->fds_.fetch_sub(1, std::memory_order_acq_rel);
+  expected->unref();
+  return true;
+}
+
 }  // namespace rsock

@@ -18,7 +18,8 @@ namespace rsock {
 // connection, not the first, tears it down.
 class FdState {
  public:
-  enum class Kind : uint8_t { kListener, kConnection, kEpoll };
+  // kPending: a nonblocking connect whose pairing runs in the background.
+  enum class Kind : uint8_t { kListener, kConnection, kEpoll, kPending };
   explicit FdState(Kind kind) : kind_(kind) {}
   virtual ~FdState() = default;
   Kind kind() const { return kind_; }
@@ -29,6 +30,8 @@ class FdState {
   }
   // Called when the last fd referring to this state is closed.
   virtual void on_last_close() {}
+
+  std::atomic<int> epoll_refs{0};  // epoll shadows with this state as a member
 
  private:
   friend class FdTable;
@@ -86,6 +89,10 @@ class FdTable {
   // Detaches fd's state. Returns true when this was the state's last fd,
   // in which case on_last_close() has been called.
   bool clear(int fd);
+  // Hands fd over from `expected` to `next` (nullptr: no state) if fd still
+  // holds `expected`; returns whether it did. A hand-over is not a close:
+  // expected's on_last_close() is not called.
+  bool replace(int fd, FdState* expected, FdState* next);
   // Calls fn(fd, state) for every slot (fork and exit handlers).
   template <class Fn>
   void for_each(Fn fn) const;

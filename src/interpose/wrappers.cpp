@@ -22,6 +22,7 @@
 #include "fdtable/fdtable.h"
 #include "lifecycle/runtime.h"
 #include "progress/readiness.h"
+#include "socket/pending.h"
 #include "socket/socket.h"
 
 using namespace rsock;
@@ -44,10 +45,29 @@ ConnectionState* conn_of(const FdRef& r) {
 }
 
 // The state of fd if it is an accelerated connection (fast: one load for a
-// plain fd).
+// plain fd). A socket still pairing (pending.h) counts as plain here: its
+// options and flags are the kernel socket's, copied when the pairing ends.
 FdRef conn_ref(int fd) {
   if (!fd_table().has(fd)) return FdRef();
-  FdRef r = fd_table().get(fd);
+  FdRef r = pending_settle(fd, fd_table().get(fd));
+  return conn_of(r) ? std::move(r) : FdRef();
+}
+
+// The connection behind fd for a data call (or shutdown). On a socket still
+// pairing, a nonblocking call (O_NONBLOCK or MSG_DONTWAIT, when may_again)
+// sets *again: EAGAIN, as on a socket still connecting; a blocking one
+// waits for the outcome.
+FdRef io_ref(int fd, int flags, bool* again, bool may_again = true) {
+  if (!fd_table().has(fd)) return FdRef();
+  FdRef r = pending_settle(fd, fd_table().get(fd));
+  if (r && r.get()->kind() == FdState::Kind::kPending) {
+    int fl = real().fcntl(fd, F_GETFL);
+    if (may_again && ((flags & MSG_DONTWAIT) || (fl >= 0 && (fl & O_NONBLOCK)))) {
+      *again = true;
+      return FdRef();
+    }
+    r = r.as<PendingState>()->wait();
+  }
   return conn_of(r) ? std::move(r) : FdRef();
 }
 
@@ -71,8 +91,7 @@ void forget_fd(int fd) {
   if (!fd_table().has(fd)) return;
   {
     FdRef r = fd_table().get(fd);
-    if (ConnectionState* c = conn_of(r))
-      if (c->epoll_refs.load() > 0) epoll_forget(fd);
+    if (r && r.get()->epoll_refs.load() > 0) epoll_forget(fd);
   }
   fd_table().clear(fd);
 }
@@ -80,7 +99,11 @@ void forget_fd(int fd) {
 // newfd now names the same open file as oldfd: share its state.
 void share_state(int oldfd, int newfd) {
   FdRef r = fd_table().get(oldfd);
-  if (r) fd_table().set(newfd, r.get());
+  if (!r) return;
+  fd_table().set(newfd, r.get());
+  // A pairing that ended meanwhile may have handed the fds over before
+  // newfd had its state: hand newfd over too.
+  pending_settle(newfd, std::move(r));
 }
 
 int64_t ms_to_ns(int timeout_ms) { return timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1000000; }
@@ -138,15 +161,18 @@ EXPORT int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags) {
 EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
   const Runtime* rt = runtime();
   if (!rt || addr == nullptr) return real().connect(fd, addr, len);
-  if (conn_ref(fd)) {
-    errno = EISCONN;
-    return -1;
+  if (fd_table().has(fd)) {
+    FdRef r = pending_settle(fd, fd_table().get(fd));
+    if (r && r.get()->kind() == FdState::Kind::kPending) return finish(-EALREADY);
+    if (conn_of(r)) return finish(-EISCONN);
+    if (r) return real().connect(fd, addr, len);  // a listener: the kernel says why not
   }
   return finish(setup_connect(*rt, fd, addr, len));
 }
 
 EXPORT int shutdown(int fd, int how) {
-  if (FdRef r = conn_ref(fd)) return finish(conn_shutdown(*conn_of(r), how));
+  bool again = false;
+  if (FdRef r = io_ref(fd, 0, &again, false)) return finish(conn_shutdown(*conn_of(r), how));
   return real().shutdown(fd, how);
 }
 
@@ -158,48 +184,61 @@ EXPORT int close(int fd) {
 // ---- data ------------------------------------------------------------------
 
 EXPORT ssize_t read(int fd, void* buf, size_t len) {
-  if (FdRef r = conn_ref(fd)) return do_recv(conn_of(r), buf, len, 0);
+  bool again = false;
+  if (FdRef r = io_ref(fd, 0, &again)) return do_recv(conn_of(r), buf, len, 0);
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().read(fd, buf, len);
 }
 
 EXPORT ssize_t write(int fd, const void* buf, size_t len) {
-  if (FdRef r = conn_ref(fd)) return do_send(conn_of(r), buf, len, 0);
+  bool again = false;
+  if (FdRef r = io_ref(fd, 0, &again)) return do_send(conn_of(r), buf, len, 0);
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().write(fd, buf, len);
 }
 
 EXPORT ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
-  if (FdRef r = conn_ref(fd)) {
+  bool again = false;
+  if (FdRef r = io_ref(fd, 0, &again)) {
     if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
     return finish(conn_recv(*conn_of(r), iov, iovcnt, 0));
   }
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().readv(fd, iov, iovcnt);
 }
 
 EXPORT ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
-  if (FdRef r = conn_ref(fd)) {
+  bool again = false;
+  if (FdRef r = io_ref(fd, 0, &again)) {
     if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
     return send_result(conn_send(*conn_of(r), iov, iovcnt, 0), 0);
   }
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().writev(fd, iov, iovcnt);
 }
 
 EXPORT ssize_t recv(int fd, void* buf, size_t len, int flags) {
-  if (FdRef r = conn_ref(fd)) return do_recv(conn_of(r), buf, len, flags);
+  bool again = false;
+  if (FdRef r = io_ref(fd, flags, &again)) return do_recv(conn_of(r), buf, len, flags);
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().recv(fd, buf, len, flags);
 }
 
 EXPORT ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr,
                         socklen_t* addrlen) {
-  if (FdRef r = conn_ref(fd)) {
+  bool again = false;
+  if (FdRef r = io_ref(fd, flags, &again)) {
     ssize_t n = do_recv(conn_of(r), buf, len, flags);
     if (n >= 0 && addr && addrlen) *addrlen = 0;  // as Linux TCP: no source address
     return n;
   }
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().recvfrom(fd, buf, len, flags, addr, addrlen);
 }
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
-  if (FdRef r = conn_ref(fd)) {
+  bool again = false;
+  if (FdRef r = io_ref(fd, flags, &again)) {
     if (msg->msg_iovlen > IOV_MAX) return finish<ssize_t>(-EMSGSIZE);
     ssize_t n = conn_recv(*conn_of(r), msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
     if (n >= 0) {
@@ -209,11 +248,14 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
     }
     return finish(n);
   }
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().recvmsg(fd, msg, flags);
 }
 
 EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  if (FdRef r = conn_ref(fd)) return do_send(conn_of(r), buf, len, flags);
+  bool again = false;
+  if (FdRef r = io_ref(fd, flags, &again)) return do_send(conn_of(r), buf, len, flags);
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().send(fd, buf, len, flags);
 }
 
@@ -221,16 +263,20 @@ EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
 // TCP ignores it (rsocket returns EISCONN here and breaks sockperf).
 EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
                       socklen_t addrlen) {
-  if (FdRef r = conn_ref(fd)) return do_send(conn_of(r), buf, len, flags);
+  bool again = false;
+  if (FdRef r = io_ref(fd, flags, &again)) return do_send(conn_of(r), buf, len, flags);
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().sendto(fd, buf, len, flags, addr, addrlen);
 }
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
-  if (FdRef r = conn_ref(fd)) {
+  bool again = false;
+  if (FdRef r = io_ref(fd, flags, &again)) {
     if (msg->msg_iovlen > IOV_MAX) return finish<ssize_t>(-EMSGSIZE);
     return send_result(
         conn_send(*conn_of(r), msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags), flags);
   }
+  if (again) return finish<ssize_t>(-EAGAIN);
   return real().sendmsg(fd, msg, flags);
 }
 

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/real.h"
 #include "fdtable/fdtable.h"
+#include "socket/pending.h"
 #include "socket/socket.h"
 #include "stats/stats.h"
 
@@ -64,6 +65,7 @@ void after_fork_child() {
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
   stats_reset();
+  pending_after_fork_child();
   for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
 }
 
@@ -102,7 +104,7 @@ void init() {
     return;
   }
   g_runtime = rt;
-  pthread_atfork(nullptr, nullptr, after_fork_child);
+  pthread_atfork(pending_before_fork, nullptr, after_fork_child);
   g_state.store(kReady, std::memory_order_release);
   LOG_INFO("active: %zu rule(s), ring %zu bytes, spin %u us", rt->config.rules.size(),
            rt->config.ring_bytes, rt->config.spin_us);

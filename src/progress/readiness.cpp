@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "common/real.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/runtime.h"
+#include "socket/pending.h"
 #include "socket/socket.h"
 
 namespace rsock {
@@ -66,11 +68,28 @@ ConnectionState* as_conn(const FdRef& r) {
 
 // ---- epoll shadow ---------------------------------------------------------
 
+// A member is a ConnectionState, or a PendingState until its pairing is
+// resolved (then converted: see epoll_pending_resolved).
 struct EpollMember {
-  FdRef conn;  // ConnectionState
+  FdRef st;
+  ConnectionState* conn() const {
+    return st.get()->kind() == FdState::Kind::kConnection ? st.as<ConnectionState>() : nullptr;
+  }
+  // The kernel fd registered for this member (tagged): the channel's wait_fd
+  // or the pairing's eventfd.
+  int wait_fd() const {
+    ConnectionState* c = conn();
+    return c ? c->stream().channel().wait_fd() : st.as<PendingState>()->event_fd();
+  }
+  // A converted member's former pairing, whose eventfd stays registered
+  // until a wait has seen it fire (it wakes a waiter that slept through
+  // the conversion).
+  FdRef stale;
   uint32_t events = 0;
   epoll_data_t data{};
   bool disabled = false;  // EPOLLONESHOT fired
+  int armed_data = 0;     // arm() calls not yet undone (waits in progress)
+  int armed_space = 0;
   uint32_t last_mask = 0;
   uint64_t last_rx = ~0ull;
   uint64_t last_tx = ~0ull;
@@ -89,7 +108,7 @@ class EpollState final : public FdState {
       g_sets.erase(std::remove(g_sets.begin(), g_sets.end(), this), g_sets.end());
     }
     std::lock_guard<std::mutex> lock(mu);
-    for (auto& [fd, m] : members) m.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
+    for (auto& [fd, m] : members) m.st.get()->epoll_refs.fetch_sub(1);
     members.clear();
   }
   const int epfd;
@@ -125,8 +144,8 @@ int collect(EpollState& s, epoll_event* out, int max) {
   int n = 0;
   for (auto& [fd, m] : s.members) {
     if (n >= max) break;
-    if (m.disabled) continue;
-    StreamEvents ev = m.conn.as<ConnectionState>()->stream().events();
+    if (m.disabled || !m.conn()) continue;
+    StreamEvents ev = m.conn()->stream().events();
     uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
     if (m.events & EPOLLET) {
       bool fresh = (mask & ~m.last_mask) != 0 || ((mask & EPOLLIN) && ev.rx_gen != m.last_rx) ||
@@ -145,18 +164,35 @@ int collect(EpollState& s, epoll_event* out, int max) {
   return n;
 }
 
+// Arms (or disarms) the members' channels around a kernel wait. A disarm
+// undoes exactly the arms recorded on the member: its events may have
+// changed (EPOLL_CTL_MOD) or it may have become a connection meanwhile.
 void arm_all(EpollState& s, bool arm) {
   std::lock_guard<std::mutex> lock(s.mu);
   for (auto& [fd, m] : s.members) {
+    ConnectionState* c = m.conn();
+    if (!c) continue;
+    Channel& ch = c->stream().channel();
+    if (!arm) {
+      if (m.armed_data > 0) {
+        ch.disarm(kWantData);
+        --m.armed_data;
+      }
+      if (m.armed_space > 0) {
+        ch.disarm(kWantSpace);
+        --m.armed_space;
+      }
+      continue;
+    }
     if (m.disabled) continue;
-    uint32_t want = 0;
-    if (m.events & (EPOLLIN | EPOLLRDHUP)) want |= kWantData;
-    if (m.events & EPOLLOUT) want |= kWantSpace;
-    Channel& ch = m.conn.as<ConnectionState>()->stream().channel();
-    if (arm)
-      ch.arm(want);
-    else
-      ch.disarm(want);
+    if (m.events & (EPOLLIN | EPOLLRDHUP)) {
+      ch.arm(kWantData);
+      ++m.armed_data;
+    }
+    if (m.events & EPOLLOUT) {
+      ch.arm(kWantSpace);
+      ++m.armed_space;
+    }
   }
 }
 
@@ -168,7 +204,13 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n) {
       int fd = static_cast<int>(ev[i].data.u64 & 0xffffffffu);
       std::lock_guard<std::mutex> lock(s.mu);
       auto it = s.members.find(fd);
-      if (it != s.members.end()) it->second.conn.as<ConnectionState>()->stream().channel().drain_wakeups();
+      if (it == s.members.end()) continue;
+      EpollMember& m = it->second;
+      if (m.stale) {
+        real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
+        m.stale.reset();
+      }
+      if (ConnectionState* c = m.conn()) c->stream().channel().drain_wakeups();
       continue;
     }
     ev[kept++] = ev[i];
@@ -180,7 +222,12 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n) {
 
 // ---- poll -----------------------------------------------------------------
 
-int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
+namespace {
+
+// poll_core's answer when a member is still pairing (pending.h).
+constexpr int kHasPending = INT_MIN;
+
+int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
   bool any = false;
   for (nfds_t i = 0; i < n; ++i)
     if (fds[i].fd >= 0 && fd_table().has(fds[i].fd)) any = true;
@@ -203,10 +250,12 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     any = false;
     for (nfds_t i = 0; i < n; ++i) {
       if (fds[i].fd < 0) continue;
-      FdRef r = fd_table().get(fds[i].fd);
+      FdRef r = pending_settle(fds[i].fd, fd_table().get(fds[i].fd));
       if (as_conn(r)) {
         refs[i] = std::move(r);
         any = true;
+      } else if (r && r.get()->kind() == FdState::Kind::kPending) {
+        return kHasPending;
       }
     }
   }
@@ -281,6 +330,50 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
   }
 }
 
+// Polls a set in which some sockets are still pairing: each of those waits
+// on its pairing's eventfd and shows no event; when one resolves, the poll
+// starts over with what it became.
+int poll_with_pending(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
+  const int64_t deadline = timeout_ns < 0 ? -1 : monotonic_ns() + timeout_ns;
+  std::vector<pollfd> v(fds, fds + n);
+  std::vector<char> swapped(n);
+  std::vector<FdRef> held(n);  // keeps each swapped-in eventfd open
+  for (;;) {
+    bool any = false;
+    for (nfds_t i = 0; i < n; ++i) {
+      v[i] = fds[i];
+      swapped[i] = 0;
+      held[i].reset();
+      if (fds[i].fd < 0 || !fd_table().has(fds[i].fd)) continue;
+      FdRef r = pending_settle(fds[i].fd, fd_table().get(fds[i].fd));
+      if (r && r.get()->kind() == FdState::Kind::kPending) {
+        v[i] = {r.as<PendingState>()->event_fd(), POLLIN, 0};
+        swapped[i] = any = true;
+        held[i] = std::move(r);
+      }
+    }
+    int64_t left = deadline < 0 ? -1 : std::max<int64_t>(0, deadline - monotonic_ns());
+    int rc = poll_core(v.data(), n, left, mask);
+    if (rc == kHasPending) continue;  // another connect began meanwhile
+    if (rc < 0) return rc;
+    int ready = 0;
+    bool resolved = false;
+    for (nfds_t i = 0; i < n; ++i) {
+      fds[i].revents = swapped[i] ? 0 : v[i].revents;
+      if (swapped[i] && v[i].revents) resolved = true;
+      if (fds[i].revents) ++ready;
+    }
+    if (ready > 0 || (!resolved && rc == 0) || !any) return ready;
+  }
+}
+
+}  // namespace
+
+int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
+  int rc = poll_core(fds, n, timeout_ns, mask);
+  return rc == kHasPending ? poll_with_pending(fds, n, timeout_ns, mask) : rc;
+}
+
 // ---- select ---------------------------------------------------------------
 
 int rs_select(int nfds, fd_set* r, fd_set* w, fd_set* e, int64_t timeout_ns,
@@ -321,17 +414,28 @@ int rs_epoll_create(int flags) {
   return fd < 0 ? -errno : fd;
 }
 
-int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
-  FdRef conn = fd_table().get(fd);
-  if (!as_conn(conn)) {
-    int r = real().epoll_ctl(epfd, op, fd, ev);
-    return r < 0 ? -errno : 0;
+namespace {
+
+// Drops a member's kernel registrations and its reference count.
+void unregister(EpollState& s, EpollMember& m) {
+  if (ConnectionState* c = m.conn()) {
+    for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
+    for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
   }
-  if (op != EPOLL_CTL_DEL && ev == nullptr) return -EFAULT;
+  real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+  if (m.stale)
+    real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
+  m.st.get()->epoll_refs.fetch_sub(1);
+}
+
+// The shadow of epfd, created with the set's first shadowed member.
+FdRef shadow_of(int epfd, int* err) {
   FdRef set = fd_table().get(epfd);
   if (!set) {
-    // First accelerated member: give the set its shadow.
-    if (real().fcntl(epfd, F_GETFD) < 0) return -EBADF;
+    if (real().fcntl(epfd, F_GETFD) < 0) {
+      *err = -EBADF;
+      return FdRef();
+    }
     auto* s = new EpollState(epfd);
     fd_table().set(epfd, s);
     s->unref();
@@ -339,24 +443,52 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     g_sets.push_back(s);
     set = fd_table().get(epfd);
   }
-  if (set.get()->kind() != FdState::Kind::kEpoll) return -EINVAL;
+  if (!set || set.get()->kind() != FdState::Kind::kEpoll) {
+    *err = -EINVAL;
+    return FdRef();
+  }
+  return set;
+}
+
+}  // namespace
+
+int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
+  FdRef st = pending_settle(fd, fd_table().get(fd));
+  const bool pending = st && st.get()->kind() == FdState::Kind::kPending;
+  if (!as_conn(st) && !pending) {
+    int r = real().epoll_ctl(epfd, op, fd, ev);
+    return r < 0 ? -errno : 0;
+  }
+  if (op != EPOLL_CTL_DEL && ev == nullptr) return -EFAULT;
+  int err = 0;
+  FdRef set = shadow_of(epfd, &err);
+  if (!set) return err;
   auto* s = set.as<EpollState>();
+  // A pending member is added under g_sets_mu, which its resolution takes
+  // too: it is either converted by it or sees it done.
+  std::unique_lock<std::mutex> sets_lock(g_sets_mu, std::defer_lock);
+  if (pending) {
+    sets_lock.lock();
+    if (st.as<PendingState>()->resolved()) {
+      sets_lock.unlock();
+      return rs_epoll_ctl(epfd, op, fd, ev);  // now the outcome's
+    }
+  }
   std::lock_guard<std::mutex> lock(s->mu);
   auto it = s->members.find(fd);
   if (op == EPOLL_CTL_ADD) {
     if (it != s->members.end()) return -EEXIST;
-    // The kernel watches the channel's wakeup fd (level-triggered, drained
+    // The kernel watches the member's wakeup fd (level-triggered, drained
     // by us), tagged with the application's fd.
+    EpollMember m;
+    m.st = std::move(st);
     epoll_event kev = {};
     kev.events = EPOLLIN;
     kev.data.u64 = kTag | static_cast<uint32_t>(fd);
-    int wfd = conn.as<ConnectionState>()->stream().channel().wait_fd();
-    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, wfd, &kev) < 0) return -errno;
-    EpollMember m;
-    m.conn = std::move(conn);
+    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) return -errno;
     m.events = ev->events;
     m.data = ev->data;
-    m.conn.as<ConnectionState>()->epoll_refs.fetch_add(1);
+    m.st.get()->epoll_refs.fetch_add(1);
     s->members.emplace(fd, std::move(m));
     return 0;
   }
@@ -370,13 +502,44 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     return 0;
   }
   if (op == EPOLL_CTL_DEL) {
-    real().epoll_ctl(epfd, EPOLL_CTL_DEL,
-                     it->second.conn.as<ConnectionState>()->stream().channel().wait_fd(), nullptr);
-    it->second.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
+    unregister(*s, it->second);
     s->members.erase(it);
     return 0;
   }
   return -EINVAL;
+}
+
+void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
+  std::lock_guard<std::mutex> lock(g_sets_mu);
+  for (EpollState* s : g_sets) {
+    std::lock_guard<std::mutex> l2(s->mu);
+    auto it = s->members.find(fd);
+    if (it == s->members.end() || it->second.st.get() != pending) continue;
+    EpollMember& m = it->second;
+    pending->epoll_refs.fetch_sub(1);
+    if (outcome) {
+      // Watch the channel from now on; the pairing's eventfd stays until a
+      // wait sees it fire, so that a thread asleep in epoll_wait wakes up.
+      epoll_event kev = {};
+      kev.events = EPOLLIN;
+      kev.data.u64 = kTag | static_cast<uint32_t>(fd);
+      outcome->ref();
+      m.stale = std::move(m.st);
+      m.st = FdRef(outcome);
+      outcome->epoll_refs.fetch_add(1);
+      real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev);
+      m.last_mask = 0;
+      m.last_rx = m.last_tx = ~0ull;
+    } else {
+      // Plain TCP: the kernel takes the application's registration over.
+      epoll_event kev = {};
+      kev.events = m.disabled ? 0 : m.events;
+      kev.data = m.data;
+      real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+      real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
+      s->members.erase(it);
+    }
+  }
 }
 
 int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
@@ -437,9 +600,7 @@ void epoll_forget(int fd) {
     std::lock_guard<std::mutex> l2(s->mu);
     auto it = s->members.find(fd);
     if (it == s->members.end()) continue;
-    real().epoll_ctl(s->epfd, EPOLL_CTL_DEL,
-                     it->second.conn.as<ConnectionState>()->stream().channel().wait_fd(), nullptr);
-    it->second.conn.as<ConnectionState>()->epoll_refs.fetch_sub(1);
+    unregister(*s, it->second);
     s->members.erase(it);
   }
 }

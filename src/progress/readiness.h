@@ -31,4 +31,11 @@ int rs_epoll_wait(int epfd, struct epoll_event* events, int maxevents, int timeo
 // Drops fd from every epoll shadow (called on its last close).
 void epoll_forget(int fd);
 
+// A nonblocking connect's pairing on fd has its outcome (nullptr: plain
+// TCP): every epoll member for it becomes the connection's, or goes to the
+// kernel with the application's events and data. Called before any fd
+// changes hands (see socket/pending.h).
+class FdState;
+void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome);
+
 }  // namespace rsock

@@ -17,6 +17,7 @@
 #include "common/real.h"
 #include "lifecycle/runtime.h"
 #include "policy/policy.h"
+#include "socket/pending.h"
 #include "transport/shm/rendezvous.h"
 #include "transport/verbs/verbs_setup.h"
 
@@ -44,17 +45,11 @@ int64_t timeval_us(int fd, int opt) {
   return static_cast<int64_t>(tv.tv_sec) * 1000000 + tv.tv_usec;
 }
 
-// Attaches an accelerated connection to fd, inheriting the kernel socket's
-// O_NONBLOCK and timeouts (set before the connection was made).
+// Attaches an accelerated connection to fd.
 void attach(int fd, std::unique_ptr<Channel> ch, Path path) {
-  auto* c = new ConnectionState(std::move(ch), path, fd);
-  int fl = real().fcntl(fd, F_GETFL);
-  c->nonblocking.store(fl >= 0 && (fl & O_NONBLOCK));
-  c->rcv_timeout_us.store(timeval_us(fd, SO_RCVTIMEO));
-  c->snd_timeout_us.store(timeval_us(fd, SO_SNDTIMEO));
+  ConnectionState* c = new_connection(fd, std::move(ch), path);
   fd_table().set(fd, c);
   c->unref();  // the table holds it now
-  stats_connection(path);
 }
 
 // Iovec cursor: the part of an iovec array not yet transferred. Up to
@@ -106,6 +101,33 @@ uint32_t spin_ns() {
 }
 
 }  // namespace
+
+ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path) {
+  auto* c = new ConnectionState(std::move(ch), path, sock_fd);
+  connection_options_from(sock_fd, c);
+  stats_connection(path);
+  return c;
+}
+
+void connection_options_from(int sock_fd, ConnectionState* c) {
+  int fl = real().fcntl(sock_fd, F_GETFL);
+  c->nonblocking.store(fl >= 0 && (fl & O_NONBLOCK));
+  c->rcv_timeout_us.store(timeval_us(sock_fd, SO_RCVTIMEO));
+  c->snd_timeout_us.store(timeval_us(sock_fd, SO_SNDTIMEO));
+}
+
+void record_client_outcome(int fd, const sockaddr* addr, bool accelerated, Path path,
+                           Fallback why) {
+  if (accelerated) {
+    LOG_INFO("connect fd %d: accelerated (%s)", fd, path == Path::kShm ? "shm" : "rdma");
+    return;
+  }
+  if (why == Fallback::kPairTimeout || why == Fallback::kPeerNotAccelerated)
+    negative_cache_add(addr);
+  stats_fallback(why);
+  stats_connection(Path::kTcp);
+  LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
+}
 
 int64_t monotonic_ns() {
   timespec ts;
@@ -251,13 +273,19 @@ int conn_shutdown(ConnectionState& c, int how) {
 
 namespace {
 
-// The real connect(). A nonblocking connect to a candidate is waited for
-// here (bounded): the pairing that follows needs the TCP connection. Returns
-// 0, or a negative errno (-EINPROGRESS when it is still in progress; a
-// failure is then reported through SO_ERROR, as usual).
-int connect_for_pairing(int fd, const sockaddr* addr, socklen_t len, const Config& cfg) {
-  if (real().connect(fd, addr, len) == 0) return 0;
-  if (errno != EINPROGRESS) return -errno;
+// After a successful TCP connect: commit to the channel, or record why not.
+int finish_pairing(int fd, const sockaddr* addr, std::unique_ptr<Channel> ch, Path path,
+                   Fallback why) {
+  const bool accelerated = ch != nullptr;
+  if (ch) attach(fd, std::move(ch), path);
+  record_client_outcome(fd, addr, accelerated, path, why);
+  return 0;
+}
+
+// A nonblocking connect whose pairing could not go to the background:
+// waits (bounded) for the TCP handshake. Returns 0 when connected, else
+// -EINPROGRESS (a failure is then reported through SO_ERROR, as usual).
+int wait_connected(int fd, const Config& cfg) {
   pollfd p = {fd, POLLOUT, 0};
   int pr = real().poll(&p, 1, static_cast<int>(cfg.connect_timeout_ms));
   if (pr == 1 && p.revents == POLLOUT) return 0;
@@ -266,6 +294,34 @@ int connect_for_pairing(int fd, const sockaddr* addr, socklen_t len, const Confi
     stats_connection(Path::kTcp);
   }
   return -EINPROGRESS;
+}
+
+// The real connect(), then the pairing over `path` (rendezvous_fd: shm's,
+// consumed). A blocking socket pairs here; a nonblocking one returns
+// EINPROGRESS and pairs in the background (pending.h).
+int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& cfg, Path path,
+                     int rendezvous_fd) {
+  if (real().connect(fd, addr, len) != 0) {
+    int r = -errno;
+    if (r == -EINPROGRESS) {
+      PairJob job;
+      job.fd = fd;
+      job.addr_len = std::min<socklen_t>(len, sizeof job.addr);
+      memcpy(&job.addr, addr, job.addr_len);
+      job.path = path;
+      job.rendezvous_fd = rendezvous_fd;
+      if (pending_start(job, cfg) == 0) return -EINPROGRESS;
+      r = wait_connected(fd, cfg);
+    }
+    if (r != 0) {
+      if (rendezvous_fd >= 0) real().close(rendezvous_fd);
+      return r;
+    }
+  }
+  Fallback why = Fallback::kPairFailed;
+  auto ch = path == Path::kShm ? shm_client_pair(fd, rendezvous_fd, cfg, &why)
+                               : verbs_client_pair(fd, cfg, &why);
+  return finish_pairing(fd, addr, std::move(ch), path, why);
 }
 
 // A peer address with port 0: the key of the server side's negative cache,
@@ -280,21 +336,6 @@ sockaddr_storage host_key(const sockaddr* peer) {
   return k;
 }
 
-// After a successful TCP connect: commit to the channel, or record why not.
-int finish_pairing(int fd, const sockaddr* addr, std::unique_ptr<Channel> ch, Path path,
-                   Fallback why) {
-  if (ch) {
-    attach(fd, std::move(ch), path);
-    LOG_INFO("connect fd %d: accelerated (%s)", fd, path == Path::kShm ? "shm" : "rdma");
-    return 0;
-  }
-  if (why == Fallback::kPairTimeout || why == Fallback::kPeerNotAccelerated)
-    negative_cache_add(addr);
-  stats_fallback(why);
-  stats_connection(Path::kTcp);
-  LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
-  return 0;
-}
 
 }  // namespace
 
@@ -325,25 +366,14 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
       why = Fallback::kPeerNotAccelerated;
     } else {
       int rfd = shm_client_prepare(fd, addr);
-      if (rfd >= 0) {
-        int r = connect_for_pairing(fd, addr, len, cfg);
-        if (r != 0) {
-          real().close(rfd);
-          return r;
-        }
-        auto ch = shm_client_pair(fd, rfd, cfg, &why);
-        return finish_pairing(fd, addr, std::move(ch), Path::kShm, why);
-      }
+      if (rfd >= 0) return connect_and_pair(fd, addr, len, cfg, Path::kShm, rfd);
       LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
       why = Fallback::kResources;
     }
   } else if (!verbs_available()) {
     why = Fallback::kNoRdmaDevice;
   } else {
-    int r = connect_for_pairing(fd, addr, len, cfg);
-    if (r != 0) return r;
-    auto ch = verbs_client_pair(fd, cfg, &why);
-    return finish_pairing(fd, addr, std::move(ch), Path::kRdma, why);
+    return connect_and_pair(fd, addr, len, cfg, Path::kRdma, -1);
   }
   stats_fallback(why);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));

@@ -56,7 +56,6 @@ class ConnectionState final : public FdState {
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};  // SO_RCVTIMEO, 0 = none
   std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO
-  std::atomic<int> epoll_refs{0};          // epoll sets holding this fd
 
   // Threads blocked in conn_wait: one sleeps in the kernel on the doorbell,
   // the others wait here for it to come back (see conn_wait).
@@ -89,5 +88,15 @@ int setup_listen(const Runtime& rt, int fd, int backlog);
 void setup_accepted(const Runtime& rt, FdState* listener, int newfd);
 
 int64_t monotonic_ns();
+
+// Setup internals shared with pending.cpp. A new connection over ch (one
+// reference, for the caller; counted in the stats), with O_NONBLOCK and the
+// timeouts of the kernel socket sock_fd; connection_options_from copies
+// them again.
+ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path);
+void connection_options_from(int sock_fd, ConnectionState* c);
+// A client pairing's outcome: log; on fallback, stats and negative cache.
+void record_client_outcome(int fd, const struct sockaddr* addr, bool accelerated, Path path,
+                           Fallback why);
 
 }  // namespace rsock

@@ -40,8 +40,11 @@ TEST_P(SemanticsTest, OnSharedMemory) {
   ASSERT_GT(port, 0);
   ASSERT_GT(port2, 0);
   ASSERT_NE(port, port2);
-  const Env env =
+  // nb_fallback: the server accepts after the client's pairing gave up.
+  const bool fallback = std::string(GetParam()) == "nb_fallback";
+  Env env =
       preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}, {"RSOCK_RING_SIZE", "64K"}});
+  if (fallback) env["RSOCK_CONNECT_TIMEOUT_MS"] = "300";
   const std::vector<std::string> ports = {"--port", std::to_string(port), "--port2",
                                           std::to_string(port2)};
   std::vector<std::string> sargs = {"--role", "server"}, cargs = {"--role", "client"};
@@ -74,21 +77,45 @@ TEST_P(SemanticsTest, OnSharedMemory) {
   auto cs = stats_of(client);
   auto ss = stats_of(server);
   ASSERT_TRUE(cs && ss);
-  // The connection under test on shm; the control connection on TCP.
-  expect_paths(*cs, 1, 1, "client");
-  expect_paths(*ss, 1, 1, "server");
-  expect_fallbacks(*cs, {}, "client");
-  expect_fallbacks(*ss, {}, "server");
-  EXPECT_EQ(cs->bytes_sent, to_u64(ct["sent"]));
-  EXPECT_EQ(cs->bytes_received, to_u64(ct["received"]));
-  EXPECT_EQ(ss->bytes_sent, to_u64(st["sent"]));
-  EXPECT_EQ(ss->bytes_received, to_u64(st["received"]));
+  if (fallback) {
+    // Both on TCP: the client's pairing timed out; the server found no
+    // client waiting to pair.
+    expect_paths(*cs, 0, 2, "client");
+    expect_paths(*ss, 0, 2, "server");
+    expect_fallbacks(*cs, {{"pair_timeout", 1}}, "client");
+    expect_fallbacks(*ss, {{"peer_not_accelerated", 1}}, "server");
+  } else if (std::string(GetParam()) == "nb_close") {
+    // The client closed A while pairing: it counts no connection for it.
+    // The server either paired before the client's pairing saw the close
+    // (then the stream ended), or found no client waiting.
+    expect_paths(*cs, 0, 1, "client");
+    expect_fallbacks(*cs, {}, "client");
+    if (ss->conn("shm") == 1) {
+      expect_paths(*ss, 1, 1, "server");
+      expect_fallbacks(*ss, {}, "server");
+    } else {
+      expect_paths(*ss, 0, 2, "server");
+      expect_fallbacks(*ss, {{"peer_not_accelerated", 1}}, "server");
+    }
+  } else {
+    // The connection under test on shm; the control connection on TCP.
+    expect_paths(*cs, 1, 1, "client");
+    expect_paths(*ss, 1, 1, "server");
+    expect_fallbacks(*cs, {}, "client");
+    expect_fallbacks(*ss, {}, "server");
+    EXPECT_EQ(cs->bytes_sent, to_u64(ct["sent"]));
+    EXPECT_EQ(cs->bytes_received, to_u64(ct["received"]));
+    EXPECT_EQ(ss->bytes_sent, to_u64(st["sent"]));
+    EXPECT_EQ(ss->bytes_received, to_u64(st["received"]));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTest,
                          ::testing::Values("nonblock", "sendfull", "peek", "timeo", "epipe", "addr",
                                            "dup", "poll", "select", "epoll_lt", "epoll_et",
-                                           "epoll_oneshot", "idle", "mt_poll", "mt_epoll"),
+                                           "epoll_oneshot", "idle", "mt_poll", "mt_epoll",
+                                           "nb_poll", "nb_select", "nb_epoll", "nb_block",
+                                           "nb_dup", "nb_fallback", "nb_close"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

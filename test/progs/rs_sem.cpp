@@ -26,6 +26,9 @@
 //        rs_sem --role client --port P --port2 P2 --case NAME
 //   cases: nonblock sendfull peek timeo epipe addr dup poll select epoll_lt
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll
+//          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close (A made by a
+//          nonblocking connect; the client's first line "hello DELAY_MS" tells
+//          the server to accept A that much later)
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -235,10 +238,16 @@ int run_server(int port, int port2) {
   int l1 = listen_on(port);
   int l2 = listen_on(port2);
   say("READY");
-  int a = accept(l1, nullptr, nullptr);
-  CHECK(a >= 0, "accept A");
+  // T first; A once the client's first line ("hello DELAY_MS") says when.
   int t = accept(l2, nullptr, nullptr);
   CHECK(t >= 0, "accept T");
+  std::string hello = read_line(t, 60000);
+  int delay_ms = -1;
+  CHECK(sscanf(hello.c_str(), "hello %d", &delay_ms) == 1 && delay_ms >= 0, "hello line '%s'",
+        hello.c_str());
+  sleep_ms(delay_ms);
+  int a = accept(l1, nullptr, nullptr);
+  CHECK(a >= 0, "accept A");
   close(l1);
   close(l2);
   std::vector<uint8_t> buf(1 << 16);
@@ -1169,13 +1178,191 @@ void mt_wait_case(bool use_epoll) {
 void case_mt_poll() { mt_wait_case(false); }
 void case_mt_epoll() { mt_wait_case(true); }
 
+// Nonblocking connect of A (the nb_* cases). The server accepts A only
+// kAcceptDelayMs after the hello, so A's pairing is still under way during
+// nb_while_pairing, although the kernel's TCP handshake completed at once.
+constexpr int kAcceptDelayMs = 400;
+
+void nb_connect(int accept_delay_ms) {
+  cmd("hello %d", accept_delay_ms);
+  A = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  CHECK(A >= 0, "socket");
+  sockaddr_in a = loopback(g_port);
+  errno = 0;
+  CHECK(connect(A, reinterpret_cast<sockaddr*>(&a), sizeof a) == -1 && errno == EINPROGRESS,
+        "nonblocking connect returns EINPROGRESS at once");
+  say("OK nb_einprogress");
+}
+
+// While the pairing runs, A behaves as a socket still connecting: no I/O,
+// no readiness, no error, and connect() again says EALREADY. (Kernel TCP is
+// already established here: without librsock each of these would differ.)
+void nb_while_pairing() {
+  char b = 'x';
+  errno = 0;
+  CHECK(send(A, &b, 1, 0) == -1 && errno == EAGAIN, "send while pairing: EAGAIN");
+  errno = 0;
+  CHECK(recv(A, &b, 1, 0) == -1 && errno == EAGAIN, "recv while pairing: EAGAIN");
+  sockaddr_in a = loopback(g_port);
+  errno = 0;
+  CHECK(connect(A, reinterpret_cast<sockaddr*>(&a), sizeof a) == -1 && errno == EALREADY,
+        "connect again while pairing: EALREADY");
+  pollfd p = {A, POLLIN | POLLOUT, 0};
+  int n = poll(&p, 1, 50);
+  CHECK(n == 0, "no readiness while pairing (poll %d, revents 0x%x)", n, p.revents);
+  int err = -1;
+  socklen_t len = sizeof err;
+  CHECK(getsockopt(A, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0,
+        "SO_ERROR 0 while pairing (%d)", err);
+  say("OK nb_while_pairing");
+}
+
+// After EPOLLOUT/POLLOUT: SO_ERROR says 0 and A carries data both ways.
+void nb_after_connected(int fd) {
+  int err = -1;
+  socklen_t len = sizeof err;
+  CHECK(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0, "SO_ERROR %d", err);
+  set_nonblock(fd, false);
+  auto out = stream_bytes(180, 0, 5000);
+  CHECK(a_send_all(fd, out.data(), out.size()), "send after connect");
+  cmd("readA 5000 180");
+  expect_reply("ok 5000");
+  cmd("sendA 3000 181 0");
+  recv_check(fd, 3000, 181);
+  say("OK nb_data_both_ways");
+}
+
+void case_nb_poll() {
+  nb_connect(kAcceptDelayMs);
+  nb_while_pairing();
+  pollfd p = {A, POLLOUT, 0};
+  int n = poll(&p, 1, 10000);
+  CHECK(n == 1 && (p.revents & POLLOUT), "POLLOUT once paired (poll %d, revents 0x%x)", n,
+        p.revents);
+  say("OK nb_poll_pollout");
+  nb_after_connected(A);
+}
+
+void case_nb_select() {
+  nb_connect(kAcceptDelayMs);
+  nb_while_pairing();
+  fd_set w;
+  FD_ZERO(&w);
+  FD_SET(A, &w);
+  timeval tv = {10, 0};
+  int n = select(A + 1, nullptr, &w, nullptr, &tv);
+  CHECK(n == 1 && FD_ISSET(A, &w), "select: writable once paired (%d)", n);
+  say("OK nb_select_writable");
+  nb_after_connected(A);
+}
+
+// Registered in an edge-triggered epoll set while pairing: the one edge
+// (EPOLLOUT) comes when the outcome is in, whichever it is.
+void nb_epoll_wait_out(int ep) {
+  epoll_event ev = {};
+  int n = epoll_wait(ep, &ev, 1, 10000);
+  CHECK(n == 1 && ev.data.u64 == 7 && (ev.events & EPOLLOUT),
+        "EPOLLOUT once the pairing ended (n %d, events 0x%x)", n, ev.events);
+  say("OK nb_epoll_et_epollout");
+}
+
+void case_nb_epoll() {
+  nb_connect(kAcceptDelayMs);
+  int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN | EPOLLOUT | EPOLLET, 7);
+  nb_while_pairing();
+  nb_epoll_wait_out(ep);
+  nb_after_connected(A);
+  close(ep);
+}
+
+// A blocking call on a socket still pairing waits for the outcome.
+void case_nb_block() {
+  nb_connect(kAcceptDelayMs);
+  set_nonblock(A, false);
+  auto out = stream_bytes(182, 0, 2000);
+  CHECK(a_send_all(A, out.data(), out.size()), "blocking send while pairing");
+  cmd("readA 2000 182");
+  expect_reply("ok 2000");
+  say("OK nb_blocking_send_waits");
+  nb_after_connected(A);
+}
+
+// A dup made while pairing is the same connection once it is made.
+void case_nb_dup() {
+  nb_connect(kAcceptDelayMs);
+  int d = dup(A);
+  CHECK(d >= 0, "dup while pairing");
+  pollfd p = {d, POLLOUT, 0};
+  int n = poll(&p, 1, 10000);
+  CHECK(n == 1 && (p.revents & POLLOUT), "dup: POLLOUT once paired (revents 0x%x)", p.revents);
+  CHECK(close(A) == 0, "close the original");
+  A = d;
+  say("OK nb_dup");
+  nb_after_connected(A);
+}
+
+// Closed while pairing: the pairing's outcome is dropped (the server sees
+// the stream end), and nothing of it lands on the fd number, which a pipe
+// reuses at once.
+void case_nb_close() {
+  nb_connect(kAcceptDelayMs);
+  const int old = A;
+  CHECK(close(A) == 0, "close while pairing");
+  A = -1;
+  int p[2];
+  CHECK(pipe(p) == 0, "pipe");
+  CHECK(p[0] == old || p[1] == old, "the pipe reuses fd %d (got %d, %d)", old, p[0], p[1]);
+  sleep_ms(kAcceptDelayMs + 600);  // the server accepted and paired meanwhile
+  CHECK(write(p[1], "z", 1) == 1, "write the pipe");
+  char c = 0;
+  CHECK(read(p[0], &c, 1) == 1 && c == 'z', "read the pipe");
+  close(p[0]);
+  close(p[1]);
+  cmd("drainA 183");
+  expect_reply("eof 0");
+  say("OK nb_close_while_pairing");
+}
+
+// The server accepts only after the client's pairing gave up
+// (RSOCK_CONNECT_TIMEOUT_MS is short in this case): A goes on as plain TCP,
+// and its epoll registration made while pairing still reports EPOLLOUT.
+void case_nb_fallback() {
+  nb_connect(1500);
+  int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN | EPOLLOUT | EPOLLET, 7);
+  nb_while_pairing();
+  nb_epoll_wait_out(ep);
+  nb_after_connected(A);
+  close(ep);
+}
+
 int run_client(const std::string& name) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(fd >= 0, "socket");
-  if (name == "timeo") set_timeo(fd, SO_RCVTIMEO, 300);  // before connect: inherited
-  A = connect_to(g_port, fd);
   T = connect_to(g_port2);
-  if (name == "nonblock")
+  if (name.rfind("nb_", 0) != 0) {
+    cmd("hello 0");
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0, "socket");
+    if (name == "timeo") set_timeo(fd, SO_RCVTIMEO, 300);  // before connect: inherited
+    A = connect_to(g_port, fd);
+  }
+  if (name == "nb_poll")
+    case_nb_poll();
+  else if (name == "nb_select")
+    case_nb_select();
+  else if (name == "nb_epoll")
+    case_nb_epoll();
+  else if (name == "nb_block")
+    case_nb_block();
+  else if (name == "nb_dup")
+    case_nb_dup();
+  else if (name == "nb_fallback")
+    case_nb_fallback();
+  else if (name == "nb_close")
+    case_nb_close();
+  else if (name == "nonblock")
     case_nonblock();
   else if (name == "sendfull")
     case_sendfull();

@@ -1,0 +1,253 @@
+// Background pairing of nonblocking connects (see pending.h).
+#include "socket/pending.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <vector>
+
+#include "common/log.h"
+#include "common/real.h"
+#include "config/config.h"
+#include "lifecycle/runtime.h"
+#include "progress/readiness.h"
+#include "socket/socket.h"
+#include "transport/shm/rendezvous.h"
+#include "transport/verbs/verbs_setup.h"
+
+namespace rsock {
+namespace {
+
+// Pairings in flight, for fork.
+std::mutex g_flight_mu;
+std::condition_variable g_flight_cv;
+int g_in_flight = 0;
+
+struct Work {
+  PendingState* pending;  // one reference, released at the end
+  PairJob job;
+  const Config* cfg;
+  int sock;  // a private dup of the application's socket
+};
+
+// Sends nothing, keeps nothing: a pairing finished for an fd the
+// application has closed. The peer sees the channel close.
+void discard(std::unique_ptr<Channel> ch) {
+  if (!ch) return;
+  Stream s(std::move(ch));
+  s.close();
+}
+
+void run(Work& w) {
+  PendingState* p = w.pending;
+  const PairJob& job = w.job;
+  const sockaddr* addr = reinterpret_cast<const sockaddr*>(&job.addr);
+  // The TCP handshake first, bounded like the pairing.
+  pollfd pf = {w.sock, POLLOUT, 0};
+  int pr;
+  do {
+    pr = real().poll(&pf, 1, static_cast<int>(w.cfg->connect_timeout_ms));
+  } while (pr < 0 && errno == EINTR);
+  const bool tcp_up = pr == 1 && pf.revents == POLLOUT;
+
+  std::unique_ptr<Channel> ch;
+  Fallback why = Fallback::kPairFailed;
+  bool counted = true;  // stats: this stream counts as a connection
+  if (!tcp_up) {
+    if (job.rendezvous_fd >= 0) real().close(job.rendezvous_fd);
+    // Still connecting: the stream stays on TCP. Failed: the application
+    // reads the error from SO_ERROR, and there is no connection to count.
+    if (pr == 0)
+      why = Fallback::kPairTimeout;
+    else
+      counted = false;
+  } else if (p->cancelled()) {
+    if (job.rendezvous_fd >= 0) real().close(job.rendezvous_fd);
+    counted = false;
+  } else if (job.path == Path::kShm) {
+    ch = shm_client_pair(w.sock, job.rendezvous_fd, *w.cfg, &why);
+  } else {
+    ch = verbs_client_pair(w.sock, *w.cfg, &why);
+  }
+
+  ConnectionState* c = nullptr;
+  if (ch && !p->cancelled()) {
+    c = new_connection(w.sock, std::move(ch), job.path);
+  } else if (ch) {
+    discard(std::move(ch));
+    counted = false;
+  }
+  // Publish, convert the epoll members, then hand every fd over.
+  p->resolve(c);
+  epoll_pending_resolved(p->fd(), p, c);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::vector<int> fds;
+  fd_table().for_each([&](int fd, FdState* s) {
+    if (s == p) fds.push_back(fd);
+  });
+  for (int fd : fds) fd_table().replace(fd, p, c);
+  if (c) {
+    // Options the application set while we paired (F_SETFL, SO_RCVTIMEO).
+    connection_options_from(w.sock, c);
+    c->unref();  // the PendingState and the fds hold it
+  }
+  if (counted) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
+  p->finish();
+  real().close(w.sock);
+}
+
+void* worker_main(void* arg) {
+  auto* w = static_cast<Work*>(arg);
+  run(*w);
+  w->pending->unref();
+  delete w;
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  --g_in_flight;
+  g_flight_cv.notify_all();
+  return nullptr;
+}
+
+}  // namespace
+
+PendingState::PendingState(int fd, int event_fd)
+    : FdState(Kind::kPending), fd_(fd), event_fd_(event_fd) {}
+
+PendingState::~PendingState() {
+  if (outcome_) outcome_->unref();
+  real().close(event_fd_);
+}
+
+void PendingState::on_last_close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+}
+
+bool PendingState::cancelled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cancelled_;
+}
+
+FdRef PendingState::outcome() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (outcome_) outcome_->ref();
+  return FdRef(outcome_);
+}
+
+FdRef PendingState::wait() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
+  }
+  return outcome();
+}
+
+void PendingState::resolve(FdState* outcome) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (outcome) outcome->ref();
+    outcome_ = outcome;
+  }
+  resolved_.store(true, std::memory_order_seq_cst);
+}
+
+void PendingState::finish() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  uint64_t one = 1;
+  (void)!real().write(event_fd_, &one, sizeof one);
+}
+
+int pending_start(const PairJob& job, const Config& cfg) {
+  int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (efd < 0) return -errno;
+  int sock = real().fcntl(job.fd, F_DUPFD_CLOEXEC, 0);
+  if (sock < 0) {
+    int err = errno;
+    real().close(efd);
+    return -err;
+  }
+  auto* p = new PendingState(job.fd, efd);
+  auto* w = new Work{p, job, &cfg, sock};
+  p->ref();  // the worker's
+  fd_table().set(job.fd, p);
+
+  // The worker takes no signal of the application's, and needs no joining.
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  {
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    ++g_in_flight;
+  }
+  pthread_t t;
+  int rc = pthread_create(&t, &attr, worker_main, w);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+  if (rc == 0) {
+    pthread_setname_np(t, "rsock-pair");
+    p->unref();  // the table's reference remains
+    return 0;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    --g_in_flight;
+  }
+  fd_table().replace(job.fd, p, nullptr);
+  p->unref();  // the worker's
+  p->unref();  // ours
+  real().close(sock);
+  delete w;
+  LOG_WARN("connect fd %d: no pairing thread (%s); pairing in connect()", job.fd, strerror(rc));
+  return -rc;
+}
+
+FdRef pending_settle(int fd, FdRef r) {
+  if (!r || r.get()->kind() != FdState::Kind::kPending) return r;
+  auto* p = r.as<PendingState>();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!p->resolved()) return r;
+  FdRef out = p->outcome();
+  fd_table().replace(fd, p, out.get());
+  return out;
+}
+
+void pending_before_fork() {
+  const Runtime* rt = runtime();
+  if (!rt) return;
+  // The TCP handshake and the pairing are each bounded by the timeout.
+  const auto bound = std::chrono::milliseconds(2 * rt->config.connect_timeout_ms + 1000);
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  if (!g_flight_cv.wait_for(lock, bound, [] { return g_in_flight == 0; }))
+    LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP",
+             g_in_flight);
+}
+
+void pending_after_fork_child() {
+  // No worker exists in the child: what was in flight stays plain TCP here.
+  g_in_flight = 0;
+  std::vector<std::pair<int, FdState*>> stuck;
+  fd_table().for_each([&](int fd, FdState* s) {
+    if (s->kind() == FdState::Kind::kPending && !static_cast<PendingState*>(s)->resolved())
+      stuck.emplace_back(fd, s);
+  });
+  for (auto& [fd, s] : stuck) {
+    auto* p = static_cast<PendingState*>(s);
+    p->resolve(nullptr);
+    fd_table().replace(fd, p, nullptr);
+  }
+}
+
+}  // namespace rsock

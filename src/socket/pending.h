@@ -1,0 +1,95 @@
+// Nonblocking connect to a candidate peer: the outcome is reported the way
+// the kernel reports a nonblocking connect, through EPOLLOUT/POLLOUT and
+// SO_ERROR, never by blocking connect() (DESIGN.md, "hard cases").
+//
+// connect() returns EINPROGRESS at once; a background thread waits for the
+// TCP handshake and pairs (shm or rdma). Until the outcome is in, the fd
+// carries a PendingState, and:
+//   - poll/select/epoll show no readiness for it (the kernel socket may
+//     already be writable, but a byte written to it now would bypass the
+//     transport); they wait on the pairing's eventfd instead;
+//   - nonblocking I/O fails with EAGAIN, as on a socket still connecting;
+//     blocking I/O and shutdown wait for the outcome;
+//   - connect() again fails with EALREADY, as the kernel's would;
+//   - options and flags go to the kernel socket; the connection copies
+//     them when it is made.
+// The outcome replaces the PendingState in every fd that holds it: the new
+// ConnectionState, or nothing (plain TCP; a failed handshake's error is the
+// kernel's SO_ERROR). Epoll members are converted first, then the fds, then
+// the eventfd and the waiters are signalled.
+// Thread-safety: all members are safe from any thread. A fork waits for the
+// pairings in flight (bounded) so that no child inherits a half-made one.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "fdtable/fdtable.h"
+#include "stats/stats.h"
+
+namespace rsock {
+
+struct Config;
+
+class PendingState final : public FdState {
+ public:
+  PendingState(int fd, int event_fd);
+  ~PendingState() override;
+  // The application closed every fd: the outcome will be discarded.
+  void on_last_close() override;
+
+  int fd() const { return fd_; }              // the application's fd at connect()
+  int event_fd() const { return event_fd_; }  // readable once the outcome is in
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  bool cancelled();
+
+  // Waits for the outcome. Returns it: the connection, or empty (plain TCP).
+  FdRef wait();
+  // The outcome, valid once resolved() (which is set before any fd changes
+  // hands).
+  FdRef outcome();
+  bool resolved() const { return resolved_.load(std::memory_order_seq_cst); }
+
+  // Worker side: publish the outcome (nullptr = plain TCP), then finish.
+  void resolve(FdState* outcome);
+  void finish();
+
+ private:
+  const int fd_;
+  const int event_fd_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;      // under mu_
+  FdState* outcome_ = nullptr;  // holds a reference; under mu_
+  std::atomic<bool> resolved_{false};
+  std::atomic<bool> done_{false};
+};
+
+// What the background pairing needs to know of a connect().
+struct PairJob {
+  int fd = -1;  // the application's fd; connect() returned EINPROGRESS
+  sockaddr_storage addr = {};
+  socklen_t addr_len = 0;
+  Path path = Path::kShm;  // kShm or kRdma
+  int rendezvous_fd = -1;  // kShm: from shm_client_prepare (handed over)
+};
+
+// Attaches a PendingState to job.fd and starts its pairing. Returns 0, or a
+// negative errno when no thread could be started (nothing attached, the
+// rendezvous fd untouched: the caller pairs synchronously instead).
+int pending_start(const PairJob& job, const Config& cfg);
+
+// For calls on an fd whose state is `r`: a resolved pairing's outcome in
+// place of its PendingState (fixing fd's slot); anything else unchanged.
+FdRef pending_settle(int fd, FdRef r);
+
+// Fork: waits (bounded) for every pairing in flight.
+void pending_before_fork();
+// Fork, in the child: pairings that were still in flight stay plain TCP.
+void pending_after_fork_child();
+
+}  // namespace rsock
