@@ -144,7 +144,14 @@ static int accept_common(int fd, struct sockaddr* addr, socklen_t* len, int flag
   if (rt) {
     const int saved = errno;
     FdRef l = fd_table().has(fd) ? fd_table().get(fd) : FdRef();
-    setup_accepted(*rt, l.get(), r);
+    // An event loop (nonblocking listener or new socket) pairs in the
+    // background; a blocking accept() pairs before it returns.
+    bool nonblocking = four && (flags & SOCK_NONBLOCK);
+    if (!nonblocking && l && l.get()->kind() == FdState::Kind::kListener) {
+      int fl = real().fcntl(fd, F_GETFL);
+      nonblocking = fl >= 0 && (fl & O_NONBLOCK);
+    }
+    setup_accepted(*rt, l.get(), r, nonblocking);
     errno = saved;
   }
   return r;

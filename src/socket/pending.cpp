@@ -37,6 +37,25 @@ struct Work {
   int sock;  // a private dup of the application's socket
 };
 
+// Publishes the outcome (c: one reference, taken over; nullptr: plain TCP),
+// converts the epoll members, then hands every fd over.
+void hand_over(Work& w, ConnectionState* c) {
+  PendingState* p = w.pending;
+  p->resolve(c);
+  epoll_pending_resolved(p->fd(), p, c);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::vector<int> fds;
+  fd_table().for_each([&](int fd, FdState* s) {
+    if (s == p) fds.push_back(fd);
+  });
+  for (int fd : fds) fd_table().replace(fd, p, c);
+  if (c) {
+    // Options the application set while we paired (F_SETFL, SO_RCVTIMEO).
+    connection_options_from(w.sock, c);
+    c->unref();  // the PendingState and the fds hold it
+  }
+}
+
 // Sends nothing, keeps nothing: a pairing finished for an fd the
 // application has closed. The peer sees the channel close.
 void discard(std::unique_ptr<Channel> ch) {
@@ -45,7 +64,27 @@ void discard(std::unique_ptr<Channel> ch) {
   s.close();
 }
 
-void run(Work& w) {
+// accept(): the server side's pairing, then the same hand-over.
+void run_server(Work& w) {
+  PendingState* p = w.pending;
+  Path path = Path::kShm;
+  Fallback why = Fallback::kPairFailed;
+  std::unique_ptr<Channel> ch;
+  if (!p->cancelled())
+    ch = accept_pair(*w.cfg, *w.job.listener.as<ListenerState>(), w.sock, &path, &why);
+  const bool counted = !p->cancelled();
+  ConnectionState* c = nullptr;
+  if (ch && counted)
+    c = new_connection(w.sock, std::move(ch), path);
+  else
+    discard(std::move(ch));
+  hand_over(w, c);
+  if (counted) record_server_outcome(p->fd(), c != nullptr, path, why);
+  p->finish();
+}
+
+// connect(): the TCP handshake, the client side's pairing, the hand-over.
+void run_client(Work& w) {
   PendingState* p = w.pending;
   const PairJob& job = w.job;
   const sockaddr* addr = reinterpret_cast<const sockaddr*>(&job.addr);
@@ -84,28 +123,18 @@ void run(Work& w) {
     discard(std::move(ch));
     counted = false;
   }
-  // Publish, convert the epoll members, then hand every fd over.
-  p->resolve(c);
-  epoll_pending_resolved(p->fd(), p, c);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  std::vector<int> fds;
-  fd_table().for_each([&](int fd, FdState* s) {
-    if (s == p) fds.push_back(fd);
-  });
-  for (int fd : fds) fd_table().replace(fd, p, c);
-  if (c) {
-    // Options the application set while we paired (F_SETFL, SO_RCVTIMEO).
-    connection_options_from(w.sock, c);
-    c->unref();  // the PendingState and the fds hold it
-  }
+  hand_over(w, c);
   if (counted) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
   p->finish();
-  real().close(w.sock);
 }
 
 void* worker_main(void* arg) {
   auto* w = static_cast<Work*>(arg);
-  run(*w);
+  if (w->job.server)
+    run_server(*w);
+  else
+    run_client(*w);
+  real().close(w->sock);
   w->pending->unref();
   delete w;
   std::lock_guard<std::mutex> lock(g_flight_mu);
@@ -167,19 +196,20 @@ void PendingState::finish() {
   (void)!real().write(event_fd_, &one, sizeof one);
 }
 
-int pending_start(const PairJob& job, const Config& cfg) {
+int pending_start(PairJob job, const Config& cfg) {
+  const int fd = job.fd;
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd < 0) return -errno;
-  int sock = real().fcntl(job.fd, F_DUPFD_CLOEXEC, 0);
+  int sock = real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (sock < 0) {
     int err = errno;
     real().close(efd);
     return -err;
   }
-  auto* p = new PendingState(job.fd, efd);
-  auto* w = new Work{p, job, &cfg, sock};
+  auto* p = new PendingState(fd, efd);
+  auto* w = new Work{p, std::move(job), &cfg, sock};
   p->ref();  // the worker's
-  fd_table().set(job.fd, p);
+  fd_table().set(fd, p);
 
   // The worker takes no signal of the application's, and needs no joining.
   pthread_attr_t attr;
@@ -205,12 +235,12 @@ int pending_start(const PairJob& job, const Config& cfg) {
     std::lock_guard<std::mutex> lock(g_flight_mu);
     --g_in_flight;
   }
-  fd_table().replace(job.fd, p, nullptr);
+  fd_table().replace(fd, p, nullptr);
   p->unref();  // the worker's
   p->unref();  // ours
   real().close(sock);
   delete w;
-  LOG_WARN("connect fd %d: no pairing thread (%s); pairing in connect()", job.fd, strerror(rc));
+  LOG_WARN("connect fd %d: no pairing thread (%s); pairing in connect()", fd, strerror(rc));
   return -rc;
 }
 

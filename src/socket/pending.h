@@ -1,10 +1,12 @@
-// Nonblocking connect to a candidate peer: the outcome is reported the way
-// the kernel reports a nonblocking connect, through EPOLLOUT/POLLOUT and
-// SO_ERROR, never by blocking connect() (DESIGN.md, "hard cases").
+// Pairing in the background, for event loops. A nonblocking connect to a
+// candidate peer reports its outcome the way the kernel reports a
+// nonblocking connect, through EPOLLOUT/POLLOUT and SO_ERROR, never by
+// blocking connect() (DESIGN.md, "hard cases"); a nonblocking accept()
+// returns the new socket at once.
 //
 // connect() returns EINPROGRESS at once; a background thread waits for the
-// TCP handshake and pairs (shm or rdma). Until the outcome is in, the fd
-// carries a PendingState, and:
+// TCP handshake and pairs (shm or rdma); after accept(), it pairs the new
+// socket. Until the outcome is in, the fd carries a PendingState, and:
 //   - poll/select/epoll show no readiness for it (the kernel socket may
 //     already be writable, but a byte written to it now would bypass the
 //     transport); they wait on the pairing's eventfd instead;
@@ -69,19 +71,23 @@ class PendingState final : public FdState {
   std::atomic<bool> done_{false};
 };
 
-// What the background pairing needs to know of a connect().
+// What the background pairing needs to know of a connect() or accept().
 struct PairJob {
-  int fd = -1;  // the application's fd; connect() returned EINPROGRESS
+  int fd = -1;          // the application's fd
+  bool server = false;  // accept(): pair on `listener`; else connect()
+  // connect(), which returned EINPROGRESS:
   sockaddr_storage addr = {};
   socklen_t addr_len = 0;
   Path path = Path::kShm;  // kShm or kRdma
   int rendezvous_fd = -1;  // kShm: from shm_client_prepare (handed over)
+  // accept():
+  FdRef listener;  // the ListenerState
 };
 
 // Attaches a PendingState to job.fd and starts its pairing. Returns 0, or a
 // negative errno when no thread could be started (nothing attached, the
 // rendezvous fd untouched: the caller pairs synchronously instead).
-int pending_start(const PairJob& job, const Config& cfg);
+int pending_start(PairJob job, const Config& cfg);
 
 // For calls on an fd whose state is `r`: a resolved pairing's outcome in
 // place of its PendingState (fixing fd's slot); anything else unchanged.

@@ -306,11 +306,12 @@ int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& 
     if (r == -EINPROGRESS) {
       PairJob job;
       job.fd = fd;
+      job.server = false;
       job.addr_len = std::min<socklen_t>(len, sizeof job.addr);
       memcpy(&job.addr, addr, job.addr_len);
       job.path = path;
       job.rendezvous_fd = rendezvous_fd;
-      if (pending_start(job, cfg) == 0) return -EINPROGRESS;
+      if (pending_start(std::move(job), cfg) == 0) return -EINPROGRESS;
       r = wait_connected(fd, cfg);
     }
     if (r != 0) {
@@ -410,44 +411,67 @@ int setup_listen(const Runtime& rt, int fd, int backlog) {
   return 0;
 }
 
-void setup_accepted(const Runtime& rt, FdState* listener, int newfd) {
+std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int sock, Path* path,
+                                     Fallback* why) {
+  *path = Path::kShm;
+  *why = Fallback::kPairFailed;
+  sockaddr_storage peer;
+  socklen_t plen = sizeof peer;
+  if (getpeername(sock, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) return nullptr;
+  const sockaddr* pa = reinterpret_cast<const sockaddr*>(&peer);
+  const sockaddr_storage key = host_key(pa);
+  const sockaddr* host = reinterpret_cast<const sockaddr*>(&key);
+  if (l.shm_allowed() && is_local_address(pa)) return shm_server_pair(sock, cfg, why);
+  if (l.verbs() == nullptr) {
+    *why = !verbs_available() ? Fallback::kNoRdmaDevice
+           : l.shm_allowed()  ? Fallback::kNotSameHost
+                              : Fallback::kPeerNotAccelerated;
+    return nullptr;
+  }
+  if (negative_cache_hit(host)) {
+    // A host that did not pair recently (a plain client, or no RDMA): no
+    // new wait.
+    *why = Fallback::kNegativeCache;
+    return nullptr;
+  }
+  *path = Path::kRdma;
+  auto ch = verbs_server_pair(l.verbs(), sock, cfg, why);
+  if (!ch && *why == Fallback::kPeerNotAccelerated) negative_cache_add(host);
+  return ch;
+}
+
+void record_server_outcome(int fd, bool accelerated, Path path, Fallback why) {
+  if (accelerated) {
+    LOG_INFO("accept fd %d: accelerated (%s)", fd, path == Path::kShm ? "shm" : "rdma");
+    return;
+  }
+  stats_fallback(why);
+  stats_connection(Path::kTcp);
+  LOG_INFO("accept fd %d: plain TCP (%s)", fd, fallback_name(why));
+}
+
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool nonblocking) {
   if (listener == nullptr || listener->kind() != FdState::Kind::kListener) {
     if (rt.stats && is_tcp_stream(newfd)) stats_connection(Path::kTcp);
     return;
   }
   auto* l = static_cast<ListenerState*>(listener);
-  sockaddr_storage peer;
-  socklen_t plen = sizeof peer;
-  if (getpeername(newfd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) return;
-  const sockaddr* pa = reinterpret_cast<const sockaddr*>(&peer);
-  const sockaddr_storage key = host_key(pa);
-  const sockaddr* host = reinterpret_cast<const sockaddr*>(&key);
-  Fallback why = Fallback::kPeerNotAccelerated;
-  std::unique_ptr<Channel> ch;
-  Path path = Path::kShm;
-  if (l->shm_allowed() && is_local_address(pa)) {
-    ch = shm_server_pair(newfd, rt.config, &why);
-  } else if (l->verbs() == nullptr) {
-    why = !verbs_available() ? Fallback::kNoRdmaDevice
-          : l->shm_allowed() ? Fallback::kNotSameHost
-                             : Fallback::kPeerNotAccelerated;
-  } else if (negative_cache_hit(host)) {
-    // A host that did not pair recently (a plain client, or no RDMA): no
-    // new wait in accept().
-    why = Fallback::kNegativeCache;
-  } else {
-    path = Path::kRdma;
-    ch = verbs_server_pair(l->verbs(), newfd, rt.config, &why);
-    if (!ch && why == Fallback::kPeerNotAccelerated) negative_cache_add(host);
+  if (nonblocking) {
+    // An event loop: accept() returns at once, the pairing goes on in the
+    // background (pending.h), as for a nonblocking connect.
+    PairJob job;
+    job.fd = newfd;
+    job.server = true;
+    l->ref();
+    job.listener = FdRef(l);
+    if (pending_start(std::move(job), rt.config) == 0) return;
   }
-  if (ch) {
-    attach(newfd, std::move(ch), path);
-    LOG_INFO("accept fd %d: accelerated (%s)", newfd, path == Path::kShm ? "shm" : "rdma");
-    return;
-  }
-  stats_fallback(why);
-  stats_connection(Path::kTcp);
-  LOG_INFO("accept fd %d: plain TCP (%s)", newfd, fallback_name(why));
+  Path path;
+  Fallback why;
+  auto ch = accept_pair(rt.config, *l, newfd, &path, &why);
+  const bool accelerated = ch != nullptr;
+  if (ch) attach(newfd, std::move(ch), path);
+  record_server_outcome(newfd, accelerated, path, why);
 }
 
 }  // namespace rsock

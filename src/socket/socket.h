@@ -23,6 +23,7 @@
 namespace rsock {
 
 struct Runtime;
+struct Config;
 
 class VerbsListener;
 
@@ -84,8 +85,10 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns);
 // Each returns the libc result of the underlying call, or a negative errno.
 int setup_connect(const Runtime& rt, int fd, const struct sockaddr* addr, socklen_t len);
 int setup_listen(const Runtime& rt, int fd, int backlog);
-// After a successful real accept: pairs if the listener is a candidate.
-void setup_accepted(const Runtime& rt, FdState* listener, int newfd);
+// After a successful real accept: pairs if the listener is a candidate, in
+// accept() or, for an event loop (nonblocking listener or new socket), in
+// the background (socket/pending.h).
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool nonblocking);
 
 int64_t monotonic_ns();
 
@@ -98,5 +101,11 @@ void connection_options_from(int sock_fd, ConnectionState* c);
 // A client pairing's outcome: log; on fallback, stats and negative cache.
 void record_client_outcome(int fd, const struct sockaddr* addr, bool accelerated, Path path,
                            Fallback why);
+// The server side's pairing of an accepted socket sock on listener l: shm
+// for a same-host peer, else rdma (with the per-host negative cache).
+// Returns the channel, or nullptr with *why; *path says which was tried.
+std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int sock, Path* path,
+                                     Fallback* why);
+void record_server_outcome(int fd, bool accelerated, Path path, Fallback why);
 
 }  // namespace rsock

@@ -26,9 +26,10 @@
 //        rs_sem --role client --port P --port2 P2 --case NAME
 //   cases: nonblock sendfull peek timeo epipe addr dup poll select epoll_lt
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll
-//          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close (A made by a
+//          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept (A made by a
 //          nonblocking connect; the client's first line "hello DELAY_MS" tells
-//          the server to accept A that much later)
+//          the server to accept A that much later; "hello 0 nbaccept": the
+//          event-loop way)
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -234,6 +235,30 @@ void write_line(int fd, const std::string& s) {
 
 // ---- server -------------------------------------------------------------------------
 
+// The event-loop way (hello mode "nbaccept"): a nonblocking listener,
+// accept4(SOCK_NONBLOCK), the new socket at once in an edge-triggered epoll
+// set, EPOLLOUT awaited; then blocking again for the puppet loop.
+int accept_event_loop(int l) {
+  int fl = fcntl(l, F_GETFL);
+  CHECK(fl >= 0 && fcntl(l, F_SETFL, fl | O_NONBLOCK) == 0, "listener O_NONBLOCK");
+  pollfd p = {l, POLLIN, 0};
+  CHECK(poll(&p, 1, 30000) == 1, "listener readable");
+  int a = accept4(l, nullptr, nullptr, SOCK_NONBLOCK);
+  CHECK(a >= 0, "accept4");
+  int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  epoll_event ev = {};
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLET;
+  ev.data.u64 = 9;
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, a, &ev) == 0, "epoll_ctl");
+  int n = epoll_wait(ep, &ev, 1, 30000);
+  CHECK(n == 1 && ev.data.u64 == 9 && (ev.events & EPOLLOUT), "EPOLLOUT on the accepted socket");
+  close(ep);
+  fl = fcntl(a, F_GETFL);
+  CHECK(fl >= 0 && fcntl(a, F_SETFL, fl & ~O_NONBLOCK) == 0, "accepted socket blocking");
+  return a;
+}
+
 int run_server(int port, int port2) {
   int l1 = listen_on(port);
   int l2 = listen_on(port2);
@@ -243,10 +268,11 @@ int run_server(int port, int port2) {
   CHECK(t >= 0, "accept T");
   std::string hello = read_line(t, 60000);
   int delay_ms = -1;
-  CHECK(sscanf(hello.c_str(), "hello %d", &delay_ms) == 1 && delay_ms >= 0, "hello line '%s'",
-        hello.c_str());
+  char mode[32] = "";
+  CHECK(sscanf(hello.c_str(), "hello %d %31s", &delay_ms, mode) >= 1 && delay_ms >= 0,
+        "hello line '%s'", hello.c_str());
   sleep_ms(delay_ms);
-  int a = accept(l1, nullptr, nullptr);
+  int a = strcmp(mode, "nbaccept") == 0 ? accept_event_loop(l1) : accept(l1, nullptr, nullptr);
   CHECK(a >= 0, "accept A");
   close(l1);
   close(l2);
@@ -1325,6 +1351,17 @@ void case_nb_close() {
   say("OK nb_close_while_pairing");
 }
 
+// The server accepts the event-loop way (nonblocking, pairing in the
+// background); the client connects as usual and checks the data.
+void case_nb_accept() {
+  cmd("hello 0 nbaccept");
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK(fd >= 0, "socket");
+  A = connect_to(g_port, fd);
+  say("OK nb_accept_connected");
+  nb_after_connected(A);
+}
+
 // The server accepts only after the client's pairing gave up
 // (RSOCK_CONNECT_TIMEOUT_MS is short in this case): A goes on as plain TCP,
 // and its epoll registration made while pairing still reports EPOLLOUT.
@@ -1362,6 +1399,8 @@ int run_client(const std::string& name) {
     case_nb_fallback();
   else if (name == "nb_close")
     case_nb_close();
+  else if (name == "nb_accept")
+    case_nb_accept();
   else if (name == "nonblock")
     case_nonblock();
   else if (name == "sendfull")
