@@ -23,6 +23,10 @@
 //   --order duplex|send-first|recv-first  duplex: a writer thread runs beside the reader
 //   --shut-wr              shutdown(SHUT_WR) after the last byte was sent
 //   --nodelay              set TCP_NODELAY on the connection
+//   --nonblocking-connect  client: connect an O_NONBLOCK socket, wait for EPOLLOUT
+//                          (edge-triggered epoll), check SO_ERROR, then go on
+//                          blocking; prints "CONNECT einprogress" (or "CONNECT
+//                          immediate" when connect() returned 0)
 //   --progress B           print "PROGRESS tx" / "PROGRESS rx" once B bytes moved
 //   --linger-ms T          sleep T ms before close()
 // Output: one line "RESULT sent=.. received=.. tx_hash=.. rx_hash=.. tx_end=..
@@ -40,6 +44,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -174,6 +180,7 @@ struct Options {
   std::string order = "duplex";
   bool shut_wr = false;
   bool nodelay = false;
+  bool nonblocking_connect = false;
   int64_t progress = 0;
   int linger_ms = 0;
 };
@@ -264,6 +271,8 @@ bool parse_args(int argc, char** argv) {
       g_opt.shut_wr = true;
     else if (k == "--nodelay")
       g_opt.nodelay = true;
+    else if (k == "--nonblocking-connect")
+      g_opt.nonblocking_connect = true;
     else if (k == "--progress")
       g_opt.progress = strtoll(val(), nullptr, 10);
     else if (k == "--linger-ms")
@@ -298,6 +307,51 @@ socklen_t make_addr(sockaddr_storage* ss) {
   return sizeof *a;
 }
 
+// The event-loop way: O_NONBLOCK, connect, EPOLLOUT (edge-triggered), SO_ERROR.
+bool connect_nonblocking(int s, const sockaddr* sa, socklen_t len) {
+  int fl = fcntl(s, F_GETFL);
+  if (fl < 0 || fcntl(s, F_SETFL, fl | O_NONBLOCK) != 0) {
+    fail("F_SETFL: %s", strerror(errno));
+    return false;
+  }
+  if (connect(s, sa, len) == 0) {
+    say("CONNECT immediate");
+  } else if (errno != EINPROGRESS) {
+    fail("nonblocking connect: %s", strerror(errno));
+    return false;
+  } else {
+    say("CONNECT einprogress");
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev = {};
+    ev.events = EPOLLOUT | EPOLLIN | EPOLLET;
+    ev.data.u32 = 42;
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) != 0) {
+      fail("epoll: %s", strerror(errno));
+      return false;
+    }
+    int n;
+    do {
+      n = epoll_wait(ep, &ev, 1, 120000);
+    } while (n < 0 && errno == EINTR);
+    close(ep);
+    if (n != 1 || ev.data.u32 != 42 || !(ev.events & EPOLLOUT)) {
+      fail("no EPOLLOUT after a nonblocking connect (n=%d events=0x%x)", n, ev.events);
+      return false;
+    }
+    int err = -1;
+    socklen_t elen = sizeof err;
+    if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 || err != 0) {
+      fail("SO_ERROR after EPOLLOUT: %s", strerror(err));
+      return false;
+    }
+  }
+  if (fcntl(s, F_SETFL, fl) != 0) {
+    fail("F_SETFL: %s", strerror(errno));
+    return false;
+  }
+  return true;
+}
+
 int open_connection() {
   sockaddr_storage ss;
   socklen_t len = make_addr(&ss);
@@ -309,6 +363,13 @@ int open_connection() {
   if (s < 0) {
     fail("socket: %s", strerror(errno));
     return -1;
+  }
+  if (g_opt.role == "client" && g_opt.nonblocking_connect) {
+    if (!connect_nonblocking(s, reinterpret_cast<sockaddr*>(&ss), len)) {
+      close(s);
+      return -1;
+    }
+    return s;
   }
   if (g_opt.role == "client") {
     if (connect(s, reinterpret_cast<sockaddr*>(&ss), len) != 0) {

@@ -116,9 +116,10 @@ await_clients() { rsock_wait "$CASE.cli-done" 300 || note "no '$CASE.cli-done' f
 
 # An rs_stream exchange: BYTES each way at once, random write sizes and write
 # APIs, mixed read APIs, every byte checked, EOF after the last one.
-# exchange PORT SERVER_PRELOADED CLIENT_PRELOADED BYTES
+# exchange PORT SERVER_PRELOADED CLIENT_PRELOADED BYTES [CLIENT_OPTION...]
 exchange() {
   local port=$1 spre=$2 cpre=$3 bytes=$4
+  shift 4
   local common=(--addr "$SRV_IP" --port "$port" --send "$bytes" --expect "$bytes" --read-api mixed
                 --write-api mixed --order duplex --shut-wr --expect-eof)
   if [ "$HOST" = A ]; then
@@ -130,13 +131,14 @@ exchange() {
   else
     await_server
     env_for cli "$port" "$cpre"
-    start cli "$RS" --role client "${common[@]}" --tx-seed 12 --rx-seed 11
+    start cli "$RS" --role client "${common[@]}" --tx-seed 12 --rx-seed 11 "$@"
     finish cli 150
     rsock_signal "$CASE.cli-done"
   fi
 }
 
 case_integrity() { exchange 7501 yes yes "$TIER_BYTES"; }
+case_nonblocking-connect() { exchange 7502 yes yes "$TIER_MATRIX_BYTES" --nonblocking-connect; }
 case_fallback-both-preloaded() { exchange 7511 yes yes "$TIER_MATRIX_BYTES"; }
 case_fallback-client-preloaded() { exchange 7512 no yes "$TIER_MATRIX_BYTES"; }
 case_fallback-server-preloaded() { exchange 7513 yes no "$TIER_MATRIX_BYTES"; }

@@ -16,6 +16,11 @@
 #                                sizes and APIs, checked bytes + EOF; both ends:
 #                                connections.rdma == 1, no tcp, no fallback,
 #                                bytes_sent == bytes_received == 4 MiB
+#   nonblocking-connect          as integrity, 1 MiB each way, the client
+#                                connecting the event-loop way (O_NONBLOCK,
+#                                EINPROGRESS, edge-triggered EPOLLOUT, SO_ERROR 0):
+#                                its output must say connect() returned
+#                                EINPROGRESS; both ends rdma 1
 #   fallback-both-preloaded      the matrix, 1 MiB each way, checked: rdma on
 #   fallback-client-preloaded    both ends only when both are preloaded; else
 #   fallback-server-preloaded    the preloaded end counts tcp 1 with
@@ -71,7 +76,7 @@ cd "$ROOT" || exit 1 # vm.sh shares the current directory with the guests
 BUILD=${BUILD:-build}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
-ALL_CASES="integrity fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
+ALL_CASES="integrity nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache sockperf-pingpong sockperf-throughput
            iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
 CASES=""
@@ -253,6 +258,13 @@ judge_integrity() {
   check_exchange "$BYTES"
   expect_stats srv rs_stream 1 0 '{}' "$BYTES" "$BYTES"
   expect_stats cli rs_stream 1 0 '{}' "$BYTES" "$BYTES"
+}
+judge_nonblocking-connect() {
+  check_exchange "$MATRIX_BYTES"
+  grep -qx "CONNECT einprogress" "$DIR/cli.out" 2> /dev/null ||
+    why "the client's connect() did not return EINPROGRESS ($(grep CONNECT "$DIR/cli.out" 2> /dev/null))"
+  expect_stats srv rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
+  expect_stats cli rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
 }
 judge_fallback-both-preloaded() {
   check_exchange "$MATRIX_BYTES"
