@@ -20,6 +20,7 @@
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "stats/stats.h"
+#include "transport/verbs/verbs_setup.h"
 
 extern char* program_invocation_short_name;
 
@@ -65,6 +66,11 @@ void after_fork_child() {
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
   stats_reset();
+  // Inherited rdma_cm listeners stay the parent's (verbs_setup.h).
+  fd_table().for_each([](int, FdState* s) {
+    if (s->kind() != FdState::Kind::kListener) return;
+    if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
+  });
   pending_after_fork_child();
   for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
 }

@@ -428,6 +428,10 @@ std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int so
                               : Fallback::kPeerNotAccelerated;
     return nullptr;
   }
+  if (!verbs_listener_usable(l.verbs())) {
+    *why = Fallback::kForkedListener;  // no wait: no request can reach us
+    return nullptr;
+  }
   if (negative_cache_hit(host)) {
     // A host that did not pair recently (a plain client, or no RDMA): no
     // new wait.

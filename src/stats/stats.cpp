@@ -20,7 +20,7 @@ std::atomic<uint64_t> g_received{0};
 const char* const kFallbackNames[] = {
     "peer_not_accelerated", "not_same_host", "negative_cache",    "pair_timeout",
     "pair_failed",          "resources",     "transport_disabled", "unsupported_socket",
-    "no_rdma_device"};
+    "no_rdma_device",       "forked_listener"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 

@@ -20,6 +20,8 @@ enum class Fallback : int {
   kTransportDisabled,   // "transport_disabled": the rule forces a transport that cannot serve
   kUnsupportedSocket,   // "unsupported_socket": matched address but not a plain TCP socket
   kNoRdmaDevice,        // "no_rdma_device": RDMA is needed and this host has no RDMA device
+  kForkedListener,      // "forked_listener": accepted in a process forked after listen(), which
+                        // cannot use the parent's rdma_cm listener
   kCount
 };
 const char* fallback_name(Fallback f);

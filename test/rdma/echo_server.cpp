@@ -8,11 +8,18 @@
 // the client's: rs_stream with equal --tx-seed and --rx-seed verifies that
 // every byte came back unchanged.
 //
-// Usage: echo_server --addr A --port P [--count K]   (K defaults to 1)
-// Output (stdout, unbuffered): "READY" once listening, then per connection
-// "CONN i echoed=N end=eof" (or end=<errno text>). Exit status 0 when every
-// connection ended with EOF after all its bytes were echoed, 1 otherwise,
-// 2 on bad usage.
+// With --workers W it is a listen-then-fork server (nginx-style): after
+// listen() it forks W worker processes that all accept from the inherited
+// listener, K connections each, at the same time; the parent only waits for
+// them. The soft-RoCE tier uses it for what librsock does with workers that
+// inherited a listener.
+//
+// Usage: echo_server --addr A --port P [--count K] [--workers W]
+//        (K defaults to 1; no --workers: one process)
+// Output (stdout, unbuffered): "READY" once listening (and forked), then per
+// connection "CONN i echoed=N end=eof" (or end=<errno text>; with workers
+// "CONN w.i ..."). Exit status 0 when every connection ended with EOF after
+// all its bytes were echoed (in every worker), 1 otherwise, 2 on bad usage.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -21,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -58,12 +66,36 @@ std::string echo(int fd, unsigned long long* echoed) {
   }
 }
 
+// Accepts count connections from ls one after the other and echoes each.
+// Returns whether every one ended with EOF after all its bytes were echoed.
+bool serve(int ls, int count, const std::string& tag) {
+  bool ok = true;
+  for (int i = 1; i <= count; ++i) {
+    int c;
+    do {
+      c = accept(ls, nullptr, nullptr);
+    } while (c < 0 && errno == EINTR);
+    if (c < 0) {
+      fprintf(stderr, "echo_server: accept: %s\n", strerror(errno));
+      return false;
+    }
+    unsigned long long echoed = 0;
+    std::string end = echo(c, &echoed);
+    say("CONN " + tag + std::to_string(i) + " echoed=" + std::to_string(echoed) + " end=" + end);
+    if (end != "eof") ok = false;
+    if (close(c) != 0) ok = false;
+  }
+  close(ls);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string addr;
   int port = 0;
   int count = 1;
+  int workers = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--addr") {
@@ -72,6 +104,8 @@ int main(int argc, char** argv) {
       port = atoi(argv[i + 1]);
     } else if (k == "--count") {
       count = atoi(argv[i + 1]);
+    } else if (k == "--workers") {
+      workers = atoi(argv[i + 1]);
     } else {
       fprintf(stderr, "echo_server: unknown option %s\n", k.c_str());
       return 2;
@@ -80,9 +114,9 @@ int main(int argc, char** argv) {
   sockaddr_in sa = {};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (argc % 2 != 1 || port <= 0 || count <= 0 ||
+  if (argc % 2 != 1 || port <= 0 || count <= 0 || workers < 0 ||
       inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
-    fprintf(stderr, "usage: echo_server --addr IPv4 --port P [--count K]\n");
+    fprintf(stderr, "usage: echo_server --addr IPv4 --port P [--count K] [--workers W]\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -93,22 +127,27 @@ int main(int argc, char** argv) {
     fprintf(stderr, "echo_server: listen on %s:%d: %s\n", addr.c_str(), port, strerror(errno));
     return 1;
   }
-  say("READY");
-  bool ok = true;
-  for (int i = 1; i <= count; ++i) {
-    int c;
-    do {
-      c = accept(ls, nullptr, nullptr);
-    } while (c < 0 && errno == EINTR);
-    if (c < 0) {
-      fprintf(stderr, "echo_server: accept: %s\n", strerror(errno));
+  if (workers == 0) {
+    say("READY");
+    return serve(ls, count, "") ? 0 : 1;
+  }
+  std::vector<pid_t> kids;
+  for (int w = 1; w <= workers; ++w) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      fprintf(stderr, "echo_server: fork: %s\n", strerror(errno));
       return 1;
     }
-    unsigned long long echoed = 0;
-    std::string end = echo(c, &echoed);
-    say("CONN " + std::to_string(i) + " echoed=" + std::to_string(echoed) + " end=" + end);
-    if (end != "eof") ok = false;
-    if (close(c) != 0) ok = false;
+    if (pid == 0) _exit(serve(ls, count, std::to_string(w) + ".") ? 0 : 1);
+    kids.push_back(pid);
+  }
+  say("READY");  // the parent keeps its listener open, as an nginx master does
+  bool ok = true;
+  for (pid_t pid : kids) {
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
   }
   close(ls);
   return ok ? 0 : 1;

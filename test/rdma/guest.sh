@@ -46,7 +46,7 @@ env_for() {
   ENVV=(env RSOCK_PEERS="$SRV_IP:$port" RSOCK_STATS="$DIR/$proc.stats"
         RSOCK_CONNECT_TIMEOUT_MS="$TIER_CONNECT_TIMEOUT_MS")
   if [ "$preload" = yes ]; then
-    ENVV+=(LD_PRELOAD="$TIER_LIB" RSOCK_LOG_LEVEL=info RSOCK_LOG_FILE="$DIR/$proc.log")
+    ENVV+=(LD_PRELOAD="$TIER_LIB" RSOCK_LOG_LEVEL=${TIER_LOG_LEVEL:-info} RSOCK_LOG_FILE="$DIR/$proc.log")
   else
     ENVV=(env -u LD_PRELOAD "${ENVV[@]:1}")
   fi
@@ -165,6 +165,29 @@ case_fallback-negative-cache() {
         --tx-seed 31 --rx-seed 31 --order duplex --shut-wr --expect-eof
       finish "$c" 90
     done
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# A listen-then-fork echo server (2 workers accepting 2 connections each from
+# the inherited listener) and 4 clients at once, all preloaded (what it must
+# show: run.sh's header).
+case_forked-workers() {
+  local port=7516 n=$TIER_SMALL_BYTES c
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_ECHO" --addr "$SRV_IP" --port "$port" --count 2 --workers 2
+    ready srv "$port" yes
+    finish srv 150 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    for c in cli1 cli2 cli3 cli4; do
+      env_for "$c" "$port" yes
+      start "$c" "$RS" --role client --addr "$SRV_IP" --port "$port" --send "$n" --expect "$n" \
+        --tx-seed 41 --rx-seed 41 --order duplex --shut-wr --expect-eof
+    done
+    for c in cli1 cli2 cli3 cli4; do finish "$c" 120; done
     rsock_signal "$CASE.cli-done"
   fi
 }

@@ -30,6 +30,16 @@
 #   fallback-negative-cache      one preloaded echo server, two connections
 #                                from the plain client host: tcp 2 with
 #                                peer_not_accelerated 1 + negative_cache 1
+#   forked-workers               listen-then-fork echo server (2 workers, 2
+#                                connections each, one inherited listener) and
+#                                4 clients at once, 256 KiB each, echoed and
+#                                checked. The kernel lets only the process that
+#                                created an rdma_cm listener use it (EACCES in
+#                                a child), so today this case pins the honest
+#                                fallback: each worker tcp 2 with
+#                                forked_listener 2 and no wait; each client
+#                                tcp 1 with pair_timeout 1 (its request goes
+#                                unanswered); every byte correct
 #   sockperf-pingpong            unmodified sockperf, shim on both ends
 #   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
 #   iperf3                       unmodified iperf3 -t 2, shim on both ends
@@ -56,12 +66,13 @@
 # with a failure are kept (path printed); a clean run's are removed.
 # Runtime: about 1.5-2 minutes under TCG on 2 cores (boot 10-20 s, each case
 # 3-10 s; the three cases where a server waits for a client that sends no
-# rdma_cm request cost one connect timeout each). Every wait is bounded; a hang costs at most the
-# vm.sh timeout (900 s here).
+# rdma_cm request, and forked-workers, cost one connect timeout each). Every
+# wait is bounded; a hang costs at most the vm.sh timeout (900 s here).
 #
 # Knobs: BUILD (default build); RDMA_ONLY (regex of case names); RDMA_SECONDS
 # (sockperf/iperf3 run time, default 2); RDMA_CONNECT_TIMEOUT_MS (default
-# 5000); RDMA_KEEP=1 (keep the results); RDMA_REJUDGE=DIR (judge a kept
+# 5000); RDMA_LOG_LEVEL (the preloaded processes' RSOCK_LOG_LEVEL, default
+# info; their logs are kept with the results); RDMA_KEEP=1 (keep the results); RDMA_REJUDGE=DIR (judge a kept
 # results directory again, without a run); vm.sh's RSOCK_VM_* (RSOCK_VM_TIMEOUT
 # defaults to 900 here, RSOCK_VM_REQUIRE=1 turns a skip into a failure).
 
@@ -77,7 +88,7 @@ BUILD=${BUILD:-build}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
 ALL_CASES="integrity nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
-           fallback-neither-preloaded fallback-negative-cache sockperf-pingpong sockperf-throughput
+           fallback-neither-preloaded fallback-negative-cache forked-workers sockperf-pingpong sockperf-throughput
            iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
 CASES=""
 for c in $ALL_CASES; do [[ $c =~ ${RDMA_ONLY:-.} ]] && CASES+="$c "; done
@@ -147,7 +158,7 @@ prerequisites() {
 run_guests() {
   mkdir -p "$BUILD/rdma-results"
   RES=$(mktemp -d "$BUILD/rdma-results/run.XXXXXX") || fail_all "cannot create a results directory"
-  export TIER_RES=$RES TIER_LIB=$BUILD/librsock.so TIER_BIN=$BUILD/progs TIER_ECHO=$ECHO
+  export TIER_LOG_LEVEL=${RDMA_LOG_LEVEL:-info} TIER_RES=$RES TIER_LIB=$BUILD/librsock.so TIER_BIN=$BUILD/progs TIER_ECHO=$ECHO
   export TIER_CASES=$CASES TIER_SECONDS=${RDMA_SECONDS:-2}
   export TIER_CONNECT_TIMEOUT_MS=${RDMA_CONNECT_TIMEOUT_MS:-5000}
   export TIER_BYTES=$BYTES TIER_MATRIX_BYTES=$MATRIX_BYTES TIER_KILL_AFTER=$KILL_AFTER
@@ -305,6 +316,34 @@ judge_fallback-negative-cache() {
       why "echo server: connection $i: $(grep "^CONN $i " "$DIR/srv.out" 2> /dev/null || echo 'not served')"
   done
   expect_stats srv echo_server 0 2 '{"peer_not_accelerated": 1, "negative_cache": 1}' 0 0
+}
+
+judge_forked-workers() {
+  local p r sum
+  for p in cli1 cli2 cli3 cli4; do
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+    r=$(result_of "$DIR/$p.out")
+    if [ -z "$r" ]; then why "no RESULT line from $p"; continue; fi
+    [ "$(val "$r" received)" = "$SMALL_BYTES" ] || why "$p got back $(val "$r" received)"
+    [ "$(val "$r" tx_hash)" = "$(val "$r" rx_hash)" ] || why "$p: echoed bytes differ from the sent ones"
+    expect_stats "$p" rs_stream 0 1 '{"pair_timeout": 1}' 0 0
+  done
+  r=$(rc_of srv)
+  [ "$r" = 0 ] || why "echo server exit status $r ($(tail -n 2 "$DIR/srv.err" 2> /dev/null | paste -sd' '))"
+  [ "$(grep -c "^CONN [12]\.[12] echoed=$SMALL_BYTES end=eof\$" "$DIR/srv.out" 2> /dev/null)" = 4 ] ||
+    why "echo server: $(grep -c '^CONN' "$DIR/srv.out" 2> /dev/null) of 4 connections served fully"
+  # Three processes (the parent and two workers) each write one line.
+  sum=$(stats srv echo_server 'length')
+  [ "$sum" = 3 ] || why "srv: $sum stats lines, want 3 (parent + 2 workers)"
+  sum=$(stats srv echo_server 'map(.connections.rdma) | add')
+  [ "$sum" = 0 ] || why "workers: connections.rdma adds up to $sum, want 0"
+  sum=$(stats srv echo_server 'map(.connections.tcp) | add')
+  [ "$sum" = 4 ] || why "workers: connections.tcp adds up to $sum, want 4"
+  sum=$(stats srv echo_server '[.[].fallbacks.forked_listener // 0] | add')
+  [ "$sum" = 4 ] || why "workers: forked_listener adds up to $sum, want 4"
+  sum=$(stats srv echo_server '[.[].fallbacks | to_entries[] | .value] | add // 0')
+  [ "$sum" = 4 ] || why "workers: $sum fallbacks, want only the 4 forked_listener ($(paste -sd' ' "$DIR/srv.stats"))"
 }
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2> /dev/null; }

@@ -283,11 +283,12 @@ TEST(StatsNames, FallbackNamesAreStable) {
   EXPECT_STREQ(fallback_name(Fallback::kTransportDisabled), "transport_disabled");
   EXPECT_STREQ(fallback_name(Fallback::kUnsupportedSocket), "unsupported_socket");
   EXPECT_STREQ(fallback_name(Fallback::kNoRdmaDevice), "no_rdma_device");
-  EXPECT_EQ(static_cast<int>(Fallback::kCount), 9);
+  EXPECT_STREQ(fallback_name(Fallback::kForkedListener), "forked_listener");
+  EXPECT_EQ(static_cast<int>(Fallback::kCount), 10);
   std::set<std::string> names;
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     names.insert(fallback_name(static_cast<Fallback>(i)));
-  EXPECT_EQ(names.size(), 9u);
+  EXPECT_EQ(names.size(), 10u);
 }
 
 TEST_F(Stats, ProgramNameIsEscaped) {

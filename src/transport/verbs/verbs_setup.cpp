@@ -290,8 +290,15 @@ class VerbsListener {
   rdma_event_channel* ch = nullptr;
   rdma_cm_id* id = nullptr;
   std::vector<Pending> pending;
+  bool inherited = false;  // a fork's child: the parent's listener, unusable here
 
   ~VerbsListener() {
+    if (inherited) {
+      // The parent's: our copy of the descriptor goes, nothing else (the
+      // ids' few bytes of user memory stay, once per listener).
+      if (ch) real().close(ch->fd);
+      return;
+    }
     for (auto& p : pending) {
       rdma_reject(p.id, nullptr, 0);
       rdma_destroy_id(p.id);
@@ -400,6 +407,14 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
 }
 
 void verbs_listener_close(VerbsListener* listener) { delete listener; }
+
+void verbs_listener_forked_child(VerbsListener* listener) {
+  listener->inherited = true;
+  // Requests the parent had read are the parent's to answer.
+  listener->pending.clear();
+}
+
+bool verbs_listener_usable(const VerbsListener* listener) { return !listener->inherited; }
 
 std::unique_ptr<Channel> verbs_server_pair(VerbsListener* l, int tcp_fd, const Config& cfg,
                                            Fallback* why) {

@@ -31,6 +31,12 @@ bool verbs_available();
 VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why);
 // Rejects the pending requests and closes the listener.
 void verbs_listener_close(VerbsListener* listener);
+// In a child after fork(): the inherited listener is unusable here (the
+// kernel refuses rdma_cm commands on a descriptor from another process,
+// EACCES) but still serves the parent. From now on this process neither
+// reads it nor destroys it; verbs_listener_usable() says false.
+void verbs_listener_forked_child(VerbsListener* listener);
+bool verbs_listener_usable(const VerbsListener* listener);
 
 // Client: after the kernel TCP connect of tcp_fd succeeded. Returns the
 // channel (the connection is established on both ends: commit point) or
