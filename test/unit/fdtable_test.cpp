@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <random>
@@ -286,6 +287,13 @@ TEST(FdTable, ConcurrentGetVersusClearAndReplace) {
     t->set(kFdA, s);  // replaces (and may close) the previous round's state
     t->set(kFdB, s);
     s->unref();
+    if (round == 0) {
+      // On a loaded machine the readers may start late: let them in first
+      // (bounded), so that the rounds below race with them.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (hits.load() == 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::yield();
+    }
     switch (rng() % 3) {
       case 0:  // close both fds, in either order
         if (rng() % 2) {
