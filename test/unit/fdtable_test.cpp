@@ -1,10 +1,11 @@
 // Unit tests for src/fdtable: set/get/clear, dup-style sharing (two fds, one
 // state: on_last_close only at the last clear), replacing a slot (dup2 over
 // an fd), references that outlive a clear, fds outside [0, kMaxFd), chunk
-// boundaries, for_each, FdRef moves, and a multi-threaded get/clear/set
-// stress in which every state counts its lifecycle events and poisons itself
-// on destruction, so that a use after free or a double close is detected
-// (definitively when built with -fsanitize=address).
+// boundaries, for_each, FdRef moves, replace (a pairing's hand-over), and a
+// multi-threaded get/clear/set stress in which every state counts its
+// lifecycle events and poisons itself on destruction, so that a use after
+// free or a double close is detected (definitively when built with
+// -fsanitize=address).
 
 #include "fdtable/fdtable.h"
 
@@ -252,6 +253,51 @@ TEST(FdRef, MovesTransferTheReference) {
   moved.reset();
   EXPECT_EQ(c.destroyed.load(), 2);
   EXPECT_EQ(c.bad_destroy.load(), 0);
+}
+
+// replace() is the hand-over of a finished background pairing: only from the
+// expected state, and not a close of it.
+TEST(FdTable, ReplaceHandsOverOnlyFromTheExpectedState) {
+  auto t = new_table();
+  Counters c;
+  auto* pending = new TestState(&c);
+  auto* conn = new TestState(&c);
+  auto* other = new TestState(&c);
+  ASSERT_TRUE(t->set(7, pending));
+  ASSERT_TRUE(t->set(8, pending));  // a dup
+  EXPECT_FALSE(t->replace(7, other, conn)) << "fd 7 does not hold `other`";
+  EXPECT_FALSE(t->replace(9, pending, conn)) << "fd 9 holds nothing";
+  EXPECT_EQ(t->get(7).get(), pending);
+
+  EXPECT_TRUE(t->replace(7, pending, conn));
+  EXPECT_EQ(t->get(7).get(), conn);
+  EXPECT_EQ(pending->closes(), 0) << "a hand-over is not a close";
+  EXPECT_TRUE(t->replace(8, pending, conn));
+  EXPECT_EQ(pending->closes(), 0);
+  EXPECT_EQ(c.destroyed.load(), 0) << "our references keep all three";
+
+  // The new state counts both fds: only the second clear closes it.
+  EXPECT_FALSE(t->clear(7));
+  EXPECT_EQ(conn->closes(), 0);
+  EXPECT_TRUE(t->clear(8));
+  EXPECT_EQ(conn->closes(), 1);
+
+  // To nothing: the fd becomes plain.
+  ASSERT_TRUE(t->set(10, other));
+  EXPECT_TRUE(t->replace(10, other, nullptr));
+  EXPECT_FALSE(t->has(10));
+  EXPECT_EQ(other->closes(), 0);
+
+  // The hand-over skipped on_last_close; close them here as their owners
+  // would, so that each is destroyed after exactly one close.
+  pending->on_last_close();
+  other->on_last_close();
+  pending->unref();
+  other->unref();
+  conn->unref();
+  EXPECT_EQ(c.destroyed.load(), 3);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+  EXPECT_EQ(c.double_close.load(), 0);
 }
 
 // Readers take references and use the state while a writer attaches states
