@@ -4,8 +4,9 @@
 // negative errno values. Nothing here throws or exits.
 #include <dlfcn.h>
 #include <errno.h>
-#include <sys/syscall.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,9 +14,8 @@
 #include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include "common/real.h"
@@ -307,8 +307,7 @@ EXPORT int select(int nfds, fd_set* r, fd_set* w, fd_set* e, struct timeval* tv)
 
 EXPORT int pselect(int nfds, fd_set* r, fd_set* w, fd_set* e, const struct timespec* ts,
                    const sigset_t* mask) {
-  if (!runtime() || !any_accelerated(nfds, r, w, e))
-    return real().pselect(nfds, r, w, e, ts, mask);
+  if (!runtime() || !any_accelerated(nfds, r, w, e)) return real().pselect(nfds, r, w, e, ts, mask);
   return finish(rs_select(nfds, r, w, e, ts_to_ns(ts), mask));
 }
 

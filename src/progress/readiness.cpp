@@ -300,7 +300,8 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     // Block: arm the accelerated members, re-check, then sleep in the kernel
     // on their doorbells and on the kernel members together.
     for (nfds_t i = 0; i < n; ++i)
-      if (ConnectionState* c = as_conn(refs[i])) c->stream().channel().arm(want_of_poll(fds[i].events));
+      if (ConnectionState* c = as_conn(refs[i]))
+        c->stream().channel().arm(want_of_poll(fds[i].events));
     bool now_ready = false;
     for (nfds_t i = 0; i < n && !now_ready; ++i)
       if (ConnectionState* c = as_conn(refs[i]))
@@ -376,8 +377,7 @@ int rs_poll(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
 
 // ---- select ---------------------------------------------------------------
 
-int rs_select(int nfds, fd_set* r, fd_set* w, fd_set* e, int64_t timeout_ns,
-              const sigset_t* mask) {
+int rs_select(int nfds, fd_set* r, fd_set* w, fd_set* e, int64_t timeout_ns, const sigset_t* mask) {
   std::vector<pollfd> p;
   for (int fd = 0; fd < nfds; ++fd) {
     short ev = 0;
@@ -395,13 +395,22 @@ int rs_select(int nfds, fd_set* r, fd_set* w, fd_set* e, int64_t timeout_ns,
     bool wr = q.revents & (POLLOUT | POLLERR);
     bool ex = q.revents & POLLPRI;
     if (r && FD_ISSET(q.fd, r)) {
-      if (rd && (q.events & POLLIN)) ++count; else FD_CLR(q.fd, r);
+      if (rd && (q.events & POLLIN))
+        ++count;
+      else
+        FD_CLR(q.fd, r);
     }
     if (w && FD_ISSET(q.fd, w)) {
-      if (wr && (q.events & POLLOUT)) ++count; else FD_CLR(q.fd, w);
+      if (wr && (q.events & POLLOUT))
+        ++count;
+      else
+        FD_CLR(q.fd, w);
     }
     if (e && FD_ISSET(q.fd, e)) {
-      if (ex) ++count; else FD_CLR(q.fd, e);
+      if (ex)
+        ++count;
+      else
+        FD_CLR(q.fd, e);
     }
   }
   return count;
@@ -546,7 +555,8 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
                   const sigset_t* mask) {
   if (maxevents <= 0) return -EINVAL;
   FdRef set = fd_table().get(epfd);
-  EpollState* s = set && set.get()->kind() == FdState::Kind::kEpoll ? set.as<EpollState>() : nullptr;
+  EpollState* s =
+      set && set.get()->kind() == FdState::Kind::kEpoll ? set.as<EpollState>() : nullptr;
   bool empty = true;
   if (s) {
     std::lock_guard<std::mutex> lock(s->mu);

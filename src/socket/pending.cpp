@@ -261,8 +261,7 @@ void pending_before_fork() {
   const auto bound = std::chrono::milliseconds(2 * rt->config.connect_timeout_ms + 1000);
   std::unique_lock<std::mutex> lock(g_flight_mu);
   if (!g_flight_cv.wait_for(lock, bound, [] { return g_in_flight == 0; }))
-    LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP",
-             g_in_flight);
+    LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);
 }
 
 void pending_after_fork_child() {

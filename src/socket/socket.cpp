@@ -34,8 +34,7 @@ bool is_tcp_stream(int fd) {
       (domain != AF_INET && domain != AF_INET6))
     return false;
   len = sizeof proto;
-  return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0 &&
-         proto == IPPROTO_TCP;
+  return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0 && proto == IPPROTO_TCP;
 }
 
 int64_t timeval_us(int fd, int opt) {
@@ -337,7 +336,6 @@ sockaddr_storage host_key(const sockaddr* peer) {
   return k;
 }
 
-
 }  // namespace
 
 int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len) {
@@ -355,8 +353,8 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
   // Same host: shared memory, unless the rule forces RDMA. Another host:
   // RDMA, unless the rule forces shared memory.
   const bool local = is_local_address(addr);
-  const bool use_shm = d.transport == TransportKind::kShm ||
-                       (d.transport == TransportKind::kAuto && local);
+  const bool use_shm =
+      d.transport == TransportKind::kShm || (d.transport == TransportKind::kAuto && local);
   Fallback why;
   if (negative_cache_hit(addr)) {
     why = Fallback::kNegativeCache;
