@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "common/log.h"
 #include "common/real.h"
@@ -66,7 +66,8 @@ void after_fork_child() {
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
   stats_reset();
-  // Inherited rdma_cm listeners stay the parent's (verbs_setup.h).
+  // Inherited rdma_cm listeners and devices stay the parent's (verbs_setup.h).
+  verbs_after_fork_child();
   fd_table().for_each([](int, FdState* s) {
     if (s->kind() != FdState::Kind::kListener) return;
     if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
@@ -88,9 +89,9 @@ void init() {
   const char* conf_path = getenv("RSOCK_CONF");
   std::string conf_text;
   bool have_conf = conf_path && *conf_path && read_file(conf_path, &conf_text);
-  rt->config = parse_config([](const char* name) -> const char* { return getenv(name); },
-                            (conf_path && *conf_path) ? (have_conf ? &conf_text : nullptr) : nullptr,
-                            &errors);
+  rt->config = parse_config(
+      [](const char* name) -> const char* { return getenv(name); },
+      (conf_path && *conf_path) ? (have_conf ? &conf_text : nullptr) : nullptr, &errors);
   const char* prog = program_invocation_short_name ? program_invocation_short_name : "";
   strncpy(rt->program, prog, sizeof rt->program - 1);
   g_log_level = rt->config.log_level;
@@ -161,8 +162,8 @@ void flush_stats(FlushAt when) {
     open_received += c->stream().bytes_received();
   }
   char line[2048];
-  int n = stats_format(line, sizeof line, static_cast<int>(getpid()), g_runtime->program,
-                       open_sent, open_received);
+  int n = stats_format(line, sizeof line, static_cast<int>(getpid()), g_runtime->program, open_sent,
+                       open_received);
   stats_append(g_runtime->config.stats_path.c_str(), line, n);
 }
 

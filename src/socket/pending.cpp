@@ -101,6 +101,7 @@ void run_client(Work& w) {
   bool counted = true;  // stats: this stream counts as a connection
   if (!tcp_up) {
     if (job.rendezvous_fd >= 0) real().close(job.rendezvous_fd);
+    verbs_rendezvous_close(job.verbs_rendezvous);
     // Still connecting: the stream stays on TCP. Failed: the application
     // reads the error from SO_ERROR, and there is no connection to count.
     if (pr == 0)
@@ -109,11 +110,12 @@ void run_client(Work& w) {
       counted = false;
   } else if (p->cancelled()) {
     if (job.rendezvous_fd >= 0) real().close(job.rendezvous_fd);
+    verbs_rendezvous_close(job.verbs_rendezvous);
     counted = false;
   } else if (job.path == Path::kShm) {
     ch = shm_client_pair(w.sock, job.rendezvous_fd, *w.cfg, &why);
   } else {
-    ch = verbs_client_pair(w.sock, *w.cfg, &why);
+    ch = verbs_client_pair(w.sock, job.verbs_rendezvous, *w.cfg, &why);
   }
 
   ConnectionState* c = nullptr;

@@ -36,6 +36,7 @@
 namespace rsock {
 
 struct Config;
+class VerbsRendezvous;
 
 class PendingState final : public FdState {
  public:
@@ -78,8 +79,9 @@ struct PairJob {
   // connect(), which returned EINPROGRESS:
   sockaddr_storage addr = {};
   socklen_t addr_len = 0;
-  Path path = Path::kShm;  // kShm or kRdma
-  int rendezvous_fd = -1;  // kShm: from shm_client_prepare (handed over)
+  Path path = Path::kShm;                       // kShm or kRdma
+  int rendezvous_fd = -1;                       // kShm: from shm_client_prepare (handed over)
+  VerbsRendezvous* verbs_rendezvous = nullptr;  // kRdma: verbs_client_prepare's (handed over)
   // accept():
   FdRef listener;  // the ListenerState
 };

@@ -299,7 +299,7 @@ int wait_connected(int fd, const Config& cfg) {
 // consumed). A blocking socket pairs here; a nonblocking one returns
 // EINPROGRESS and pairs in the background (pending.h).
 int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& cfg, Path path,
-                     int rendezvous_fd) {
+                     int rendezvous_fd, VerbsRendezvous* rdv) {
   if (real().connect(fd, addr, len) != 0) {
     int r = -errno;
     if (r == -EINPROGRESS) {
@@ -310,17 +310,19 @@ int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& 
       memcpy(&job.addr, addr, job.addr_len);
       job.path = path;
       job.rendezvous_fd = rendezvous_fd;
+      job.verbs_rendezvous = rdv;
       if (pending_start(std::move(job), cfg) == 0) return -EINPROGRESS;
       r = wait_connected(fd, cfg);
     }
     if (r != 0) {
       if (rendezvous_fd >= 0) real().close(rendezvous_fd);
+      verbs_rendezvous_close(rdv);
       return r;
     }
   }
   Fallback why = Fallback::kPairFailed;
   auto ch = path == Path::kShm ? shm_client_pair(fd, rendezvous_fd, cfg, &why)
-                               : verbs_client_pair(fd, cfg, &why);
+                               : verbs_client_pair(fd, rdv, cfg, &why);
   return finish_pairing(fd, addr, std::move(ch), path, why);
 }
 
@@ -365,14 +367,17 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
       why = Fallback::kPeerNotAccelerated;
     } else {
       int rfd = shm_client_prepare(fd, addr);
-      if (rfd >= 0) return connect_and_pair(fd, addr, len, cfg, Path::kShm, rfd);
+      if (rfd >= 0) return connect_and_pair(fd, addr, len, cfg, Path::kShm, rfd, nullptr);
       LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
       why = Fallback::kResources;
     }
   } else if (!verbs_available()) {
     why = Fallback::kNoRdmaDevice;
+  } else if (!verbs_usable_here()) {
+    why = Fallback::kRdmaAfterFork;
   } else {
-    return connect_and_pair(fd, addr, len, cfg, Path::kRdma, -1);
+    VerbsRendezvous* rdv = verbs_client_prepare(fd, addr);
+    return connect_and_pair(fd, addr, len, cfg, Path::kRdma, -1, rdv);
   }
   stats_fallback(why);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
@@ -396,7 +401,7 @@ int setup_listen(const Runtime& rt, int fd, int backlog) {
                strerror(-marker));
   }
   VerbsListener* verbs = nullptr;
-  if (d.transport != TransportKind::kShm && verbs_available()) {
+  if (d.transport != TransportKind::kShm && verbs_available() && verbs_usable_here()) {
     Fallback why;
     verbs = verbs_listen(fd, &why);
     if (!verbs) LOG_INFO("listen fd %d: no rdma_cm listener (%s)", fd, fallback_name(why));
@@ -427,7 +432,18 @@ std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int so
     return nullptr;
   }
   if (!verbs_listener_usable(l.verbs())) {
-    *why = Fallback::kForkedListener;  // no wait: no request can reach us
+    // A fork's child: the parent's listener cannot be read here, so we
+    // connect to the client's rendezvous ourselves (a plain client has
+    // none: peer_not_accelerated at once).
+    if (!verbs_usable_here()) {
+      *why = Fallback::kRdmaAfterFork;
+      return nullptr;
+    }
+    *path = Path::kRdma;
+    return verbs_server_connect(sock, cfg, why);
+  }
+  if (!verbs_usable_here()) {
+    *why = Fallback::kRdmaAfterFork;
     return nullptr;
   }
   if (negative_cache_hit(host)) {

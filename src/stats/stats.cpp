@@ -18,9 +18,9 @@ std::atomic<uint64_t> g_sent{0};
 std::atomic<uint64_t> g_received{0};
 
 const char* const kFallbackNames[] = {
-    "peer_not_accelerated", "not_same_host", "negative_cache",    "pair_timeout",
-    "pair_failed",          "resources",     "transport_disabled", "unsupported_socket",
-    "no_rdma_device",       "forked_listener"};
+    "peer_not_accelerated", "not_same_host",  "negative_cache",     "pair_timeout",
+    "pair_failed",          "resources",      "transport_disabled", "unsupported_socket",
+    "no_rdma_device",       "rdma_after_fork"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 
@@ -28,7 +28,9 @@ static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
 
 const char* fallback_name(Fallback f) { return kFallbackNames[static_cast<int>(f)]; }
 
-void stats_connection(Path p) { g_paths[static_cast<int>(p)].fetch_add(1, std::memory_order_relaxed); }
+void stats_connection(Path p) {
+  g_paths[static_cast<int>(p)].fetch_add(1, std::memory_order_relaxed);
+}
 void stats_fallback(Fallback f) {
   g_fallbacks[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
 }

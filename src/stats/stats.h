@@ -20,8 +20,8 @@ enum class Fallback : int {
   kTransportDisabled,   // "transport_disabled": the rule forces a transport that cannot serve
   kUnsupportedSocket,   // "unsupported_socket": matched address but not a plain TCP socket
   kNoRdmaDevice,        // "no_rdma_device": RDMA is needed and this host has no RDMA device
-  kForkedListener,      // "forked_listener": accepted in a process forked after listen(), which
-                        // cannot use the parent's rdma_cm listener
+  kRdmaAfterFork,       // "rdma_after_fork": this process was forked from one that had used RDMA;
+                        // the RDMA descriptors it inherited work only in its parent
   kCount
 };
 const char* fallback_name(Fallback f);

@@ -349,7 +349,7 @@ inline const std::vector<std::string>& known_fallbacks() {
   static const std::vector<std::string> k = {
       "peer_not_accelerated", "not_same_host", "negative_cache",     "pair_timeout",
       "pair_failed",          "resources",     "transport_disabled", "unsupported_socket",
-      "no_rdma_device",       "forked_listener"};
+      "no_rdma_device",       "rdma_after_fork"};
   return k;
 }
 

@@ -171,12 +171,12 @@ case_fallback-negative-cache() {
 
 # A listen-then-fork echo server (2 workers accepting 2 connections each from
 # the inherited listener) and 4 clients at once, all preloaded (what it must
-# show: run.sh's header).
-case_forked-workers() {
-  local port=7516 n=$TIER_SMALL_BYTES c
+# show: run.sh's header). forked_workers PORT LISTEN_ADDR
+forked_workers() {
+  local port=$1 addr=$2 n=$TIER_SMALL_BYTES c
   if [ "$HOST" = A ]; then
     env_for srv "$port" yes
-    start srv "$TIER_ECHO" --addr "$SRV_IP" --port "$port" --count 2 --workers 2
+    start srv "$TIER_ECHO" --addr "$addr" --port "$port" --count 2 --workers 2
     ready srv "$port" yes
     finish srv 150 "$CASE.cli-done"
     await_clients
@@ -191,6 +191,10 @@ case_forked-workers() {
     rsock_signal "$CASE.cli-done"
   fi
 }
+# A wildcard listener: the parent opens no RDMA device.
+case_forked-workers() { forked_workers 7516 0.0.0.0; }
+# Listening on one address opens its RDMA device in the parent.
+case_forked-workers-parent-rdma() { forked_workers 7517 "$SRV_IP"; }
 
 # Unmodified sockperf, shim on both ends; the server is stopped with SIGINT
 # once the client is done (it then prints its totals and writes its stats).

@@ -33,13 +33,20 @@
 #   forked-workers               listen-then-fork echo server (2 workers, 2
 #                                connections each, one inherited listener) and
 #                                4 clients at once, 256 KiB each, echoed and
-#                                checked. The kernel lets only the process that
-#                                created an rdma_cm listener use it (EACCES in
-#                                a child), so today this case pins the honest
-#                                fallback: each worker tcp 2 with
-#                                forked_listener 2 and no wait; each client
-#                                tcp 1 with pair_timeout 1 (its request goes
-#                                unanswered); every byte correct
+#                                checked; the server listens on the wildcard
+#                                address. A worker cannot read the listener it
+#                                inherited (the kernel refuses rdma_cm on a
+#                                descriptor from another process), so it
+#                                connects to the client's rendezvous itself:
+#                                every client rdma 1 with no fallback, the
+#                                workers' stats add up to rdma 4, no fallback
+#   forked-workers-parent-rdma   the same with the server listening on its one
+#                                address, which opens the RDMA device in the
+#                                parent: descriptors the workers inherit are
+#                                unusable, so they stay on TCP at once
+#                                (rdma_after_fork 2 each) and each client falls
+#                                back after its timeout (pair_timeout 1); every
+#                                byte still correct, nothing reset
 #   sockperf-pingpong            unmodified sockperf, shim on both ends
 #   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
 #   iperf3                       unmodified iperf3 -t 2, shim on both ends
@@ -88,7 +95,8 @@ BUILD=${BUILD:-build}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
 ALL_CASES="integrity nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
-           fallback-neither-preloaded fallback-negative-cache forked-workers sockperf-pingpong sockperf-throughput
+           fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
+           sockperf-pingpong sockperf-throughput
            iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
 CASES=""
 for c in $ALL_CASES; do [[ $c =~ ${RDMA_ONLY:-.} ]] && CASES+="$c "; done
@@ -318,8 +326,10 @@ judge_fallback-negative-cache() {
   expect_stats srv echo_server 0 2 '{"peer_not_accelerated": 1, "negative_cache": 1}' 0 0
 }
 
-judge_forked-workers() {
-  local p r sum
+judge_forked-workers() { judge_forked_workers rdma; }
+judge_forked-workers-parent-rdma() { judge_forked_workers tcp; }
+judge_forked_workers() { # PATH: rdma (paired) or tcp (rdma_after_fork)
+  local path=$1 p r sum
   for p in cli1 cli2 cli3 cli4; do
     r=$(rc_of "$p")
     [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
@@ -327,7 +337,11 @@ judge_forked-workers() {
     if [ -z "$r" ]; then why "no RESULT line from $p"; continue; fi
     [ "$(val "$r" received)" = "$SMALL_BYTES" ] || why "$p got back $(val "$r" received)"
     [ "$(val "$r" tx_hash)" = "$(val "$r" rx_hash)" ] || why "$p: echoed bytes differ from the sent ones"
-    expect_stats "$p" rs_stream 0 1 '{"pair_timeout": 1}' 0 0
+    if [ "$path" = rdma ]; then
+      expect_stats "$p" rs_stream 1 0 '{}' "$SMALL_BYTES" "$SMALL_BYTES"
+    else
+      expect_stats "$p" rs_stream 0 1 '{"pair_timeout": 1}' 0 0
+    fi
   done
   r=$(rc_of srv)
   [ "$r" = 0 ] || why "echo server exit status $r ($(tail -n 2 "$DIR/srv.err" 2> /dev/null | paste -sd' '))"
@@ -336,14 +350,16 @@ judge_forked-workers() {
   # Three processes (the parent and two workers) each write one line.
   sum=$(stats srv echo_server 'length')
   [ "$sum" = 3 ] || why "srv: $sum stats lines, want 3 (parent + 2 workers)"
+  local rdma=4 tcp=0 fb=0
+  [ "$path" = rdma ] || { rdma=0 tcp=4 fb=4; }
   sum=$(stats srv echo_server 'map(.connections.rdma) | add')
-  [ "$sum" = 0 ] || why "workers: connections.rdma adds up to $sum, want 0"
+  [ "$sum" = $rdma ] || why "workers: connections.rdma adds up to $sum, want $rdma"
   sum=$(stats srv echo_server 'map(.connections.tcp) | add')
-  [ "$sum" = 4 ] || why "workers: connections.tcp adds up to $sum, want 4"
-  sum=$(stats srv echo_server '[.[].fallbacks.forked_listener // 0] | add')
-  [ "$sum" = 4 ] || why "workers: forked_listener adds up to $sum, want 4"
+  [ "$sum" = $tcp ] || why "workers: connections.tcp adds up to $sum, want $tcp"
+  sum=$(stats srv echo_server '[.[].fallbacks.rdma_after_fork // 0] | add')
+  [ "$sum" = $fb ] || why "workers: rdma_after_fork adds up to $sum, want $fb"
   sum=$(stats srv echo_server '[.[].fallbacks | to_entries[] | .value] | add // 0')
-  [ "$sum" = 4 ] || why "workers: $sum fallbacks, want only the 4 forked_listener ($(paste -sd' ' "$DIR/srv.stats"))"
+  [ "$sum" = $fb ] || why "workers: $sum fallbacks, want $fb ($(paste -sd' ' "$DIR/srv.stats"))"
 }
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2> /dev/null; }

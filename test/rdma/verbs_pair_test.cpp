@@ -562,7 +562,7 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
     rsock::Fallback why = rsock::Fallback::kCount;
     if (c == "nolistener") {
       const int64_t t0 = now_us();
-      ch = rsock::verbs_client_pair(fd, cfg, &why);
+      ch = rsock::verbs_client_pair(fd, nullptr, cfg, &why);
       const double ms = (now_us() - t0) / 1e3;
       const bool ok = !ch && why == rsock::Fallback::kPeerNotAccelerated;
       if (ok)
@@ -577,7 +577,7 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
     }
     if (!is_tcp_case(c)) {
       const int64_t t0 = now_us();
-      ch = rsock::verbs_client_pair(fd, cfg, &why);
+      ch = rsock::verbs_client_pair(fd, nullptr, cfg, &why);
       if (!ch) {
         say("FAIL %s: verbs_client_pair: %s", c.c_str(), rsock::fallback_name(why));
         ++failed;

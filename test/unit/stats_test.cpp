@@ -283,7 +283,7 @@ TEST(StatsNames, FallbackNamesAreStable) {
   EXPECT_STREQ(fallback_name(Fallback::kTransportDisabled), "transport_disabled");
   EXPECT_STREQ(fallback_name(Fallback::kUnsupportedSocket), "unsupported_socket");
   EXPECT_STREQ(fallback_name(Fallback::kNoRdmaDevice), "no_rdma_device");
-  EXPECT_STREQ(fallback_name(Fallback::kForkedListener), "forked_listener");
+  EXPECT_STREQ(fallback_name(Fallback::kRdmaAfterFork), "rdma_after_fork");
   EXPECT_EQ(static_cast<int>(Fallback::kCount), 10);
   std::set<std::string> names;
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)

@@ -4,8 +4,6 @@
 // fork-safety decision and every bounded wait of connection setup.
 #include "transport/verbs/verbs_setup.h"
 
-#include "transport/addr.h"
-
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -25,6 +23,7 @@
 #include "common/log.h"
 #include "common/real.h"
 #include "ring/ring.h"
+#include "transport/addr.h"
 #include "transport/verbs/verbs_channel.h"
 
 namespace rsock {
@@ -44,10 +43,19 @@ struct __attribute__((packed)) ConnectPriv {  // client -> server (REQ)
   uint16_t server_port;     //   local port, peer port,
   uint8_t client_addr[16];  // local address, peer address
   uint8_t server_addr[16];  //   (IPv6, IPv4 as v4-mapped)
-  uint32_t ring_rkey;       // the client's receive ring
+  uint32_t ring_rkey;       // the sender's receive ring
   uint64_t ring_addr;
+  uint8_t flags;  // kPrivReverse*
 };
-static_assert(sizeof(ConnectPriv) == 54);
+static_assert(sizeof(ConnectPriv) == 55);
+
+// ConnectPriv.flags. A client that listens on rdma_cm at its own TCP
+// address and port while it pairs says so (kPrivClientListens); a server
+// process that cannot read its listener (a fork's child) then connects to
+// it instead, with the same layout, the 4-tuple still named as the client
+// sees it, and kPrivReverse; the client answers with AcceptPriv.
+constexpr uint8_t kPrivClientListens = 1u << 0;
+constexpr uint8_t kPrivReverse = 1u << 1;
 
 struct __attribute__((packed)) AcceptPriv {  // server -> client (REP)
   uint32_t magic;
@@ -88,6 +96,15 @@ bool ring_log2_ok(int log2) {
 }
 
 // ---------------------------------------------------------- process state --
+
+// This process opened an RDMA device (through an rdma_cm id bound to one);
+// a fork's child of such a process cannot use RDMA (verbs_usable_here).
+std::atomic<bool> g_device_opened{false};
+std::atomic<bool> g_inherited_device{false};
+
+void note_device(const rdma_cm_id* id) {
+  if (id && id->verbs) g_device_opened.store(true, std::memory_order_relaxed);
+}
 
 // Fork safety, settled once before the first registration: a kernel with
 // copy-on-fork for pinned pages (Linux >= 5.13) needs nothing
@@ -137,6 +154,13 @@ int wait_for(rdma_event_channel* ch, rdma_cm_event_type want, int64_t deadline, 
   return type == want ? 0 : static_cast<int>(type) + 1;
 }
 
+// The 4-tuple of a ConnectPriv is the TCP connection (local, peer as the
+// client sees it)?
+bool names_connection(const ConnectPriv& p, const WireAddr& client, const WireAddr& server) {
+  return be16toh(p.client_port) == client.port && be16toh(p.server_port) == server.port &&
+         memcmp(p.client_addr, client.addr, 16) == 0 && memcmp(p.server_addr, server.addr, 16) == 0;
+}
+
 // One connection attempt's rdma_cm objects until a VerbsChannel owns them.
 struct CmPair {
   rdma_event_channel* ch = nullptr;
@@ -148,6 +172,13 @@ struct CmPair {
 };
 
 }  // namespace
+
+bool verbs_usable_here() { return !g_inherited_device.load(std::memory_order_relaxed); }
+
+void verbs_after_fork_child() {
+  if (g_device_opened.load(std::memory_order_relaxed))
+    g_inherited_device.store(true, std::memory_order_relaxed);
+}
 
 bool verbs_available() {
   static std::atomic<int> cached{-1};
@@ -164,7 +195,175 @@ bool verbs_available() {
 
 // ------------------------------------------------------------------ client --
 
-std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallback* why) {
+// The client's own rdma_cm listener while it pairs (see ConnectPriv.flags).
+class VerbsRendezvous {
+ public:
+  ~VerbsRendezvous() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+  rdma_event_channel* ch = nullptr;
+  rdma_cm_id* id = nullptr;
+};
+
+VerbsRendezvous* verbs_client_prepare(int tcp_fd, const sockaddr* dst) {
+  if (!verbs_available()) return nullptr;
+  sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  WireAddr bound, dst_w;
+  if (getsockname(tcp_fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+      !to_wire(reinterpret_cast<sockaddr*>(&ss), &bound) || !to_wire(dst, &dst_w))
+    return nullptr;
+  const int family = ss.ss_family;
+  const bool unbound = bound.port == 0;
+  WireAddr src = bound;
+  if (unbound) {
+    // The source address the kernel will pick for dst: a UDP socket says.
+    sockaddr_storage d;
+    socklen_t dlen = to_sockaddr(dst_w, &d);
+    int u = real().socket(d.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (u < 0) return nullptr;
+    sockaddr_storage us;
+    socklen_t ulen = sizeof us;
+    bool ok = real().connect(u, reinterpret_cast<sockaddr*>(&d), dlen) == 0 &&
+              getsockname(u, reinterpret_cast<sockaddr*>(&us), &ulen) == 0 &&
+              to_wire(reinterpret_cast<sockaddr*>(&us), &src);
+    real().close(u);
+    if (!ok) return nullptr;
+  }
+  global_init();
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::unique_ptr<VerbsRendezvous> r(new VerbsRendezvous);
+    r->ch = rdma_create_event_channel();
+    if (!r->ch || rdma_create_id(r->ch, &r->id, nullptr, RDMA_PS_TCP) != 0) return nullptr;
+    WireAddr at = src;
+    at.port = unbound ? 0 : bound.port;
+    sockaddr_storage b;
+    to_sockaddr(at, &b);
+    // No RDMA device for this address, or the port is taken in rdma_cm's
+    // port space: pair without a rendezvous.
+    if (rdma_bind_addr(r->id, reinterpret_cast<sockaddr*>(&b)) != 0) return nullptr;
+    note_device(r->id);
+    if (unbound) {
+      // The TCP socket takes the same port number (TCP's port space).
+      WireAddr t = src;
+      t.port = be16toh(rdma_get_src_port(r->id));
+      sockaddr_storage tb;
+      socklen_t tlen = to_sockaddr(t, &tb);
+      if (tb.ss_family != family) return nullptr;  // (a v4 peer on a v6 socket: none)
+      if (real().bind(tcp_fd, reinterpret_cast<sockaddr*>(&tb), tlen) != 0) {
+        if (errno == EADDRINUSE) continue;
+        return nullptr;
+      }
+    }
+    if (rdma_listen(r->id, 4) != 0) return nullptr;
+    int fl = real().fcntl(r->ch->fd, F_GETFL, 0);
+    real().fcntl(r->ch->fd, F_SETFL, fl | O_NONBLOCK);
+    return r.release();
+  }
+  return nullptr;
+}
+
+void verbs_rendezvous_close(VerbsRendezvous* r) { delete r; }
+
+namespace {
+
+// The client's side of a reverse connection: the server's request reached
+// our rendezvous. Accepts it on a channel of its own and waits for the
+// commit point, as the server does in the forward direction.
+std::unique_ptr<Channel> accept_reverse(rdma_cm_id* req_id, const ConnectPriv& priv, int tcp_fd,
+                                        const Config& cfg, Fallback* why) {
+  CmPair cm;
+  cm.id = req_id;
+  cm.ch = rdma_create_event_channel();
+  if (!cm.ch || rdma_migrate_id(cm.id, cm.ch) != 0) {
+    rdma_reject(cm.id, nullptr, 0);
+    if (!cm.ch) cm.id = nullptr;  // still the rendezvous's: destroyed with it
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  note_device(cm.id);
+  int err = 0;
+  std::unique_ptr<VerbsChannel> ch =
+      VerbsChannel::create(cm.id, cm.ch, size_t{1} << priv.ring_log2, &err);
+  if (!ch) {
+    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+    rdma_reject(cm.id, nullptr, 0);
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  rdma_event_channel* own = cm.ch;
+  cm.id = nullptr;
+  cm.ch = nullptr;
+  AcceptPriv rep = {};
+  rep.magic = htobe32(kPrivMagic);
+  rep.version = kPrivVersion;
+  rep.ring_log2 = priv.ring_log2;
+  rep.client_port = priv.client_port;
+  rep.ring_rkey = htobe32(ch->rx_rkey());
+  rep.ring_addr = htobe64(ch->rx_addr());
+  rdma_conn_param cp = {};
+  cp.private_data = &rep;
+  cp.private_data_len = sizeof rep;
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;
+  if (rdma_accept(ch->id(), &cp) != 0) {
+    LOG_INFO("rdma: rdma_accept (reverse): %s", strerror(errno));
+    *why = Fallback::kPairFailed;
+    return nullptr;
+  }
+  int status = 0;
+  int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms() + cfg.connect_timeout_ms, &status);
+  if (r == 0) {
+    if (ch->start(be64toh(priv.ring_addr), be32toh(priv.ring_rkey), tcp_fd) != 0) {
+      real().shutdown(tcp_fd, SHUT_RDWR);
+      *why = Fallback::kResources;
+      return nullptr;
+    }
+    return ch;
+  }
+  if (r < 0) {
+    real().shutdown(tcp_fd, SHUT_RDWR);  // the server may have committed
+    *why = Fallback::kPairTimeout;
+  } else {
+    *why = Fallback::kPairFailed;
+  }
+  return nullptr;
+}
+
+// Reads the rendezvous: a valid reverse request for this connection, or
+// nullptr (anything else is refused or dropped).
+rdma_cm_id* take_reverse_request(VerbsRendezvous* rdv, const WireAddr& local, const WireAddr& peer,
+                                 ConnectPriv* priv) {
+  rdma_cm_event* ev = nullptr;
+  while (rdma_get_cm_event(rdv->ch, &ev) == 0) {
+    if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+      rdma_ack_cm_event(ev);
+      continue;
+    }
+    rdma_cm_id* req_id = ev->id;
+    const size_t n = ev->param.conn.private_data_len;
+    bool ok = n >= sizeof *priv && ev->param.conn.private_data;
+    if (ok) memcpy(priv, ev->param.conn.private_data, sizeof *priv);
+    ok = ok && be32toh(priv->magic) == kPrivMagic && priv->version == kPrivVersion &&
+         (priv->flags & kPrivReverse) && ring_log2_ok(priv->ring_log2) &&
+         names_connection(*priv, local, peer);
+    WireAddr cm_peer;
+    const sockaddr* pa = rdma_get_peer_addr(req_id);
+    ok = ok && pa && to_wire(pa, &cm_peer) && memcmp(cm_peer.addr, peer.addr, 16) == 0;
+    rdma_ack_cm_event(ev);
+    if (ok) return req_id;
+    rdma_reject(req_id, nullptr, 0);
+    rdma_destroy_id(req_id);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, VerbsRendezvous* rdv_in, const Config& cfg,
+                                           Fallback* why) {
+  std::unique_ptr<VerbsRendezvous> rdv(rdv_in);
   *why = Fallback::kPairFailed;
   WireAddr local, peer;
   if (!fd_addrs(tcp_fd, &local, &peer)) return nullptr;
@@ -201,6 +400,7 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallba
       LOG_DEBUG("rdma: no route to the peer (status %d)", status);
       return nullptr;
     }
+    note_device(cm.id);
     int err = 0;
     std::unique_ptr<VerbsChannel> ch =
         VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
@@ -222,6 +422,7 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallba
     memcpy(req.server_addr, peer.addr, 16);
     req.ring_rkey = htobe32(ch->rx_rkey());
     req.ring_addr = htobe64(ch->rx_addr());
+    req.flags = rdv ? kPrivClientListens : 0;
     rdma_conn_param cp = {};
     cp.private_data = &req;
     cp.private_data_len = sizeof req;
@@ -234,7 +435,27 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallba
     AcceptPriv rep = {};
     size_t rep_len = 0;
     rdma_event_channel* own = ch->id()->channel;  // owned by the channel now
-    int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, deadline, &status, &rep, sizeof rep, &rep_len);
+    // The answer comes on our request (a server that reads its listener),
+    // or as the server's own request at our rendezvous (a forked worker).
+    int r = -1;
+    for (;;) {
+      pollfd p[2] = {{own->fd, POLLIN, 0}, {rdv ? rdv->ch->fd : -1, POLLIN, 0}};
+      int pr = real().poll(p, 2, ms_left(deadline));
+      if (pr < 0 && errno == EINTR) continue;
+      if (pr <= 0) break;
+      if (p[1].revents) {
+        ConnectPriv rev;
+        if (rdma_cm_id* req_id = take_reverse_request(rdv.get(), local, peer, &rev)) {
+          ch.reset();  // our request goes unanswered: withdraw it
+          LOG_DEBUG("rdma: the server connects to us (reverse)");
+          return accept_reverse(req_id, rev, tcp_fd, cfg, why);
+        }
+      }
+      if (p[0].revents) {
+        r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, deadline, &status, &rep, sizeof rep, &rep_len);
+        break;
+      }
+    }
     if (r == 0) {
       // Committed: the server commits when it sees the same ESTABLISHED.
       if (rep_len < sizeof rep || be32toh(rep.magic) != kPrivMagic || rep.version != kPrivVersion ||
@@ -403,6 +624,7 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
     delete l;
     return nullptr;
   }
+  note_device(l->id);  // bound to one address: its device is open now
   return l;
 }
 
@@ -465,6 +687,7 @@ std::unique_ptr<Channel> verbs_server_pair(VerbsListener* l, int tcp_fd, const C
     *why = Fallback::kResources;
     return nullptr;
   }
+  note_device(cm.id);
   int err = 0;
   std::unique_ptr<VerbsChannel> ch =
       VerbsChannel::create(cm.id, cm.ch, size_t{1} << got.priv.ring_log2, &err);
@@ -515,6 +738,94 @@ std::unique_ptr<Channel> verbs_server_pair(VerbsListener* l, int tcp_fd, const C
     // REJECTED/CONNECT_ERROR/UNREACHABLE/DISCONNECTED before ESTABLISHED:
     // the client gave up before committing; both stay on TCP.
     LOG_DEBUG("rdma: accept failed: %s", rdma_event_str(static_cast<rdma_cm_event_type>(r - 1)));
+  }
+  return nullptr;
+}
+
+std::unique_ptr<Channel> verbs_server_connect(int tcp_fd, const Config& cfg, Fallback* why) {
+  *why = Fallback::kPairFailed;
+  WireAddr local, peer;
+  if (!fd_addrs(tcp_fd, &local, &peer)) return nullptr;
+  const int ring_log2 = log2_of(cfg.ring_bytes);
+  if (!ring_log2_ok(ring_log2)) return nullptr;
+  global_init();
+  const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
+  sockaddr_storage src, dst;
+  WireAddr src16 = local;
+  src16.port = 0;
+  to_sockaddr(src16, &src);
+  to_sockaddr(peer, &dst);  // the client's rendezvous: its TCP address and port
+  CmPair cm;
+  cm.ch = rdma_create_event_channel();
+  if (!cm.ch || rdma_create_id(cm.ch, &cm.id, nullptr, RDMA_PS_TCP) != 0) {
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  int status = 0;
+  const int step_ms = ms_left(deadline) < 2000 ? ms_left(deadline) : 2000;
+  if (rdma_resolve_addr(cm.id, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),
+                        step_ms > 0 ? step_ms : 1) != 0 ||
+      wait_for(cm.ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, &status) != 0 ||
+      rdma_resolve_route(cm.id, step_ms > 0 ? step_ms : 1) != 0 ||
+      wait_for(cm.ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, &status) != 0) {
+    *why = Fallback::kNotSameHost;
+    return nullptr;
+  }
+  note_device(cm.id);
+  int err = 0;
+  std::unique_ptr<VerbsChannel> ch =
+      VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
+  if (!ch) {
+    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  cm.id = nullptr;
+  cm.ch = nullptr;
+  ConnectPriv req = {};
+  req.magic = htobe32(kPrivMagic);
+  req.version = kPrivVersion;
+  req.ring_log2 = static_cast<uint8_t>(ring_log2);
+  req.client_port = htobe16(peer.port);  // the 4-tuple as the client sees it
+  req.server_port = htobe16(local.port);
+  memcpy(req.client_addr, peer.addr, 16);
+  memcpy(req.server_addr, local.addr, 16);
+  req.ring_rkey = htobe32(ch->rx_rkey());
+  req.ring_addr = htobe64(ch->rx_addr());
+  req.flags = kPrivReverse;
+  rdma_conn_param cp = {};
+  cp.private_data = &req;
+  cp.private_data_len = sizeof req;
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;
+  if (rdma_connect(ch->id(), &cp) != 0) {
+    LOG_INFO("rdma: rdma_connect (reverse): %s", strerror(errno));
+    return nullptr;
+  }
+  AcceptPriv rep = {};
+  size_t rep_len = 0;
+  int r = wait_for(ch->id()->channel, RDMA_CM_EVENT_ESTABLISHED, deadline, &status, &rep,
+                   sizeof rep, &rep_len);
+  if (r == 0) {
+    if (rep_len < sizeof rep || be32toh(rep.magic) != kPrivMagic || rep.version != kPrivVersion ||
+        rep.ring_log2 != ring_log2 || be16toh(rep.client_port) != peer.port) {
+      LOG_WARN("rdma: bad accept private data (reverse): failing the connection");
+      real().shutdown(tcp_fd, SHUT_RDWR);
+      return nullptr;
+    }
+    if (ch->start(be64toh(rep.ring_addr), be32toh(rep.ring_rkey), tcp_fd) != 0) {
+      real().shutdown(tcp_fd, SHUT_RDWR);
+      *why = Fallback::kResources;
+      return nullptr;
+    }
+    return ch;
+  }
+  const rdma_cm_event_type type = static_cast<rdma_cm_event_type>(r - 1);
+  if (r > 0 && type == RDMA_CM_EVENT_REJECTED &&
+      (status == kRejectNoListener || status == -ECONNREFUSED)) {
+    *why = Fallback::kPeerNotAccelerated;  // no rendezvous: a plain client
+  } else {
+    *why = r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed;
   }
   return nullptr;
 }

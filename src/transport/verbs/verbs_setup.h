@@ -3,8 +3,10 @@
 // application's fd; then the client opens an RC connection with rdma_cm
 // (RDMA_PS_TCP, so also right for iWARP) to the same IP:port, naming the TCP
 // 4-tuple in its private data, and the server matches the request to the
-// TCP connection it accepted. The process that accepts the TCP stream owns
-// the queue pair. All calls are synchronous and bounded by
+// TCP connection it accepted; a server process that cannot read its
+// listener (a fork's child) connects to the client's rendezvous instead.
+// The process that accepts the TCP stream owns the queue pair. All calls
+// are synchronous and bounded by
 // Config::connect_timeout_ms. No rdma-core type appears here.
 // Thread-safety: a VerbsListener may be used by several accepting threads at
 // once (internally locked); everything else works on caller-owned fds.
@@ -24,6 +26,14 @@ class VerbsListener;
 // call). Cheap enough for every connect.
 bool verbs_available();
 
+// False in a process forked from one that had opened an RDMA device: Linux
+// ties rdma_cm and verbs descriptors to the process that opened them
+// (EACCES elsewhere), and librdmacm keeps the inherited ones. Such a
+// process stays on TCP (Fallback::kRdmaAfterFork).
+bool verbs_usable_here();
+// Called in the child after fork().
+void verbs_after_fork_child();
+
 // Server: an rdma_cm listener on the same local IP:port as the kernel TCP
 // listener tcp_listen_fd (the two coexist: rdma_cm has its own port space).
 // Returns nullptr with *why = kNotSameHost when there is no RDMA device or
@@ -38,7 +48,25 @@ void verbs_listener_close(VerbsListener* listener);
 void verbs_listener_forked_child(VerbsListener* listener);
 bool verbs_listener_usable(const VerbsListener* listener);
 
-// Client: after the kernel TCP connect of tcp_fd succeeded. Returns the
+// Server, in a process that cannot read its listener: connects to the
+// client's rendezvous (its TCP address and port) itself. Returns the
+// channel or nullptr with *why (kPeerNotAccelerated at once for a client
+// without a rendezvous; else as verbs_client_pair).
+std::unique_ptr<Channel> verbs_server_connect(int tcp_fd, const Config& cfg, Fallback* why);
+
+class VerbsRendezvous;
+
+// Client: before the kernel TCP connect of tcp_fd to dst. Opens the
+// client's rdma_cm rendezvous: a listener on the TCP socket's own address
+// and port (binding an unbound socket to a port free in both port spaces),
+// which a server process that cannot read its listener (a fork's child)
+// connects to. Returns nullptr when there is none (the pairing then works
+// with servers that read their listener only).
+VerbsRendezvous* verbs_client_prepare(int tcp_fd, const struct sockaddr* dst);
+void verbs_rendezvous_close(VerbsRendezvous* rendezvous);
+
+// Client: after the kernel TCP connect of tcp_fd succeeded (rendezvous:
+// from verbs_client_prepare or nullptr; consumed). Returns the
 // channel (the connection is established on both ends: commit point) or
 // nullptr with *why:
 //   kNotSameHost         no RDMA device here or no RDMA route to the peer
@@ -50,7 +78,8 @@ bool verbs_listener_usable(const VerbsListener* listener);
 // After kPairTimeout the server may have committed, if our connection
 // completed at the very moment we gave up: then it sees the disconnect at
 // once and fails its stream (never silent divergence).
-std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, const Config& cfg, Fallback* why);
+std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, VerbsRendezvous* rendezvous,
+                                           const Config& cfg, Fallback* why);
 
 // Server: after the kernel accept() of tcp_fd on the listener's TCP socket.
 // Waits (bounded) for the connect request naming this TCP connection;
