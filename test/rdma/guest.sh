@@ -138,6 +138,27 @@ exchange() {
 }
 
 case_integrity() { exchange 7501 yes yes "$TIER_BYTES"; }
+# The integrity exchange over IPv6 (host A's fd00:20::1), rule in [addr]:port form.
+case_ipv6() {
+  local port=7503 n=$TIER_MATRIX_BYTES six=fd00:20::1
+  local common=(--addr "$six" --port "$port" --send "$n" --expect "$n" --read-api mixed
+                --write-api mixed --order duplex --shut-wr --expect-eof)
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    ENVV+=(RSOCK_PEERS="[$six]:$port")
+    start srv "$RS" --role server "${common[@]}" --tx-seed 13 --rx-seed 14
+    ready srv "$port" yes
+    finish srv 150 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    ENVV+=(RSOCK_PEERS="[$six]:$port")
+    start cli "$RS" --role client "${common[@]}" --tx-seed 14 --rx-seed 13
+    finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
 case_nonblocking-connect() { exchange 7502 yes yes "$TIER_MATRIX_BYTES" --nonblocking-connect; }
 case_fallback-both-preloaded() { exchange 7511 yes yes "$TIER_MATRIX_BYTES"; }
 case_fallback-client-preloaded() { exchange 7512 no yes "$TIER_MATRIX_BYTES"; }

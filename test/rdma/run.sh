@@ -16,6 +16,9 @@
 #                                sizes and APIs, checked bytes + EOF; both ends:
 #                                connections.rdma == 1, no tcp, no fallback,
 #                                bytes_sent == bytes_received == 4 MiB
+#   ipv6                         as integrity, 1 MiB each way, over IPv6
+#                                (fd00:20::1, rule "[fd00:20::1]:PORT"): both
+#                                ends rdma 1, no fallback
 #   nonblocking-connect          as integrity, 1 MiB each way, the client
 #                                connecting the event-loop way (O_NONBLOCK,
 #                                EINPROGRESS, edge-triggered EPOLLOUT, SO_ERROR 0):
@@ -94,7 +97,7 @@ cd "$ROOT" || exit 1 # vm.sh shares the current directory with the guests
 BUILD=${BUILD:-build}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
-ALL_CASES="integrity nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
+ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
            sockperf-pingpong sockperf-throughput
            iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
@@ -277,6 +280,11 @@ judge_integrity() {
   check_exchange "$BYTES"
   expect_stats srv rs_stream 1 0 '{}' "$BYTES" "$BYTES"
   expect_stats cli rs_stream 1 0 '{}' "$BYTES" "$BYTES"
+}
+judge_ipv6() {
+  check_exchange "$MATRIX_BYTES"
+  expect_stats srv rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
+  expect_stats cli rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
 }
 judge_nonblocking-connect() {
   check_exchange "$MATRIX_BYTES"

@@ -14,6 +14,7 @@
 # ports, so A <-> B traffic crosses an emulated wire like between two machines.
 #
 #   host A: eth0 10.20.0.1/24, rxe0        host B: eth0 10.20.0.2/24, rxe0
+#           eth0 fd00:20::1/64                      eth0 fd00:20::2/64
 #
 # Each COMMAND runs with `bash -c` in the current directory, with the caller's
 # exported environment, and only after BOTH guests have eth0 + rxe0 up and
@@ -21,6 +22,7 @@
 #
 # Available to the commands (exported variables):
 #   RSOCK_VM=1  RSOCK_VM_HOST=A|B  RSOCK_VM_PEER=B|A  RSOCK_VM_IP  RSOCK_VM_PEER_IP
+#   RSOCK_VM_IP6  RSOCK_VM_PEER_IP6 (IPv6, no DAD wait)
 #   RSOCK_VM_DEV=rxe0  RSOCK_VM_NETDEV=eth0  RSOCK_VM_SYNC (dir shared by A and B)
 # and exported shell functions (also usable from child bash scripts):
 #   rsock_signal NAME            create $RSOCK_VM_SYNC/NAME
@@ -403,15 +405,16 @@ guest_main() {
   ulimit -l unlimited # RDMA memory registration pins pages
 
   # The wire and soft-RoCE on it.
-  local ip=10.20.0.1 peer_ip=10.20.0.2
-  [ "$host" = B ] && ip=10.20.0.2 peer_ip=10.20.0.1
-  { ip link set lo up && ip link set eth0 mtu "$VM_MTU" up && ip addr add "$ip/24" dev eth0; } ||
+  local ip=10.20.0.1 peer_ip=10.20.0.2 ip6=fd00:20::1 peer_ip6=fd00:20::2
+  [ "$host" = B ] && ip=10.20.0.2 peer_ip=10.20.0.1 ip6=fd00:20::2 peer_ip6=fd00:20::1
+  { ip link set lo up && ip link set eth0 mtu "$VM_MTU" up && ip addr add "$ip/24" dev eth0 &&
+    ip -6 addr add "$ip6/64" dev eth0 nodad; } ||
     setup_failed "eth0 configuration"
   rdma link add rxe0 type rxe netdev eth0 || setup_failed "rdma link add rxe0"
   for ((i = 0; i < 100; i++)); do rdma link show rxe0/1 2> /dev/null | grep -q 'state ACTIVE' && break; sleep 0.1; done
   rdma link show rxe0/1 2> /dev/null | grep -q 'state ACTIVE' || setup_failed "rxe0 never became ACTIVE"
 
-  export RSOCK_VM=1 RSOCK_VM_HOST=$host RSOCK_VM_PEER=$peer RSOCK_VM_IP=$ip RSOCK_VM_PEER_IP=$peer_ip
+  export RSOCK_VM=1 RSOCK_VM_HOST=$host RSOCK_VM_PEER=$peer RSOCK_VM_IP=$ip RSOCK_VM_PEER_IP=$peer_ip RSOCK_VM_IP6=$ip6 RSOCK_VM_PEER_IP6=$peer_ip6
   export RSOCK_VM_DEV=rxe0 RSOCK_VM_NETDEV=eth0 RSOCK_VM_SYNC=$run/sync
   export -f rsock_signal rsock_wait rsock_listening rsock_wait_listen rsock_retry
 
@@ -435,6 +438,7 @@ guest_main() {
     # shellcheck disable=SC1091
     . "$run/environment"
     export RSOCK_VM=1 RSOCK_VM_HOST=$host RSOCK_VM_PEER=$peer RSOCK_VM_IP=$ip RSOCK_VM_PEER_IP=$peer_ip
+    export RSOCK_VM_IP6=$ip6 RSOCK_VM_PEER_IP6=$peer_ip6
     export RSOCK_VM_DEV=rxe0 RSOCK_VM_NETDEV=eth0 RSOCK_VM_SYNC=$run/sync
     cd "$VM_CWD" || exit 125
     exec bash -c "$(< "$run/$host.cmd")"
