@@ -114,9 +114,12 @@ class VerbsChannel final : public Channel {
   VerbsChannel() = default;
   int setup(size_t ring_bytes);
   // All below: with mu_ held.
-  void poll_cq_locked();
-  void on_completion(const ibv_wc& wc, uint32_t* reposts);
+  int poll_cq_locked();
+  void on_completion(const ibv_wc& wc);
   int repost_locked(uint32_t n);
+  void flush_reposts_locked();
+  bool take_cq_event_locked();
+  void request_notify_locked();
   void maybe_ack_locked();
   int post_imm_locked(verbs_imm::Type type, uint64_t value);
   int post_locked(void* first_wr, int count);
@@ -150,8 +153,9 @@ class VerbsChannel final : public Channel {
   uint64_t peer_consumed_ = 0;
   uint32_t peer_flags_ = 0;  // kPeerFin / kPeerClosed from FLAGS messages
   bool peer_stalled_ = false;
-  uint64_t recv_done_ = 0;      // receive completions polled (= WQEs re-posted)
-  uint64_t recv_reported_ = 0;  // recv_done_ as of our last ACK
+  uint64_t recv_done_ = 0;      // receive completions polled
+  uint64_t recv_reposted_ = 0;  // their WQEs re-posted (<= recv_done_, see kRepostBatch)
+  uint64_t recv_reported_ = 0;  // recv_reposted_ as of our last ACK
 
   // Send side.
   uint64_t posted_head_ = 0;  // bytes we have RDMA-written and announced
@@ -169,6 +173,9 @@ class VerbsChannel final : public Channel {
   int armed_ = 0;
   uint32_t unacked_cq_events_ = 0;
   bool cq_armed_ = false;  // notification requested, its event not yet taken
+  // The notification fired (a sleeper woke to new completions) but its event
+  // is still unread in the completion channel: read before the next sleep.
+  bool event_owed_ = false;
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
 };
 
