@@ -113,6 +113,7 @@ class EpollState final : public FdState {
   }
   const int epfd;
   std::atomic<unsigned> kernel_ticks{0};  // see look_at_kernel
+  SpinGovernor spin;                      // epoll_wait's spin length
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
 };
@@ -266,7 +267,9 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     return r < 0 ? -errno : r;
   }
   const int64_t deadline = timeout_ns < 0 ? -1 : monotonic_ns() + timeout_ns;
-  const int64_t spin_end = monotonic_ns() + spin_budget_ns();
+  static thread_local SpinGovernor spin;
+  const int64_t spin_end = monotonic_ns() + spin.budget(spin_budget_ns());
+  bool spinning = true;  // no sleep yet in this call
   std::copy(fds, fds + n, kfds);
   bool has_kernel = false;
   for (nfds_t i = 0; i < n; ++i)
@@ -292,11 +295,16 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
             ++ready;
           }
     }
-    if (ready > 0) return ready;
+    if (ready > 0) {
+      if (spinning && iter > 1) spin.caught();
+      return ready;
+    }
     if (last) return 0;
     if (monotonic_ns() < spin_end) {
       continue;
     }
+    if (spinning) spin.missed();
+    spinning = false;
     // Block: arm the accelerated members, re-check, then sleep in the kernel
     // on their doorbells and on the kernel members together.
     for (nfds_t i = 0; i < n; ++i)
@@ -567,7 +575,8 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     return r < 0 ? -errno : r;
   }
   const int64_t deadline = timeout_ms < 0 ? -1 : monotonic_ns() + int64_t{timeout_ms} * 1000000;
-  const int64_t spin_end = monotonic_ns() + spin_budget_ns();
+  const int64_t spin_end = monotonic_ns() + s->spin.budget(spin_budget_ns());
+  bool spinning = true;  // no sleep yet in this call
   for (int iter = 1;; ++iter) {
     int n = collect(*s, events, maxevents);
     const bool last = deadline >= 0 && monotonic_ns() >= deadline;
@@ -575,11 +584,16 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       int k = real().epoll_wait(epfd, events + n, maxevents - n, 0);
       if (k > 0) n += filter_kernel(*s, events + n, k);
     }
-    if (n > 0) return n;
+    if (n > 0) {
+      if (spinning && iter > 1) s->spin.caught();
+      return n;
+    }
     if (last) return 0;
     if (monotonic_ns() < spin_end) {
       continue;
     }
+    if (spinning) s->spin.missed();
+    spinning = false;
     arm_all(*s, true);
     n = collect(*s, events, maxevents);
     int k = 0, err = 0;

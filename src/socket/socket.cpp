@@ -154,14 +154,20 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
     StreamEvents ev = c.stream().events();
     return want == kWantData ? ev.readable : ev.writable;
   };
-  // Spin briefly: a peer that answers within the spin costs no syscall.
-  const int64_t spin_end = monotonic_ns() + spin_ns();
+  // Spin briefly: a peer that answers within the spin costs no syscall
+  // (SpinGovernor shortens it for a peer that never does).
+  if (ready()) return 0;
+  const int64_t spin_end = monotonic_ns() + c.spin.budget(spin_ns());
   // No PAUSE here: under emulation (TCG) and hypervisors with pause-loop
   // exiting it leaves the vCPU, which costs far more than the check.
   for (;;) {
-    if (ready()) return 0;
+    if (ready()) {
+      c.spin.caught();
+      return 0;
+    }
     if (monotonic_ns() >= spin_end) break;
   }
+  c.spin.missed();
 
   Channel& ch = c.stream().channel();
   for (;;) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 
+#include "common/spin.h"
 #include "fdtable/fdtable.h"
 #include "stats/stats.h"
 #include "stream/stream.h"
@@ -39,8 +40,8 @@ class ListenerState final : public FdState {
   bool shm_allowed() const { return shm_allowed_; }
 
  private:
-  int marker_fd_;          // the same-host advertisement (-1: none, or another process holds it)
-  VerbsListener* verbs_;   // the rdma_cm listener, or nullptr
+  int marker_fd_;         // the same-host advertisement (-1: none, or another process holds it)
+  VerbsListener* verbs_;  // the rdma_cm listener, or nullptr
   bool shm_allowed_;
 };
 
@@ -57,6 +58,7 @@ class ConnectionState final : public FdState {
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};  // SO_RCVTIMEO, 0 = none
   std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO
+  SpinGovernor spin;                       // conn_wait's spin length
 
   // Threads blocked in conn_wait: one sleeps in the kernel on the doorbell,
   // the others wait here for it to come back (see conn_wait).
