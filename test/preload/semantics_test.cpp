@@ -115,7 +115,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTest,
                                            "dup", "poll", "select", "epoll_lt", "epoll_et",
                                            "epoll_oneshot", "idle", "mt_poll", "mt_epoll",
                                            "nb_poll", "nb_select", "nb_epoll", "nb_block",
-                                           "nb_dup", "nb_fallback", "nb_close", "nb_accept"),
+                                           "nb_dup", "nb_fallback", "nb_close", "nb_accept",
+                                           "nb_epoll_mod"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -26,7 +26,7 @@
 //        rs_sem --role client --port P --port2 P2 --case NAME
 //   cases: nonblock sendfull peek timeo epipe addr dup poll select epoll_lt
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll
-//          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept (A made by a
+//          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod (A made by a
 //          nonblocking connect; the client's first line "hello DELAY_MS" tells
 //          the server to accept A that much later; "hello 0 nbaccept": the
 //          event-loop way)
@@ -1303,6 +1303,26 @@ void case_nb_epoll() {
   close(ep);
 }
 
+// EPOLL_CTL_MOD while pairing: the member keeps the new events when the
+// pairing ends; a second set registered then removed (DEL) sees nothing.
+void case_nb_epoll_mod() {
+  nb_connect(kAcceptDelayMs);
+  int ep = epoll_create1(0), ep2 = epoll_create1(0);
+  CHECK(ep >= 0 && ep2 >= 0, "epoll_create1");
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN, 7);
+  ep_ctl(ep2, EPOLL_CTL_ADD, A, EPOLLOUT, 8);
+  ep_ctl(ep, EPOLL_CTL_MOD, A, EPOLLIN | EPOLLOUT | EPOLLET, 7);
+  ep_ctl(ep2, EPOLL_CTL_DEL, A, 0, 0);
+  nb_while_pairing();
+  nb_epoll_wait_out(ep);
+  epoll_event ev = {};
+  CHECK(epoll_wait(ep2, &ev, 1, 200) == 0, "a removed registration reports nothing");
+  say("OK nb_epoll_mod_del");
+  nb_after_connected(A);
+  close(ep);
+  close(ep2);
+}
+
 // A blocking call on a socket still pairing waits for the outcome.
 void case_nb_block() {
   nb_connect(kAcceptDelayMs);
@@ -1401,6 +1421,8 @@ int run_client(const std::string& name) {
     case_nb_close();
   else if (name == "nb_accept")
     case_nb_accept();
+  else if (name == "nb_epoll_mod")
+    case_nb_epoll_mod();
   else if (name == "nonblock")
     case_nonblock();
   else if (name == "sendfull")
