@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -171,6 +172,168 @@ struct CmPair {
   }
 };
 
+// Fills the connect request's private data: the TCP 4-tuple as the client
+// sees it, the sender's ring.
+ConnectPriv make_connect_priv(const WireAddr& client, const WireAddr& server, int ring_log2,
+                              const VerbsChannel& ch, uint8_t flags) {
+  ConnectPriv req = {};
+  req.magic = htobe32(kPrivMagic);
+  req.version = kPrivVersion;
+  req.ring_log2 = static_cast<uint8_t>(ring_log2);
+  req.client_port = htobe16(client.port);
+  req.server_port = htobe16(server.port);
+  memcpy(req.client_addr, client.addr, 16);
+  memcpy(req.server_addr, server.addr, 16);
+  req.ring_rkey = htobe32(ch.rx_rkey());
+  req.ring_addr = htobe64(ch.rx_addr());
+  req.flags = flags;
+  return req;
+}
+
+rdma_conn_param conn_param(const void* priv, size_t len) {
+  rdma_conn_param cp = {};
+  cp.private_data = priv;
+  cp.private_data_len = static_cast<uint8_t>(len);
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;  // infinite: see verbs_channel.cpp, message credits
+  return cp;
+}
+
+// The active side of one attempt: an rdma_cm id of its own, resolved from
+// local's address to peer, and a channel (queue pair, ring) on it. nullptr
+// with *why: kNotSameHost (no RDMA route), kPairTimeout, kResources.
+std::unique_ptr<VerbsChannel> open_active(const WireAddr& local, const WireAddr& peer,
+                                          int ring_log2, int64_t deadline, Fallback* why) {
+  sockaddr_storage src, dst;
+  WireAddr src16 = local;
+  src16.port = 0;  // rdma_cm picks its own port (its port space is separate)
+  to_sockaddr(src16, &src);
+  to_sockaddr(peer, &dst);
+  CmPair cm;
+  cm.ch = rdma_create_event_channel();
+  if (!cm.ch || rdma_create_id(cm.ch, &cm.id, nullptr, RDMA_PS_TCP) != 0) {
+    *why = Fallback::kNotSameHost;  // no rdma_cm device node
+    return nullptr;
+  }
+  int status = 0;
+  const int step_ms = std::max(1, std::min(ms_left(deadline), 2000));
+  if (rdma_resolve_addr(cm.id, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),
+                        step_ms) != 0 ||
+      wait_for(cm.ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, &status) != 0 ||
+      rdma_resolve_route(cm.id, step_ms) != 0 ||
+      wait_for(cm.ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, &status) != 0) {
+    // No RDMA device can reach the peer's address (or too slow to say).
+    *why = now_ms() >= deadline ? Fallback::kPairTimeout : Fallback::kNotSameHost;
+    LOG_DEBUG("rdma: no route to the peer (status %d)", status);
+    return nullptr;
+  }
+  note_device(cm.id);
+  int err = 0;
+  std::unique_ptr<VerbsChannel> ch =
+      VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
+  if (!ch) {
+    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  cm.id = nullptr;  // owned by the channel now
+  cm.ch = nullptr;
+  return ch;
+}
+
+// The active side after ESTABLISHED (the commit point): checks the peer's
+// AcceptPriv and starts the channel.
+std::unique_ptr<Channel> start_active(std::unique_ptr<VerbsChannel> ch, const AcceptPriv& rep,
+                                      size_t rep_len, int ring_log2, uint16_t client_port,
+                                      int tcp_fd, Fallback* why) {
+  if (rep_len < sizeof rep || be32toh(rep.magic) != kPrivMagic || rep.version != kPrivVersion ||
+      rep.ring_log2 != ring_log2 || be16toh(rep.client_port) != client_port) {
+    // Both ends are connected; the peer will use the QP. Fail loudly.
+    LOG_WARN("rdma: bad accept private data: failing the connection");
+    real().shutdown(tcp_fd, SHUT_RDWR);
+    return nullptr;
+  }
+  if (ch->start(be64toh(rep.ring_addr), be32toh(rep.ring_rkey), tcp_fd) != 0) {
+    real().shutdown(tcp_fd, SHUT_RDWR);
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  return ch;
+}
+
+// The passive side: accepts the connect request req_id (whose private data
+// is priv) on an event channel of its own, with a ring of priv's size, and
+// waits for the commit point. lock: held while destroying an id still on
+// a shared channel (the listener's), or nullptr.
+std::unique_ptr<Channel> accept_request(rdma_cm_id* req_id, const ConnectPriv& priv, int tcp_fd,
+                                        const Config& cfg, std::mutex* lock, Fallback* why) {
+  CmPair cm;
+  cm.id = req_id;
+  cm.ch = rdma_create_event_channel();
+  if (!cm.ch || rdma_migrate_id(cm.id, cm.ch) != 0) {
+    rdma_reject(cm.id, nullptr, 0);
+    if (!cm.ch) {  // still on the shared channel
+      if (lock) lock->lock();
+      rdma_destroy_id(cm.id);
+      if (lock) lock->unlock();
+      cm.id = nullptr;
+    }
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  note_device(cm.id);
+  int err = 0;
+  std::unique_ptr<VerbsChannel> ch =
+      VerbsChannel::create(cm.id, cm.ch, size_t{1} << priv.ring_log2, &err);
+  if (!ch) {
+    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+    rdma_reject(cm.id, nullptr, 0);
+    *why = Fallback::kResources;
+    return nullptr;
+  }
+  rdma_event_channel* own = cm.ch;
+  cm.id = nullptr;
+  cm.ch = nullptr;
+  AcceptPriv rep = {};
+  rep.magic = htobe32(kPrivMagic);
+  rep.version = kPrivVersion;
+  rep.ring_log2 = priv.ring_log2;
+  rep.client_port = priv.client_port;
+  rep.ring_rkey = htobe32(ch->rx_rkey());
+  rep.ring_addr = htobe64(ch->rx_addr());
+  rdma_conn_param cp = conn_param(&rep, sizeof rep);
+  if (rdma_accept(ch->id(), &cp) != 0) {
+    LOG_INFO("rdma: rdma_accept: %s", strerror(errno));
+    *why = Fallback::kPairFailed;
+    return nullptr;  // the peer sees a reject or times out: both stay on TCP
+  }
+  // Commit point: ESTABLISHED (the peer's RTU, or its first packet). A
+  // fresh budget: the peer may have used part of its own on retries.
+  const int64_t est_deadline = now_ms() + cfg.connect_timeout_ms;
+  int status = 0;
+  int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, est_deadline, &status);
+  if (r == 0) {
+    if (ch->start(be64toh(priv.ring_addr), be32toh(priv.ring_rkey), tcp_fd) != 0) {
+      real().shutdown(tcp_fd, SHUT_RDWR);
+      *why = Fallback::kResources;
+      return nullptr;
+    }
+    return ch;
+  }
+  if (r < 0) {
+    // The peer may have seen ESTABLISHED already (our RTU view is late):
+    // we cannot know, so the connection fails loudly on both paths.
+    real().shutdown(tcp_fd, SHUT_RDWR);
+    *why = Fallback::kPairTimeout;
+  } else {
+    // REJECTED/CONNECT_ERROR/UNREACHABLE/DISCONNECTED before ESTABLISHED:
+    // the peer gave up before committing; both stay on TCP.
+    LOG_DEBUG("rdma: accept failed: %s", rdma_event_str(static_cast<rdma_cm_event_type>(r - 1)));
+    *why = Fallback::kPairFailed;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 bool verbs_usable_here() { return !g_inherited_device.load(std::memory_order_relaxed); }
@@ -268,69 +431,6 @@ void verbs_rendezvous_close(VerbsRendezvous* r) { delete r; }
 
 namespace {
 
-// The client's side of a reverse connection: the server's request reached
-// our rendezvous. Accepts it on a channel of its own and waits for the
-// commit point, as the server does in the forward direction.
-std::unique_ptr<Channel> accept_reverse(rdma_cm_id* req_id, const ConnectPriv& priv, int tcp_fd,
-                                        const Config& cfg, Fallback* why) {
-  CmPair cm;
-  cm.id = req_id;
-  cm.ch = rdma_create_event_channel();
-  if (!cm.ch || rdma_migrate_id(cm.id, cm.ch) != 0) {
-    rdma_reject(cm.id, nullptr, 0);
-    if (!cm.ch) cm.id = nullptr;  // still the rendezvous's: destroyed with it
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  note_device(cm.id);
-  int err = 0;
-  std::unique_ptr<VerbsChannel> ch =
-      VerbsChannel::create(cm.id, cm.ch, size_t{1} << priv.ring_log2, &err);
-  if (!ch) {
-    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
-    rdma_reject(cm.id, nullptr, 0);
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  rdma_event_channel* own = cm.ch;
-  cm.id = nullptr;
-  cm.ch = nullptr;
-  AcceptPriv rep = {};
-  rep.magic = htobe32(kPrivMagic);
-  rep.version = kPrivVersion;
-  rep.ring_log2 = priv.ring_log2;
-  rep.client_port = priv.client_port;
-  rep.ring_rkey = htobe32(ch->rx_rkey());
-  rep.ring_addr = htobe64(ch->rx_addr());
-  rdma_conn_param cp = {};
-  cp.private_data = &rep;
-  cp.private_data_len = sizeof rep;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
-  if (rdma_accept(ch->id(), &cp) != 0) {
-    LOG_INFO("rdma: rdma_accept (reverse): %s", strerror(errno));
-    *why = Fallback::kPairFailed;
-    return nullptr;
-  }
-  int status = 0;
-  int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms() + cfg.connect_timeout_ms, &status);
-  if (r == 0) {
-    if (ch->start(be64toh(priv.ring_addr), be32toh(priv.ring_rkey), tcp_fd) != 0) {
-      real().shutdown(tcp_fd, SHUT_RDWR);
-      *why = Fallback::kResources;
-      return nullptr;
-    }
-    return ch;
-  }
-  if (r < 0) {
-    real().shutdown(tcp_fd, SHUT_RDWR);  // the server may have committed
-    *why = Fallback::kPairTimeout;
-  } else {
-    *why = Fallback::kPairFailed;
-  }
-  return nullptr;
-}
-
 // Reads the rendezvous: a valid reverse request for this connection, or
 // nullptr (anything else is refused or dropped).
 rdma_cm_id* take_reverse_request(VerbsRendezvous* rdv, const WireAddr& local, const WireAddr& peer,
@@ -375,63 +475,16 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, VerbsRendezvous* rdv_in, 
   if (!ring_log2_ok(ring_log2)) return nullptr;
   global_init();
   const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
-  sockaddr_storage src, dst;
-  WireAddr src16 = local;
-  src16.port = 0;  // rdma_cm picks its own port (its port space is separate)
-  to_sockaddr(src16, &src);
-  to_sockaddr(peer, &dst);
-
   for (int attempt = 0;; ++attempt) {
-    CmPair cm;
-    cm.ch = rdma_create_event_channel();
-    if (!cm.ch || rdma_create_id(cm.ch, &cm.id, nullptr, RDMA_PS_TCP) != 0) {
-      *why = Fallback::kNotSameHost;  // no rdma_cm device node
-      return nullptr;
-    }
-    int status = 0;
-    const int step_ms = ms_left(deadline) < 2000 ? ms_left(deadline) : 2000;
-    if (rdma_resolve_addr(cm.id, reinterpret_cast<sockaddr*>(&src),
-                          reinterpret_cast<sockaddr*>(&dst), step_ms > 0 ? step_ms : 1) != 0 ||
-        wait_for(cm.ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, &status) != 0 ||
-        rdma_resolve_route(cm.id, step_ms > 0 ? step_ms : 1) != 0 ||
-        wait_for(cm.ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, &status) != 0) {
-      // No RDMA device can reach the peer's address (or too slow to say).
-      *why = now_ms() >= deadline ? Fallback::kPairTimeout : Fallback::kNotSameHost;
-      LOG_DEBUG("rdma: no route to the peer (status %d)", status);
-      return nullptr;
-    }
-    note_device(cm.id);
-    int err = 0;
-    std::unique_ptr<VerbsChannel> ch =
-        VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
-    if (!ch) {
-      LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
-      *why = Fallback::kResources;
-      return nullptr;
-    }
-    cm.id = nullptr;  // owned by the channel now
-    cm.ch = nullptr;
-
-    ConnectPriv req = {};
-    req.magic = htobe32(kPrivMagic);
-    req.version = kPrivVersion;
-    req.ring_log2 = static_cast<uint8_t>(ring_log2);
-    req.client_port = htobe16(local.port);
-    req.server_port = htobe16(peer.port);
-    memcpy(req.client_addr, local.addr, 16);
-    memcpy(req.server_addr, peer.addr, 16);
-    req.ring_rkey = htobe32(ch->rx_rkey());
-    req.ring_addr = htobe64(ch->rx_addr());
-    req.flags = rdv ? kPrivClientListens : 0;
-    rdma_conn_param cp = {};
-    cp.private_data = &req;
-    cp.private_data_len = sizeof req;
-    cp.retry_count = 7;
-    cp.rnr_retry_count = 7;  // infinite: see verbs_channel.cpp, message credits
+    std::unique_ptr<VerbsChannel> ch = open_active(local, peer, ring_log2, deadline, why);
+    if (!ch) return nullptr;
+    ConnectPriv req = make_connect_priv(local, peer, ring_log2, *ch, rdv ? kPrivClientListens : 0);
+    rdma_conn_param cp = conn_param(&req, sizeof req);
     if (rdma_connect(ch->id(), &cp) != 0) {
       LOG_INFO("rdma: rdma_connect: %s", strerror(errno));
       return nullptr;
     }
+    int status = 0;
     AcceptPriv rep = {};
     size_t rep_len = 0;
     rdma_event_channel* own = ch->id()->channel;  // owned by the channel now
@@ -448,7 +501,7 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, VerbsRendezvous* rdv_in, 
         if (rdma_cm_id* req_id = take_reverse_request(rdv.get(), local, peer, &rev)) {
           ch.reset();  // our request goes unanswered: withdraw it
           LOG_DEBUG("rdma: the server connects to us (reverse)");
-          return accept_reverse(req_id, rev, tcp_fd, cfg, why);
+          return accept_request(req_id, rev, tcp_fd, cfg, nullptr, why);
         }
       }
       if (p[0].revents) {
@@ -456,22 +509,8 @@ std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, VerbsRendezvous* rdv_in, 
         break;
       }
     }
-    if (r == 0) {
-      // Committed: the server commits when it sees the same ESTABLISHED.
-      if (rep_len < sizeof rep || be32toh(rep.magic) != kPrivMagic || rep.version != kPrivVersion ||
-          rep.ring_log2 != ring_log2 || be16toh(rep.client_port) != local.port) {
-        // Both ends are connected; the server will use the QP. Fail loudly.
-        LOG_WARN("rdma: bad accept private data: failing the connection");
-        real().shutdown(tcp_fd, SHUT_RDWR);
-        return nullptr;
-      }
-      if (ch->start(be64toh(rep.ring_addr), be32toh(rep.ring_rkey), tcp_fd) != 0) {
-        real().shutdown(tcp_fd, SHUT_RDWR);
-        *why = Fallback::kResources;
-        return nullptr;
-      }
-      return ch;
-    }
+    if (r == 0)  // committed: the server commits when it sees the same ESTABLISHED
+      return start_active(std::move(ch), rep, rep_len, ring_log2, local.port, tcp_fd, why);
     const rdma_cm_event_type type = static_cast<rdma_cm_event_type>(r - 1);
     if (r > 0 && type == RDMA_CM_EVENT_REJECTED &&
         (status == kRejectNoListener || status == -ECONNREFUSED)) {
@@ -673,73 +712,7 @@ std::unique_ptr<Channel> verbs_server_pair(VerbsListener* l, int tcp_fd, const C
     return nullptr;
   }
 
-  // The connection gets its own event channel (it outlives the listener).
-  CmPair cm;
-  cm.id = got.id;
-  cm.ch = rdma_create_event_channel();
-  if (!cm.ch || rdma_migrate_id(cm.id, cm.ch) != 0) {
-    rdma_reject(cm.id, nullptr, 0);
-    if (!cm.ch) {  // still on the listener's channel
-      std::lock_guard<std::mutex> lock(l->mu);
-      rdma_destroy_id(cm.id);
-      cm.id = nullptr;
-    }
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  note_device(cm.id);
-  int err = 0;
-  std::unique_ptr<VerbsChannel> ch =
-      VerbsChannel::create(cm.id, cm.ch, size_t{1} << got.priv.ring_log2, &err);
-  if (!ch) {
-    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
-    rdma_reject(cm.id, nullptr, 0);
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  rdma_event_channel* own = cm.ch;
-  cm.id = nullptr;
-  cm.ch = nullptr;
-  AcceptPriv rep = {};
-  rep.magic = htobe32(kPrivMagic);
-  rep.version = kPrivVersion;
-  rep.ring_log2 = got.priv.ring_log2;
-  rep.client_port = got.priv.client_port;
-  rep.ring_rkey = htobe32(ch->rx_rkey());
-  rep.ring_addr = htobe64(ch->rx_addr());
-  rdma_conn_param cp = {};
-  cp.private_data = &rep;
-  cp.private_data_len = sizeof rep;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
-  if (rdma_accept(ch->id(), &cp) != 0) {
-    LOG_INFO("rdma: rdma_accept: %s", strerror(errno));
-    return nullptr;  // the client sees a reject or times out: both stay on TCP
-  }
-  // Commit point: ESTABLISHED (the client's RTU, or its first packet). A
-  // fresh budget: the client may have used part of its own on retries.
-  const int64_t est_deadline = now_ms() + cfg.connect_timeout_ms;
-  int status = 0;
-  int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, est_deadline, &status);
-  if (r == 0) {
-    if (ch->start(be64toh(got.priv.ring_addr), be32toh(got.priv.ring_rkey), tcp_fd) != 0) {
-      real().shutdown(tcp_fd, SHUT_RDWR);
-      *why = Fallback::kResources;
-      return nullptr;
-    }
-    return ch;
-  }
-  if (r < 0) {
-    // The client may have seen ESTABLISHED already (our RTU view is late):
-    // we cannot know, so the connection fails loudly on both paths.
-    real().shutdown(tcp_fd, SHUT_RDWR);
-    *why = Fallback::kPairTimeout;
-  } else {
-    // REJECTED/CONNECT_ERROR/UNREACHABLE/DISCONNECTED before ESTABLISHED:
-    // the client gave up before committing; both stay on TCP.
-    LOG_DEBUG("rdma: accept failed: %s", rdma_event_str(static_cast<rdma_cm_event_type>(r - 1)));
-  }
-  return nullptr;
+  return accept_request(got.id, got.priv, tcp_fd, cfg, &l->mu, why);
 }
 
 std::unique_ptr<Channel> verbs_server_connect(int tcp_fd, const Config& cfg, Fallback* why) {
@@ -750,76 +723,22 @@ std::unique_ptr<Channel> verbs_server_connect(int tcp_fd, const Config& cfg, Fal
   if (!ring_log2_ok(ring_log2)) return nullptr;
   global_init();
   const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
-  sockaddr_storage src, dst;
-  WireAddr src16 = local;
-  src16.port = 0;
-  to_sockaddr(src16, &src);
-  to_sockaddr(peer, &dst);  // the client's rendezvous: its TCP address and port
-  CmPair cm;
-  cm.ch = rdma_create_event_channel();
-  if (!cm.ch || rdma_create_id(cm.ch, &cm.id, nullptr, RDMA_PS_TCP) != 0) {
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  int status = 0;
-  const int step_ms = ms_left(deadline) < 2000 ? ms_left(deadline) : 2000;
-  if (rdma_resolve_addr(cm.id, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),
-                        step_ms > 0 ? step_ms : 1) != 0 ||
-      wait_for(cm.ch, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, &status) != 0 ||
-      rdma_resolve_route(cm.id, step_ms > 0 ? step_ms : 1) != 0 ||
-      wait_for(cm.ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, &status) != 0) {
-    *why = Fallback::kNotSameHost;
-    return nullptr;
-  }
-  note_device(cm.id);
-  int err = 0;
-  std::unique_ptr<VerbsChannel> ch =
-      VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
-  if (!ch) {
-    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  cm.id = nullptr;
-  cm.ch = nullptr;
-  ConnectPriv req = {};
-  req.magic = htobe32(kPrivMagic);
-  req.version = kPrivVersion;
-  req.ring_log2 = static_cast<uint8_t>(ring_log2);
-  req.client_port = htobe16(peer.port);  // the 4-tuple as the client sees it
-  req.server_port = htobe16(local.port);
-  memcpy(req.client_addr, peer.addr, 16);
-  memcpy(req.server_addr, local.addr, 16);
-  req.ring_rkey = htobe32(ch->rx_rkey());
-  req.ring_addr = htobe64(ch->rx_addr());
-  req.flags = kPrivReverse;
-  rdma_conn_param cp = {};
-  cp.private_data = &req;
-  cp.private_data_len = sizeof req;
-  cp.retry_count = 7;
-  cp.rnr_retry_count = 7;
+  // The client's rendezvous is its TCP address and port.
+  std::unique_ptr<VerbsChannel> ch = open_active(local, peer, ring_log2, deadline, why);
+  if (!ch) return nullptr;
+  // The 4-tuple as the client sees it: we are its server.
+  ConnectPriv req = make_connect_priv(peer, local, ring_log2, *ch, kPrivReverse);
+  rdma_conn_param cp = conn_param(&req, sizeof req);
   if (rdma_connect(ch->id(), &cp) != 0) {
     LOG_INFO("rdma: rdma_connect (reverse): %s", strerror(errno));
     return nullptr;
   }
   AcceptPriv rep = {};
   size_t rep_len = 0;
+  int status = 0;
   int r = wait_for(ch->id()->channel, RDMA_CM_EVENT_ESTABLISHED, deadline, &status, &rep,
                    sizeof rep, &rep_len);
-  if (r == 0) {
-    if (rep_len < sizeof rep || be32toh(rep.magic) != kPrivMagic || rep.version != kPrivVersion ||
-        rep.ring_log2 != ring_log2 || be16toh(rep.client_port) != peer.port) {
-      LOG_WARN("rdma: bad accept private data (reverse): failing the connection");
-      real().shutdown(tcp_fd, SHUT_RDWR);
-      return nullptr;
-    }
-    if (ch->start(be64toh(rep.ring_addr), be32toh(rep.ring_rkey), tcp_fd) != 0) {
-      real().shutdown(tcp_fd, SHUT_RDWR);
-      *why = Fallback::kResources;
-      return nullptr;
-    }
-    return ch;
-  }
+  if (r == 0) return start_active(std::move(ch), rep, rep_len, ring_log2, peer.port, tcp_fd, why);
   const rdma_cm_event_type type = static_cast<rdma_cm_event_type>(r - 1);
   if (r > 0 && type == RDMA_CM_EVENT_REJECTED &&
       (status == kRejectNoListener || status == -ECONNREFUSED)) {
