@@ -216,6 +216,9 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
     c.wait_cv.notify_all();
     ch.disarm(want);
     if (rc < 0 && err == EINTR) return -EINTR;
+    // Woken: the caller's own retry looks at the stream (one look fewer on
+    // the way to the reply); a spurious wakeup brings it back here.
+    if (rc > 0) return 0;
     if (ready()) return 0;
   }
 }

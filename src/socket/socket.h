@@ -80,7 +80,8 @@ int conn_shutdown(ConnectionState& c, int how);
 
 // Waits until the stream has data (want = kWantData) or space
 // (kWantSpace), with the spin-then-block policy. deadline_ns is CLOCK_MONOTONIC
-// nanoseconds, or -1 for none. Returns 0, -EAGAIN on timeout, -EINTR.
+// nanoseconds, or -1 for none. Returns 0 (ready, or woken: the caller
+// retries its call), -EAGAIN on timeout, -EINTR.
 int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns);
 
 // Connection setup, called by the wrappers with the runtime active.
