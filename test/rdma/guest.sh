@@ -40,13 +40,14 @@ note() { echo "$*" >> "$DIR/notes"; }
 
 # env_for PROC PORT yes|no: sets ENVV, the `env ...` prefix of a process of
 # this case, preloaded or not. Plain processes get the same settings (nothing
-# reads them): a stats line from one would show that the shim ran.
+# reads them): a stats line from one would show that the shim ran. The rule
+# names SRV_IP:PORT, or XPEERS when set.
 env_for() {
   local proc=$1 port=$2 preload=$3
-  ENVV=(env RSOCK_PEERS="$SRV_IP:$port" RSOCK_STATS="$DIR/$proc.stats"
+  ENVV=(env RSOCK_PEERS="${XPEERS:-$SRV_IP:$port}" RSOCK_STATS="$DIR/$proc.stats"
         RSOCK_CONNECT_TIMEOUT_MS="$TIER_CONNECT_TIMEOUT_MS")
   if [ "$preload" = yes ]; then
-    ENVV+=(LD_PRELOAD="$TIER_LIB" RSOCK_LOG_LEVEL=${TIER_LOG_LEVEL:-info} RSOCK_LOG_FILE="$DIR/$proc.log")
+    ENVV+=(LD_PRELOAD="$TIER_LIB" RSOCK_LOG_LEVEL="${TIER_LOG_LEVEL:-info}" RSOCK_LOG_FILE="$DIR/$proc.log")
   else
     ENVV=(env -u LD_PRELOAD "${ENVV[@]:1}")
   fi
@@ -112,15 +113,29 @@ await_server() { rsock_wait "$CASE.ready" 240 || note "no '$CASE.ready' from hos
 # A: waits for B's clients before the next case (lockstep keeps one case at a time).
 await_clients() { rsock_wait "$CASE.cli-done" 300 || note "no '$CASE.cli-done' from host B"; }
 
+# A: waits (at most 120 s) until the running server srv has received
+# TIER_KILL_AFTER bytes; true if it did and is still alive.
+await_server_progress() {
+  local i
+  for ((i = 0; i < 1200; i++)); do
+    grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && break
+    alive "${PID[srv]}" || break
+    [ -e "$RSOCK_VM_SYNC/$CASE.cli-done" ] && break
+    sleep 0.1
+  done
+  grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && alive "${PID[srv]}"
+}
+
 # ---- cases --------------------------------------------------------------------
 
 # An rs_stream exchange: BYTES each way at once, random write sizes and write
 # APIs, mixed read APIs, every byte checked, EOF after the last one.
 # exchange PORT SERVER_PRELOADED CLIENT_PRELOADED BYTES [CLIENT_OPTION...]
+# (XADDR: the server's address, default SRV_IP; XPEERS: the rule, see env_for)
 exchange() {
   local port=$1 spre=$2 cpre=$3 bytes=$4
   shift 4
-  local common=(--addr "$SRV_IP" --port "$port" --send "$bytes" --expect "$bytes" --read-api mixed
+  local common=(--addr "${XADDR:-$SRV_IP}" --port "$port" --send "$bytes" --expect "$bytes" --read-api mixed
                 --write-api mixed --order duplex --shut-wr --expect-eof)
   if [ "$HOST" = A ]; then
     env_for srv "$port" "$spre"
@@ -139,26 +154,7 @@ exchange() {
 
 case_integrity() { exchange 7501 yes yes "$TIER_BYTES"; }
 # The integrity exchange over IPv6 (host A's fd00:20::1), rule in [addr]:port form.
-case_ipv6() {
-  local port=7503 n=$TIER_MATRIX_BYTES six=fd00:20::1
-  local common=(--addr "$six" --port "$port" --send "$n" --expect "$n" --read-api mixed
-                --write-api mixed --order duplex --shut-wr --expect-eof)
-  if [ "$HOST" = A ]; then
-    env_for srv "$port" yes
-    ENVV+=(RSOCK_PEERS="[$six]:$port")
-    start srv "$RS" --role server "${common[@]}" --tx-seed 13 --rx-seed 14
-    ready srv "$port" yes
-    finish srv 150 "$CASE.cli-done"
-    await_clients
-  else
-    await_server
-    env_for cli "$port" yes
-    ENVV+=(RSOCK_PEERS="[$six]:$port")
-    start cli "$RS" --role client "${common[@]}" --tx-seed 14 --rx-seed 13
-    finish cli 150
-    rsock_signal "$CASE.cli-done"
-  fi
-}
+case_ipv6() { XADDR=fd00:20::1 XPEERS="[fd00:20::1]:7503" exchange 7503 yes yes "$TIER_MATRIX_BYTES"; }
 case_nonblocking-connect() { exchange 7502 yes yes "$TIER_MATRIX_BYTES" --nonblocking-connect; }
 case_fallback-both-preloaded() { exchange 7511 yes yes "$TIER_MATRIX_BYTES"; }
 case_fallback-client-preloaded() { exchange 7512 no yes "$TIER_MATRIX_BYTES"; }
@@ -266,19 +262,13 @@ case_iperf3() {
 # bytes (1 MiB), host A SIGKILLs it. The client must end on its own (write
 # error, EOF or reset); its bound (150 s) only turns a hang into a failure.
 case_peer-killed() {
-  local port=7531 i
+  local port=7531
   local common=(--addr "$SRV_IP" --port "$port" --send -1 --expect -1 --progress "$TIER_KILL_AFTER")
   if [ "$HOST" = A ]; then
     env_for srv "$port" yes
     start srv "$RS" --role server "${common[@]}" --tx-seed 41 --rx-seed 42
     ready srv "$port" yes
-    for ((i = 0; i < 1200; i++)); do
-      grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && break
-      alive "${PID[srv]}" || break
-      [ -e "$RSOCK_VM_SYNC/$CASE.cli-done" ] && break
-      sleep 0.1
-    done
-    if grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && alive "${PID[srv]}"; then
+    if await_server_progress; then
       echo "peer-killed: SIGKILL to the server (pid ${PID[srv]}) mid-stream; bash reports it as 'Killed'"
       kill -KILL "${PID[srv]}"
       date +%s.%N > "$DIR/killed"
@@ -344,13 +334,7 @@ case_device-lost() {
     env_for srv "$port" yes
     start srv "$RS" --role server "${common[@]}" --tx-seed 61 --rx-seed 62
     ready srv "$port" yes
-    for ((i = 0; i < 1200; i++)); do
-      grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && break
-      alive "${PID[srv]}" || break
-      [ -e "$RSOCK_VM_SYNC/$CASE.cli-done" ] && break
-      sleep 0.1
-    done
-    if grep -q '^PROGRESS rx' "$DIR/srv.out" 2> /dev/null && alive "${PID[srv]}"; then
+    if await_server_progress; then
       echo "device-lost: deleting rxe0 under a running stream (server pid ${PID[srv]})"
       date +%s.%N > "$DIR/removal.start"
       rdma link delete rxe0 > "$DIR/removal.out" 2>&1 &

@@ -361,13 +361,13 @@ judge_forked_workers() { # PATH: rdma (paired) or tcp (rdma_after_fork)
   local rdma=4 tcp=0 fb=0
   [ "$path" = rdma ] || { rdma=0 tcp=4 fb=4; }
   sum=$(stats srv echo_server 'map(.connections.rdma) | add')
-  [ "$sum" = $rdma ] || why "workers: connections.rdma adds up to $sum, want $rdma"
+  [ "$sum" = "$rdma" ] || why "workers: connections.rdma adds up to $sum, want $rdma"
   sum=$(stats srv echo_server 'map(.connections.tcp) | add')
-  [ "$sum" = $tcp ] || why "workers: connections.tcp adds up to $sum, want $tcp"
+  [ "$sum" = "$tcp" ] || why "workers: connections.tcp adds up to $sum, want $tcp"
   sum=$(stats srv echo_server '[.[].fallbacks.rdma_after_fork // 0] | add')
-  [ "$sum" = $fb ] || why "workers: rdma_after_fork adds up to $sum, want $fb"
+  [ "$sum" = "$fb" ] || why "workers: rdma_after_fork adds up to $sum, want $fb"
   sum=$(stats srv echo_server '[.[].fallbacks | to_entries[] | .value] | add // 0')
-  [ "$sum" = $fb ] || why "workers: $sum fallbacks, want $fb ($(paste -sd' ' "$DIR/srv.stats"))"
+  [ "$sum" = "$fb" ] || why "workers: $sum fallbacks, want $fb ($(paste -sd' ' "$DIR/srv.stats"))"
 }
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2> /dev/null; }
