@@ -174,7 +174,7 @@ FdRef PendingState::outcome() {
 FdRef PendingState::wait() {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
+    cv_.wait(lock, [&] { return done_; });
   }
   return outcome();
 }
@@ -191,7 +191,7 @@ void PendingState::resolve(FdState* outcome) {
 void PendingState::finish() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    done_.store(true, std::memory_order_release);
+    done_ = true;
   }
   cv_.notify_all();
   uint64_t one = 1;

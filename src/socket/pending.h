@@ -47,7 +47,6 @@ class PendingState final : public FdState {
 
   int fd() const { return fd_; }              // the application's fd at connect()
   int event_fd() const { return event_fd_; }  // readable once the outcome is in
-  bool done() const { return done_.load(std::memory_order_acquire); }
   bool cancelled();
 
   // Waits for the outcome. Returns it: the connection, or empty (plain TCP).
@@ -68,8 +67,8 @@ class PendingState final : public FdState {
   std::condition_variable cv_;
   bool cancelled_ = false;      // under mu_
   FdState* outcome_ = nullptr;  // holds a reference; under mu_
+  bool done_ = false;  // under mu_: finish() ran
   std::atomic<bool> resolved_{false};
-  std::atomic<bool> done_{false};
 };
 
 // What the background pairing needs to know of a connect() or accept().
