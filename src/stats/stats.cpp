@@ -14,6 +14,8 @@ namespace {
 
 std::atomic<uint64_t> g_paths[static_cast<int>(Path::kCount)];
 std::atomic<uint64_t> g_fallbacks[static_cast<int>(Fallback::kCount)];
+std::atomic<uint64_t> g_resets[static_cast<int>(Reset::kCount)];
+std::atomic<uint64_t> g_rejects[static_cast<int>(Reject::kCount)];
 std::atomic<uint64_t> g_sent{0};
 std::atomic<uint64_t> g_received{0};
 
@@ -24,9 +26,34 @@ const char* const kFallbackNames[] = {
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 
+const char* const kResetNames[] = {"kernel_bytes"};
+static_assert(sizeof(kResetNames) / sizeof(kResetNames[0]) == static_cast<size_t>(Reset::kCount));
+
+const char* const kRejectNames[] = {"unproven"};
+static_assert(sizeof(kRejectNames) / sizeof(kRejectNames[0]) ==
+              static_cast<size_t>(Reject::kCount));
+
+// Appends `"key": {"name": count, ...}` (only non-zero counts) at buf + n.
+int format_counts(char* buf, int cap, int n, const char* key, std::atomic<uint64_t>* counts,
+                  const char* const* names, int count) {
+  if (n < cap) n += snprintf(buf + n, cap - n, ", \"%s\": {", key);
+  bool first = true;
+  for (int i = 0; i < count && n < cap; ++i) {
+    uint64_t v = counts[i].load();
+    if (v == 0) continue;
+    n += snprintf(buf + n, cap - n, "%s\"%s\": %llu", first ? "" : ", ", names[i],
+                  static_cast<unsigned long long>(v));
+    first = false;
+  }
+  if (n < cap) n += snprintf(buf + n, cap - n, "}");
+  return n;
+}
+
 }  // namespace
 
 const char* fallback_name(Fallback f) { return kFallbackNames[static_cast<int>(f)]; }
+const char* reset_name(Reset r) { return kResetNames[static_cast<int>(r)]; }
+const char* reject_name(Reject r) { return kRejectNames[static_cast<int>(r)]; }
 
 void stats_connection(Path p) {
   g_paths[static_cast<int>(p)].fetch_add(1, std::memory_order_relaxed);
@@ -34,16 +61,24 @@ void stats_connection(Path p) {
 void stats_fallback(Fallback f) {
   g_fallbacks[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
 }
+void stats_reset_connection(Reset r) {
+  g_resets[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed);
+}
+void stats_reject(Reject r) { g_rejects[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed); }
 void stats_bytes(uint64_t sent, uint64_t received) {
   g_sent.fetch_add(sent, std::memory_order_relaxed);
   g_received.fetch_add(received, std::memory_order_relaxed);
 }
 uint64_t stats_connections(Path p) { return g_paths[static_cast<int>(p)].load(); }
 uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].load(); }
+uint64_t stats_resets(Reset r) { return g_resets[static_cast<int>(r)].load(); }
+uint64_t stats_rejects(Reject r) { return g_rejects[static_cast<int>(r)].load(); }
 
 void stats_reset() {
   for (auto& c : g_paths) c.store(0);
   for (auto& c : g_fallbacks) c.store(0);
+  for (auto& c : g_resets) c.store(0);
+  for (auto& c : g_rejects) c.store(0);
   g_sent.store(0);
   g_received.store(0);
 }
@@ -67,20 +102,17 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
   prog[p] = '\0';
   int n = snprintf(buf, cap,
                    "{\"pid\": %d, \"program\": \"%s\", \"connections\": {\"shm\": %llu, "
-                   "\"rdma\": %llu, \"tcp\": %llu}, \"fallbacks\": {",
+                   "\"rdma\": %llu, \"tcp\": %llu}",
                    pid, prog, static_cast<unsigned long long>(stats_connections(Path::kShm)),
                    static_cast<unsigned long long>(stats_connections(Path::kRdma)),
                    static_cast<unsigned long long>(stats_connections(Path::kTcp)));
-  bool first = true;
-  for (int i = 0; i < static_cast<int>(Fallback::kCount) && n < cap; ++i) {
-    uint64_t v = g_fallbacks[i].load();
-    if (v == 0) continue;
-    n += snprintf(buf + n, cap - n, "%s\"%s\": %llu", first ? "" : ", ", kFallbackNames[i],
-                  static_cast<unsigned long long>(v));
-    first = false;
-  }
+  n = format_counts(buf, cap, n, "fallbacks", g_fallbacks, kFallbackNames,
+                    static_cast<int>(Fallback::kCount));
+  n = format_counts(buf, cap, n, "resets", g_resets, kResetNames, static_cast<int>(Reset::kCount));
+  n = format_counts(buf, cap, n, "rejected", g_rejects, kRejectNames,
+                    static_cast<int>(Reject::kCount));
   if (n < cap)
-    n += snprintf(buf + n, cap - n, "}, \"bytes_sent\": %llu, \"bytes_received\": %llu}",
+    n += snprintf(buf + n, cap - n, ", \"bytes_sent\": %llu, \"bytes_received\": %llu}",
                   static_cast<unsigned long long>(g_sent.load() + open_sent),
                   static_cast<unsigned long long>(g_received.load() + open_received));
   return n < cap ? n : cap - 1;

@@ -1,6 +1,8 @@
 // Process-wide counters: connections by the path that carried their data,
-// fallbacks by reason code, bytes moved on accelerated connections. Written
-// as one JSON line appended to RSOCK_STATS at exit and before exec.
+// fallbacks by reason code, accelerated connections reset by librsock and
+// intruders rejected at a pairing endpoint (both by reason code), bytes moved
+// on accelerated connections. Written as one JSON line appended to
+// RSOCK_STATS at exit and before exec.
 // Thread-safety: counters are relaxed atomics; writing is serialised.
 #pragma once
 
@@ -26,13 +28,35 @@ enum class Fallback : int {
 };
 const char* fallback_name(Fallback f);
 
+// Why librsock broke an accelerated connection after the switch (the
+// application sees ECONNRESET or EPIPE, and one log line names the cause).
+// Stable names, like the fallback reasons.
+enum class Reset : int {
+  kKernelBytes,  // "kernel_bytes": bytes reached the connection's kernel socket behind librsock
+                 // (a raw syscall, io_uring, stdio on the fd, a program without librsock)
+  kCount
+};
+const char* reset_name(Reset r);
+
+// A process that tried to reach one of our pairings and was turned away
+// (docs/security.md). The pairing itself goes on with the real peer.
+enum class Reject : int {
+  kUnproven,  // "unproven": it could not prove that it holds the other end of the TCP connection
+  kCount
+};
+const char* reject_name(Reject r);
+
 enum class Path : int { kShm, kRdma, kTcp, kCount };
 
 void stats_connection(Path p);
 void stats_fallback(Fallback f);
+void stats_reset_connection(Reset r);
+void stats_reject(Reject r);
 void stats_bytes(uint64_t sent, uint64_t received);  // from a closed accelerated connection
 uint64_t stats_connections(Path p);
 uint64_t stats_fallbacks(Fallback f);
+uint64_t stats_resets(Reset r);
+uint64_t stats_rejects(Reject r);
 
 // Formats the JSON object (without newline) into buf; returns its length.
 // open_sent/open_received add the bytes of connections still open.

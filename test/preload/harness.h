@@ -326,6 +326,8 @@ struct Stats {
   std::string program;
   std::map<std::string, uint64_t> connections;  // shm, rdma, tcp
   std::map<std::string, uint64_t> fallbacks;    // reason -> count (absent = 0)
+  std::map<std::string, uint64_t> resets;       // reason -> count (absent = 0)
+  std::map<std::string, uint64_t> rejected;     // reason -> count (absent = 0)
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
 
@@ -336,6 +338,14 @@ struct Stats {
   uint64_t fallback(const std::string& reason) const {
     auto it = fallbacks.find(reason);
     return it == fallbacks.end() ? 0 : it->second;
+  }
+  uint64_t reset(const std::string& reason) const {
+    auto it = resets.find(reason);
+    return it == resets.end() ? 0 : it->second;
+  }
+  uint64_t rejects(const std::string& reason) const {
+    auto it = rejected.find(reason);
+    return it == rejected.end() ? 0 : it->second;
   }
   uint64_t total_fallbacks() const {
     uint64_t t = 0;
@@ -350,6 +360,16 @@ inline const std::vector<std::string>& known_fallbacks() {
       "peer_not_accelerated", "not_same_host", "negative_cache",     "pair_timeout",
       "pair_failed",          "resources",     "transport_disabled", "unsupported_socket",
       "no_rdma_device",       "rdma_after_fork"};
+  return k;
+}
+
+// The reset and rejection reasons librsock documents (src/stats/stats.h).
+inline const std::vector<std::string>& known_resets() {
+  static const std::vector<std::string> k = {"kernel_bytes"};
+  return k;
+}
+inline const std::vector<std::string>& known_rejects() {
+  static const std::vector<std::string> k = {"unproven"};
   return k;
 }
 
@@ -389,20 +409,29 @@ inline std::optional<Stats> parse_stats_line(const std::string& line, std::strin
     if (!uint_field(*conns, path, &v)) return std::nullopt;
     s.connections[path] = v;
   }
-  const Json* fb = j->get("fallbacks");
-  if (!fb || fb->type != Json::Type::kObject) {
-    *error = "field 'fallbacks' missing: " + line;
-    return std::nullopt;
-  }
-  for (auto& [reason, v] : fb->object) {
-    bool known = false;
-    for (auto& k : known_fallbacks()) known |= k == reason;
-    if (!known || v.type != Json::Type::kNumber || !v.is_uint) {
-      *error = "unknown fallback reason or bad count '" + reason + "': " + line;
-      return std::nullopt;
+  // "fallbacks", "resets", "rejected": objects of documented reason -> count.
+  auto reasons = [&](const char* key, const std::vector<std::string>& known_names,
+                     std::map<std::string, uint64_t>* out) {
+    const Json* obj = j->get(key);
+    if (!obj || obj->type != Json::Type::kObject) {
+      *error = std::string("field '") + key + "' missing: " + line;
+      return false;
     }
-    s.fallbacks[reason] = v.uint;
-  }
+    for (auto& [reason, v] : obj->object) {
+      bool known = false;
+      for (auto& k : known_names) known |= k == reason;
+      if (!known || v.type != Json::Type::kNumber || !v.is_uint) {
+        *error = std::string("unknown ") + key + " reason or bad count '" + reason + "': " + line;
+        return false;
+      }
+      (*out)[reason] = v.uint;
+    }
+    return true;
+  };
+  if (!reasons("fallbacks", known_fallbacks(), &s.fallbacks) ||
+      !reasons("resets", known_resets(), &s.resets) ||
+      !reasons("rejected", known_rejects(), &s.rejected))
+    return std::nullopt;
   if (!uint_field(*j, "bytes_sent", &s.bytes_sent) ||
       !uint_field(*j, "bytes_received", &s.bytes_received))
     return std::nullopt;

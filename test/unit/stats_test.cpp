@@ -221,9 +221,11 @@ TEST_F(Stats, FreshCountersFormatAsZeros) {
   EXPECT_EQ(m["connections.rdma"], "0");
   EXPECT_EQ(m["connections.tcp"], "0");
   EXPECT_EQ(m["fallbacks"], "{}");
+  EXPECT_EQ(m["resets"], "{}");
+  EXPECT_EQ(m["rejected"], "{}");
   EXPECT_EQ(m["bytes_sent"], "0");
   EXPECT_EQ(m["bytes_received"], "0");
-  EXPECT_EQ(m.size(), 10u);  // nothing else, in particular no fallback entries
+  EXPECT_EQ(m.size(), 12u);  // nothing else, in particular no reason entries
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
@@ -252,7 +254,19 @@ TEST_F(Stats, CountersAppearInTheLine) {
   EXPECT_EQ(m.count("fallbacks.not_same_host"), 0u);  // zero reasons are left out
   EXPECT_EQ(m["bytes_sent"], "106");                  // closed 101 + open 5
   EXPECT_EQ(m["bytes_received"], "209");
-  EXPECT_EQ(m.size(), 12u);
+  EXPECT_EQ(m.size(), 14u);
+}
+
+TEST_F(Stats, ResetsAndRejectsAppearByName) {
+  stats_reset_connection(Reset::kKernelBytes);
+  stats_reset_connection(Reset::kKernelBytes);
+  stats_reject(Reject::kUnproven);
+  EXPECT_EQ(stats_resets(Reset::kKernelBytes), 2u);
+  EXPECT_EQ(stats_rejects(Reject::kUnproven), 1u);
+  auto m = parse_or_fail(format(7, "p"));
+  EXPECT_EQ(m["resets.kernel_bytes"], "2");
+  EXPECT_EQ(m["rejected.unproven"], "1");
+  EXPECT_EQ(m.size(), 14u);
 }
 
 TEST_F(Stats, LargeCountersFormatInFull) {
@@ -269,7 +283,7 @@ TEST_F(Stats, EveryFallbackReasonIsAKeyWithItsName) {
     for (int k = 0; k <= i; ++k) stats_fallback(f);
     auto m = parse_or_fail(format(1, "p"));
     EXPECT_EQ(m["fallbacks." + std::string(fallback_name(f))], std::to_string(i + 1));
-    EXPECT_EQ(m.size(), 11u) << fallback_name(f);
+    EXPECT_EQ(m.size(), 13u) << fallback_name(f);
   }
 }
 
@@ -289,6 +303,13 @@ TEST(StatsNames, FallbackNamesAreStable) {
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     names.insert(fallback_name(static_cast<Fallback>(i)));
   EXPECT_EQ(names.size(), 10u);
+}
+
+TEST(StatsNames, ResetAndRejectNamesAreStable) {
+  EXPECT_STREQ(reset_name(Reset::kKernelBytes), "kernel_bytes");
+  EXPECT_EQ(static_cast<int>(Reset::kCount), 1);
+  EXPECT_STREQ(reject_name(Reject::kUnproven), "unproven");
+  EXPECT_EQ(static_cast<int>(Reject::kCount), 1);
 }
 
 TEST_F(Stats, ProgramNameIsEscaped) {
@@ -324,10 +345,14 @@ TEST_F(Stats, LongProgramNamesAreCutButStayValid) {
 TEST_F(Stats, ResetZeroesEverything) {
   stats_connection(Path::kRdma);
   stats_fallback(Fallback::kNegativeCache);
+  stats_reset_connection(Reset::kKernelBytes);
+  stats_reject(Reject::kUnproven);
   stats_bytes(10, 20);
   stats_reset();
   EXPECT_EQ(stats_connections(Path::kRdma), 0u);
   EXPECT_EQ(stats_fallbacks(Fallback::kNegativeCache), 0u);
+  EXPECT_EQ(stats_resets(Reset::kKernelBytes), 0u);
+  EXPECT_EQ(stats_rejects(Reject::kUnproven), 0u);
   auto m = parse_or_fail(format(1, "p"));
   EXPECT_EQ(m["connections.rdma"], "0");
   EXPECT_EQ(m.count("fallbacks.negative_cache"), 0u);
@@ -338,6 +363,8 @@ TEST_F(Stats, ResetZeroesEverything) {
 TEST_F(Stats, SmallBuffersAreTruncatedWithoutOverflow) {
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     stats_fallback(static_cast<Fallback>(i));
+  stats_reset_connection(Reset::kKernelBytes);
+  stats_reject(Reject::kUnproven);
   const std::string full = format(99, "program");
   for (int cap :
        {1, 2, 10, 40, 120, 200, static_cast<int>(full.size()), static_cast<int>(full.size()) + 1}) {
