@@ -10,7 +10,8 @@ namespace {
 
 const char* kLine =
     "{\"pid\": 10578, \"program\": \"echo_srv\", \"connections\": {\"shm\": 1, \"rdma\": 0, "
-    "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"bytes_sent\": 35, "
+    "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"resets\": "
+    "{\"kernel_bytes\": 1}, \"rejected\": {\"unproven\": 4}, \"bytes_sent\": 35, "
     "\"bytes_received\": 18446744073709551615}";
 
 TEST(StatsParser, ParsesTheDocumentedLine) {
@@ -24,6 +25,8 @@ TEST(StatsParser, ParsesTheDocumentedLine) {
   EXPECT_EQ(s->conn("rdma"), 0u);
   EXPECT_EQ(s->fallback("peer_not_accelerated"), 3u);
   EXPECT_EQ(s->total_fallbacks(), 3u);
+  EXPECT_EQ(s->reset("kernel_bytes"), 1u);
+  EXPECT_EQ(s->rejects("unproven"), 4u);
   EXPECT_EQ(s->bytes_sent, 35u);
   EXPECT_EQ(s->bytes_received, UINT64_MAX);
 }
@@ -45,6 +48,11 @@ TEST(StatsParser, RejectsMalformedLines) {
       "\"fallbacks\": {}, \"bytes_sent\": 0, \"bytes_received\": 0} trailing",
       "{\"pid\": 1, \"pid\": 2, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, "
       "\"tcp\": 0}, \"fallbacks\": {}, \"bytes_sent\": 0, \"bytes_received\": 0}",  // duplicate
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"resets\": {}, \"bytes_sent\": 0, \"bytes_received\": 0}",  // rejected
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"resets\": {\"made_up\": 1}, \"rejected\": {}, \"bytes_sent\": 0, "
+      "\"bytes_received\": 0}",  // reset reason
   };
   for (const char* line : bad) {
     std::string error;
