@@ -1,6 +1,6 @@
 // Wire formats of the stream protocol (docs/protocol.md is the prose spec):
 // the shared region that holds both rings and their control words, and the
-// handshake messages exchanged on the rendezvous socket. Pure declarations
+// address form both ends use (the pairing messages are in handshake.h). Pure declarations
 // with static_asserts on every layout rule. Thread-safety: the control words
 // are atomics written by exactly one side each (see DirectionControl).
 #pragma once
@@ -58,44 +58,11 @@ inline constexpr size_t region_bytes_for(size_t ring_bytes) {
   return region_header_bytes() + 2 * ring_bytes;
 }
 
-// Handshake on the rendezvous socket (AF_UNIX SOCK_SEQPACKET, one message
-// per packet), docs/protocol.md. The accepting side connects to the
-// connecting side's rendezvous; each side proves it owns its end of the TCP
-// connection by passing that very socket (SCM_RIGHTS): the receiver checks
-// that its local and peer addresses are its own peer and local addresses.
-//   connecting side -> Hello  + [its TCP socket]
-//   accepting side  -> Offer  + [region memfd, its TCP socket]
-//   connecting side -> Answer (accept: both ends now use the rings)
-enum class MsgType : uint32_t { kHello = 1, kOffer = 2, kAnswer = 3 };
-
-struct HelloMsg {
-  uint32_t type;  // MsgType::kHello
-  uint32_t version;
-};
-
 struct WireAddr {  // an address as both ends name it: IPv4 stored as v4-mapped IPv6
   uint8_t addr[16];
   uint16_t port;  // host byte order
   uint16_t pad;
 };
 static_assert(sizeof(WireAddr) == 20);
-
-struct OfferMsg {
-  uint32_t type;  // MsgType::kOffer
-  uint32_t version;
-  uint64_t nonce;
-  uint64_t ring_bytes;
-  uint64_t region_bytes;
-  WireAddr server;  // the accepted socket's local address
-  WireAddr client;  // its peer address
-};
-
-enum class AnswerCode : uint32_t { kAccept = 0, kDecline = 1 };
-
-struct AnswerMsg {
-  uint32_t type;  // MsgType::kAnswer
-  uint32_t code;  // AnswerCode
-  uint64_t nonce;
-};
 
 }  // namespace rsock

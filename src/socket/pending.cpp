@@ -10,6 +10,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <stdint.h>
+
 #include <chrono>
 #include <vector>
 
@@ -19,7 +21,7 @@
 #include "lifecycle/runtime.h"
 #include "progress/readiness.h"
 #include "socket/socket.h"
-#include "transport/shm/rendezvous.h"
+#include "transport/pairing.h"
 #include "transport/verbs/verbs_setup.h"
 
 namespace rsock {
@@ -64,22 +66,26 @@ void discard(std::unique_ptr<Channel> ch) {
   s.close();
 }
 
-// accept(): the server side's pairing, then the same hand-over.
+// accept(): the rest of the server side's pairing, then the same hand-over.
 void run_server(Work& w) {
   PendingState* p = w.pending;
-  Path path = Path::kShm;
+  Pairing& pairing = *w.job.pairing;
+  pairing.rebind(w.sock);  // the application may close its fd meanwhile
   Fallback why = Fallback::kPairFailed;
   std::unique_ptr<Channel> ch;
-  if (!p->cancelled())
-    ch = accept_pair(*w.cfg, *w.job.listener.as<ListenerState>(), w.sock, &path, &why);
+  if (!p->cancelled()) {
+    pairing.run(INT64_MAX);
+    ch = server_pairing_result(pairing, w.sock, w.job.path, &why);
+  }
+  w.job.pairing.reset();
   const bool counted = !p->cancelled();
   ConnectionState* c = nullptr;
   if (ch && counted)
-    c = new_connection(w.sock, std::move(ch), path);
+    c = new_connection(w.sock, std::move(ch), w.job.path);
   else
     discard(std::move(ch));
   hand_over(w, c);
-  if (counted) record_server_outcome(p->fd(), c != nullptr, path, why);
+  if (counted) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
   p->finish();
 }
 
@@ -112,10 +118,12 @@ void run_client(Work& w) {
     if (job.rendezvous_fd >= 0) real().close(job.rendezvous_fd);
     verbs_rendezvous_close(job.verbs_rendezvous);
     counted = false;
-  } else if (job.path == Path::kShm) {
-    ch = shm_client_pair(w.sock, job.rendezvous_fd, *w.cfg, &why);
   } else {
-    ch = verbs_client_pair(w.sock, job.verbs_rendezvous, *w.cfg, &why);
+    std::unique_ptr<Pairing> pairing =
+        client_pairing(w.sock, job.path, job.rendezvous_fd, job.verbs_rendezvous, *w.cfg);
+    pairing->run(INT64_MAX);
+    ch = pairing->take_channel();
+    why = pairing->why();
   }
 
   ConnectionState* c = nullptr;
@@ -198,7 +206,7 @@ void PendingState::finish() {
   (void)!real().write(event_fd_, &one, sizeof one);
 }
 
-int pending_start(PairJob job, const Config& cfg) {
+int pending_start(PairJob& job, const Config& cfg) {
   const int fd = job.fd;
   int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (efd < 0) return -errno;
@@ -241,6 +249,7 @@ int pending_start(PairJob job, const Config& cfg) {
   p->unref();  // the worker's
   p->unref();  // ours
   real().close(sock);
+  job = std::move(w->job);  // back to the caller, untouched
   delete w;
   LOG_WARN("connect fd %d: no pairing thread (%s); pairing in connect()", fd, strerror(rc));
   return -rc;

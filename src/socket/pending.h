@@ -37,6 +37,7 @@ namespace rsock {
 
 struct Config;
 class VerbsRendezvous;
+class Pairing;
 
 class PendingState final : public FdState {
  public:
@@ -82,13 +83,14 @@ struct PairJob {
   int rendezvous_fd = -1;                       // kShm: from shm_client_prepare (handed over)
   VerbsRendezvous* verbs_rendezvous = nullptr;  // kRdma: verbs_client_prepare's (handed over)
   // accept():
-  FdRef listener;  // the ListenerState
+  FdRef listener;                    // the ListenerState (alive while its pairing runs)
+  std::unique_ptr<Pairing> pairing;  // started by accept(), continued in the background
 };
 
-// Attaches a PendingState to job.fd and starts its pairing. Returns 0, or a
-// negative errno when no thread could be started (nothing attached, the
-// rendezvous fd untouched: the caller pairs synchronously instead).
-int pending_start(PairJob job, const Config& cfg);
+// Attaches a PendingState to job.fd and starts its pairing, taking the job
+// over. Returns 0, or a negative errno when no thread could be started
+// (nothing attached, the job untouched: the caller pairs synchronously).
+int pending_start(PairJob& job, const Config& cfg);
 
 // For calls on an fd whose state is `r`: a resolved pairing's outcome in
 // place of its PendingState (fixing fd's slot); anything else unchanged.

@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <stdint.h>
+
 #include <algorithm>
 #include <chrono>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "lifecycle/runtime.h"
 #include "policy/policy.h"
 #include "socket/pending.h"
+#include "transport/pairing.h"
 #include "transport/shm/rendezvous.h"
 #include "transport/verbs/verbs_setup.h"
 
@@ -320,7 +323,7 @@ int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& 
       job.path = path;
       job.rendezvous_fd = rendezvous_fd;
       job.verbs_rendezvous = rdv;
-      if (pending_start(std::move(job), cfg) == 0) return -EINPROGRESS;
+      if (pending_start(job, cfg) == 0) return -EINPROGRESS;
       r = wait_connected(fd, cfg);
     }
     if (r != 0) {
@@ -329,10 +332,9 @@ int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& 
       return r;
     }
   }
-  Fallback why = Fallback::kPairFailed;
-  auto ch = path == Path::kShm ? shm_client_pair(fd, rendezvous_fd, cfg, &why)
-                               : verbs_client_pair(fd, rdv, cfg, &why);
-  return finish_pairing(fd, addr, std::move(ch), path, why);
+  std::unique_ptr<Pairing> p = client_pairing(fd, path, rendezvous_fd, rdv, cfg);
+  p->run(INT64_MAX);
+  return finish_pairing(fd, addr, p->take_channel(), path, p->why());
 }
 
 // A peer address with port 0: the key of the server side's negative cache,
@@ -377,8 +379,15 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
     } else {
       int rfd = shm_client_prepare(fd, addr);
       if (rfd >= 0) return connect_and_pair(fd, addr, len, cfg, Path::kShm, rfd, nullptr);
-      LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
-      why = Fallback::kResources;
+      if (rfd == -EADDRINUSE) {
+        // Another process holds our rendezvous name: whoever it is, it
+        // gets nothing; this connection stays on TCP.
+        LOG_INFO("connect fd %d: the rendezvous name is taken by another process", fd);
+        why = Fallback::kRendezvousTaken;
+      } else {
+        LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
+        why = Fallback::kResources;
+      }
     }
   } else if (!verbs_available()) {
     why = Fallback::kNoRdmaDevice;
@@ -423,8 +432,14 @@ int setup_listen(const Runtime& rt, int fd, int backlog) {
   return 0;
 }
 
-std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int sock, Path* path,
-                                     Fallback* why) {
+std::unique_ptr<Pairing> client_pairing(int sock, Path path, int rendezvous_fd,
+                                        VerbsRendezvous* rdv, const Config& cfg) {
+  if (path == Path::kShm) return shm_client_pairing(sock, rendezvous_fd, cfg);
+  return verbs_client_pairing(sock, rdv, cfg);
+}
+
+std::unique_ptr<Pairing> accept_pairing(const Config& cfg, ListenerState& l, int sock, Path* path,
+                                        Fallback* why) {
   *path = Path::kShm;
   *why = Fallback::kPairFailed;
   sockaddr_storage peer;
@@ -433,27 +448,23 @@ std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int so
   const sockaddr* pa = reinterpret_cast<const sockaddr*>(&peer);
   const sockaddr_storage key = host_key(pa);
   const sockaddr* host = reinterpret_cast<const sockaddr*>(&key);
-  if (l.shm_allowed() && is_local_address(pa)) return shm_server_pair(sock, cfg, why);
+  if (l.shm_allowed() && is_local_address(pa)) return shm_server_pairing(sock, cfg);
   if (l.verbs() == nullptr) {
     *why = !verbs_available() ? Fallback::kNoRdmaDevice
            : l.shm_allowed()  ? Fallback::kNotSameHost
                               : Fallback::kPeerNotAccelerated;
     return nullptr;
   }
+  if (!verbs_usable_here()) {
+    *why = Fallback::kRdmaAfterFork;
+    return nullptr;
+  }
+  *path = Path::kRdma;
   if (!verbs_listener_usable(l.verbs())) {
     // A fork's child: the parent's listener cannot be read here, so we
     // connect to the client's rendezvous ourselves (a plain client has
     // none: peer_not_accelerated at once).
-    if (!verbs_usable_here()) {
-      *why = Fallback::kRdmaAfterFork;
-      return nullptr;
-    }
-    *path = Path::kRdma;
-    return verbs_server_connect(sock, cfg, why);
-  }
-  if (!verbs_usable_here()) {
-    *why = Fallback::kRdmaAfterFork;
-    return nullptr;
+    return verbs_reverse_pairing(sock, cfg);
   }
   if (negative_cache_hit(host)) {
     // A host that did not pair recently (a plain client, or no RDMA): no
@@ -461,9 +472,20 @@ std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int so
     *why = Fallback::kNegativeCache;
     return nullptr;
   }
-  *path = Path::kRdma;
-  auto ch = verbs_server_pair(l.verbs(), sock, cfg, why);
-  if (!ch && *why == Fallback::kPeerNotAccelerated) negative_cache_add(host);
+  return verbs_server_pairing(l.verbs(), sock, cfg);
+}
+
+std::unique_ptr<Channel> server_pairing_result(Pairing& p, int sock, Path path, Fallback* why) {
+  std::unique_ptr<Channel> ch = p.take_channel();
+  *why = p.why();
+  if (!ch && path == Path::kRdma && *why == Fallback::kPeerNotAccelerated) {
+    sockaddr_storage peer;
+    socklen_t plen = sizeof peer;
+    if (getpeername(sock, reinterpret_cast<sockaddr*>(&peer), &plen) == 0) {
+      const sockaddr_storage key = host_key(reinterpret_cast<const sockaddr*>(&peer));
+      negative_cache_add(reinterpret_cast<const sockaddr*>(&key));
+    }
+  }
   return ch;
 }
 
@@ -483,19 +505,26 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool nonblo
     return;
   }
   auto* l = static_cast<ListenerState*>(listener);
-  if (nonblocking) {
-    // An event loop: accept() returns at once, the pairing goes on in the
-    // background (pending.h), as for a nonblocking connect.
+  Path path;
+  Fallback why;
+  std::unique_ptr<Pairing> p = accept_pairing(rt.config, *l, newfd, &path, &why);
+  // A blocking accept() pairs here, for a short while: a cooperative peer
+  // is done by then. An event loop's accept(), and a pairing whose peer has
+  // not finished in that time, go on in the background (pending.h), so that
+  // a peer that stalls never holds up the accept() of other connections.
+  if (p && (nonblocking || !p->run(monotonic_ns() / 1000000 + kAcceptInlineMs))) {
     PairJob job;
     job.fd = newfd;
     job.server = true;
+    job.path = path;
+    job.pairing = std::move(p);
     l->ref();
-    job.listener = FdRef(l);
-    if (pending_start(std::move(job), rt.config) == 0) return;
+    job.listener = FdRef(l);  // the pairing may use the listener's rdma_cm id
+    if (pending_start(job, rt.config) == 0) return;
+    p = std::move(job.pairing);  // no thread: finish here
+    p->run(INT64_MAX);
   }
-  Path path;
-  Fallback why;
-  auto ch = accept_pair(rt.config, *l, newfd, &path, &why);
+  std::unique_ptr<Channel> ch = p ? server_pairing_result(*p, newfd, path, &why) : nullptr;
   const bool accelerated = ch != nullptr;
   if (ch) attach(newfd, std::move(ch), path);
   record_server_outcome(newfd, accelerated, path, why);

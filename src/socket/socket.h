@@ -27,6 +27,8 @@ struct Runtime;
 struct Config;
 
 class VerbsListener;
+class VerbsRendezvous;
+class Pairing;
 
 // A listening socket whose streams are candidates (a rule matched): it
 // advertises itself to same-host clients and, when RDMA is available and
@@ -104,11 +106,18 @@ void connection_options_from(int sock_fd, ConnectionState* c);
 // A client pairing's outcome: log; on fallback, stats and negative cache.
 void record_client_outcome(int fd, const struct sockaddr* addr, bool accelerated, Path path,
                            Fallback why);
+// A client pairing over `path` (shm: rendezvous_fd; rdma: rdv), after
+// the TCP connect of sock succeeded; it takes both over.
+std::unique_ptr<Pairing> client_pairing(int sock, Path path, int rendezvous_fd,
+                                        VerbsRendezvous* rdv, const Config& cfg);
 // The server side's pairing of an accepted socket sock on listener l: shm
-// for a same-host peer, else rdma (with the per-host negative cache).
-// Returns the channel, or nullptr with *why; *path says which was tried.
-std::unique_ptr<Channel> accept_pair(const Config& cfg, ListenerState& l, int sock, Path* path,
-                                     Fallback* why);
+// for a same-host peer, else rdma. nullptr with *why when it is decided at
+// once (no transport, the negative cache); *path says which was tried.
+std::unique_ptr<Pairing> accept_pairing(const Config& cfg, ListenerState& l, int sock, Path* path,
+                                        Fallback* why);
+// A finished server pairing's channel, or nullptr with *why (a host that
+// did not pair over rdma goes into the negative cache).
+std::unique_ptr<Channel> server_pairing_result(Pairing& p, int sock, Path path, Fallback* why);
 void record_server_outcome(int fd, bool accelerated, Path path, Fallback why);
 
 }  // namespace rsock

@@ -22,7 +22,7 @@ std::atomic<uint64_t> g_received{0};
 const char* const kFallbackNames[] = {
     "peer_not_accelerated", "not_same_host",  "negative_cache",     "pair_timeout",
     "pair_failed",          "resources",      "transport_disabled", "unsupported_socket",
-    "no_rdma_device",       "rdma_after_fork"};
+    "no_rdma_device",       "rdma_after_fork", "rendezvous_taken",   "peer_unproven"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 

@@ -24,6 +24,10 @@ enum class Fallback : int {
   kNoRdmaDevice,        // "no_rdma_device": RDMA is needed and this host has no RDMA device
   kRdmaAfterFork,       // "rdma_after_fork": this process was forked from one that had used RDMA;
                         // the RDMA descriptors it inherited work only in its parent
+  kRendezvousTaken,     // "rendezvous_taken": another process holds the name or port this
+                        // connection's pairing needs (docs/security.md)
+  kPeerUnproven,        // "peer_unproven": the other side of the pairing could not prove that it
+                        // holds the other end of the TCP connection
   kCount
 };
 const char* fallback_name(Fallback f);

@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -359,7 +360,7 @@ inline const std::vector<std::string>& known_fallbacks() {
   static const std::vector<std::string> k = {
       "peer_not_accelerated", "not_same_host", "negative_cache",     "pair_timeout",
       "pair_failed",          "resources",     "transport_disabled", "unsupported_socket",
-      "no_rdma_device",       "rdma_after_fork"};
+      "no_rdma_device",       "rdma_after_fork", "rendezvous_taken",   "peer_unproven"};
   return k;
 }
 
@@ -581,14 +582,17 @@ class PreloadTest : public ::testing::Test {
 
   // Starts build/progs/<prog> with args. The environment is this process's
   // minus every LD_PRELOAD and RSOCK_* variable, plus `env`.
+  // as_user >= 0: the program runs as that uid and gid, with no
+  // supplementary groups (another user than the test); prog may then be an
+  // absolute path (the user must be able to execute it).
   Proc& spawn(const std::string& label, const std::string& prog,
-              const std::vector<std::string>& args, const Env& env) {
+              const std::vector<std::string>& args, const Env& env, int as_user = -1) {
     auto p = std::make_unique<Proc>();
     p->name = label;
     const int idx = static_cast<int>(procs_.size());
     p->out_path = dir_ + "/" + std::to_string(idx) + "-" + label + ".out";
     p->err_path = dir_ + "/" + std::to_string(idx) + "-" + label + ".err";
-    const std::string path = progs_ + "/" + prog;
+    const std::string path = prog[0] == '/' ? prog : progs_ + "/" + prog;
 
     // Everything the child needs is built before fork (the child only calls
     // async-signal-safe functions).
@@ -621,6 +625,9 @@ class PreloadTest : public ::testing::Test {
       // Nothing of the test process but stdio reaches the program.
       if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
         for (int fd = 3; fd < 4096; ++fd) close(fd);
+      if (as_user >= 0 && (setgroups(0, nullptr) != 0 || setgid(static_cast<gid_t>(as_user)) != 0 ||
+                           setuid(static_cast<uid_t>(as_user)) != 0))
+        _exit(126);
       execve(path.c_str(), argv.data(), envp.data());
       _exit(127);
     }

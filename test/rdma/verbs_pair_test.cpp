@@ -1,6 +1,6 @@
 // verbs_pair_test.cpp - the verbs transport (src/transport/verbs) between two
 // hosts, below the socket layer: kernel TCP connect/accept, then
-// verbs_client_pair / verbs_server_pair, then rsock::Stream over the channel,
+// verbs_client_pairing / verbs_server_pairing, then rsock::Stream over the channel,
 // blocking the way the socket layer does (spin, arm, re-check, poll the wait
 // fd, drain, disarm).
 //
@@ -429,6 +429,13 @@ void case_kill(rsock::Stream& s, bool is_server, Result* res) {
 
 bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
 
+// Runs a pairing to its end: its channel, or nullptr with *why.
+std::unique_ptr<rsock::Channel> run_pairing(std::unique_ptr<rsock::Pairing> p, rsock::Fallback* why) {
+  p->run(INT64_MAX);
+  *why = p->why();
+  return p->take_channel();
+}
+
 int make_listener(int port) {
   int ls = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
@@ -516,7 +523,7 @@ int server(int port, const std::vector<std::string>& cases) {
     std::unique_ptr<rsock::Channel> ch;
     if (!is_tcp_case(c)) {
       const int64_t t0 = now_us();
-      ch = rsock::verbs_server_pair(vl, fd, cfg, &why);
+      ch = run_pairing(rsock::verbs_server_pairing(vl, fd, cfg), &why);
       if (!ch) {
         say("FAIL %s: verbs_server_pair: %s", c.c_str(), rsock::fallback_name(why));
         ++failed;
@@ -562,7 +569,7 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
     rsock::Fallback why = rsock::Fallback::kCount;
     if (c == "nolistener") {
       const int64_t t0 = now_us();
-      ch = rsock::verbs_client_pair(fd, nullptr, cfg, &why);
+      ch = run_pairing(rsock::verbs_client_pairing(fd, nullptr, cfg), &why);
       const double ms = (now_us() - t0) / 1e3;
       const bool ok = !ch && why == rsock::Fallback::kPeerNotAccelerated;
       if (ok)
@@ -577,7 +584,7 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
     }
     if (!is_tcp_case(c)) {
       const int64_t t0 = now_us();
-      ch = rsock::verbs_client_pair(fd, nullptr, cfg, &why);
+      ch = run_pairing(rsock::verbs_client_pairing(fd, nullptr, cfg), &why);
       if (!ch) {
         say("FAIL %s: verbs_client_pair: %s", c.c_str(), rsock::fallback_name(why));
         ++failed;

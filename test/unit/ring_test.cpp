@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ring/handshake.h"
 #include "ring/wire.h"
 
 namespace rsock {
@@ -336,6 +337,7 @@ TEST(WireLayout, HandshakeMessagesHaveFixedSizes) {
   EXPECT_EQ(static_cast<uint32_t>(MsgType::kHello), 1u);
   EXPECT_EQ(static_cast<uint32_t>(MsgType::kOffer), 2u);
   EXPECT_EQ(static_cast<uint32_t>(MsgType::kAnswer), 3u);
+  EXPECT_EQ(static_cast<uint32_t>(MsgType::kProof), 4u);
 }
 
 TEST(WireLayout, MagicSpellsTheProtocolName) {

@@ -298,11 +298,13 @@ TEST(StatsNames, FallbackNamesAreStable) {
   EXPECT_STREQ(fallback_name(Fallback::kUnsupportedSocket), "unsupported_socket");
   EXPECT_STREQ(fallback_name(Fallback::kNoRdmaDevice), "no_rdma_device");
   EXPECT_STREQ(fallback_name(Fallback::kRdmaAfterFork), "rdma_after_fork");
-  EXPECT_EQ(static_cast<int>(Fallback::kCount), 10);
+  EXPECT_STREQ(fallback_name(Fallback::kRendezvousTaken), "rendezvous_taken");
+  EXPECT_STREQ(fallback_name(Fallback::kPeerUnproven), "peer_unproven");
+  EXPECT_EQ(static_cast<int>(Fallback::kCount), 12);
   std::set<std::string> names;
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     names.insert(fallback_name(static_cast<Fallback>(i)));
-  EXPECT_EQ(names.size(), 10u);
+  EXPECT_EQ(names.size(), 12u);
 }
 
 TEST(StatsNames, ResetAndRejectNamesAreStable) {

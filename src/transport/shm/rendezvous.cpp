@@ -15,12 +15,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "common/log.h"
 #include "common/real.h"
-#include "ring/wire.h"
+#include "ring/handshake.h"
 #include "transport/addr.h"
+#include "transport/shm/possession.h"
 #include "transport/shm/shm_channel.h"
 
 namespace rsock {
@@ -98,13 +101,13 @@ int send_msg(int fd, const void* msg, size_t len, const int* fds, int nfds) {
   return n == static_cast<ssize_t>(len) ? 0 : (n < 0 ? -errno : -EPROTO);
 }
 
-// Receives one message of exactly `len` bytes with up to `max_fds` fds.
-// Returns the number of fds received or a negative errno; every received
-// fd beyond max_fds, or any fd on failure, is closed.
-int recv_msg(int fd, void* msg, size_t len, int* fds, int max_fds, int64_t deadline_ms) {
-  int w = wait_readable(fd, deadline_ms);
-  if (w <= 0) return w == 0 ? -ETIMEDOUT : w;
-  iovec iov = {msg, len};
+// Receives one message (at most cap bytes) with up to max_fds fds, without
+// waiting. Returns its length (0: the peer closed), -EAGAIN when none is
+// there, or another negative errno; *nfds receives the number of fds taken.
+// Every fd beyond max_fds, and every fd of a truncated message, is closed.
+ssize_t recv_msg(int fd, void* msg, size_t cap, int* fds, int max_fds, int* nfds) {
+  *nfds = 0;
+  iovec iov = {msg, cap};
   alignas(cmsghdr) char ctl[CMSG_SPACE(4 * sizeof(int))];
   msghdr mh = {};
   mh.msg_iov = &iov;
@@ -112,7 +115,7 @@ int recv_msg(int fd, void* msg, size_t len, int* fds, int max_fds, int64_t deadl
   mh.msg_control = ctl;
   mh.msg_controllen = sizeof ctl;
   ssize_t n = real().recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  if (n < 0) return -errno;
+  if (n < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
   int got = 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -126,30 +129,16 @@ int recv_msg(int fd, void* msg, size_t len, int* fds, int max_fds, int64_t deadl
         real().close(f);
     }
   }
-  if (n != static_cast<ssize_t>(len) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+  if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
     for (int i = 0; i < got; ++i) real().close(fds[i]);
-    return n == 0 ? -ECONNRESET : -EPROTO;
+    return -EPROTO;
   }
-  return got;
+  *nfds = got;
+  return n;
 }
 
-// The peer proves it holds the other end of our TCP connection by sending
-// that socket: its local address must be our peer and its peer our local.
-bool verify_proof(int our_fd, int their_fd) {
-  WireAddr our_local, our_peer, their_local, their_peer;
-  return fd_addrs(our_fd, &our_local, &our_peer) &&
-         fd_addrs(their_fd, &their_local, &their_peer) && same_wire(our_local, their_peer) &&
-         same_wire(our_peer, their_local);
-}
-
-// Who is on the other end of the rendezvous (SO_PEERCRED), for the log.
-// Identity is established by the socket proof above, which also holds across
-// users (a client and a server may legitimately run as different users).
-void log_peer(int conn, const char* what) {
-  ucred cred = {};
-  socklen_t len = sizeof cred;
-  if (real().getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
-    LOG_DEBUG("shm pairing: %s is pid %d uid %u", what, static_cast<int>(cred.pid), cred.uid);
+void close_fds(int* fds, int n) {
+  for (int i = 0; i < n; ++i) real().close(fds[i]);
 }
 
 // A private, close-on-exec dup of the connection's socket: the doorbell fd
@@ -248,7 +237,7 @@ int shm_client_prepare(int tcp_fd, const sockaddr* dst) {
   if (fd < 0) return -errno;
   sockaddr_un un;
   socklen_t ulen = abstract_addr(name, &un);
-  if (real().bind(fd, reinterpret_cast<sockaddr*>(&un), ulen) != 0 || real().listen(fd, 4) != 0) {
+  if (real().bind(fd, reinterpret_cast<sockaddr*>(&un), ulen) != 0 || real().listen(fd, 16) != 0) {
     int err = -errno;
     real().close(fd);
     return err;
@@ -256,136 +245,405 @@ int shm_client_prepare(int tcp_fd, const sockaddr* dst) {
   return fd;
 }
 
-std::unique_ptr<Channel> shm_client_pair(int tcp_fd, int rendezvous_fd, const Config& cfg,
-                                         Fallback* why) {
-  const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
-  std::unique_ptr<Channel> result;
-  int conn = -1;
-  *why = Fallback::kPairFailed;
-  for (;;) {
-    int w = wait_readable(rendezvous_fd, deadline);
-    if (w == 0) {
-      *why = Fallback::kPairTimeout;
-      break;
-    }
-    if (w < 0) break;
-    conn = real().accept4(rendezvous_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn >= 0) break;
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) break;
-  }
-  // Closing the rendezvous now means a server that is late gets
-  // ECONNREFUSED and falls back too: both ends always agree.
-  real().close(rendezvous_fd);
-  if (conn < 0) return nullptr;
+namespace {
 
-  HelloMsg hello = {static_cast<uint32_t>(MsgType::kHello), kProtocolVersion};
-  OfferMsg offer;
-  int fds[2] = {-1, -1};
-  int got = -1;
-  if (send_msg(conn, &hello, sizeof hello, &tcp_fd, 1) == 0)
-    got = recv_msg(conn, &offer, sizeof offer, fds, 2, deadline);
-  if (got == -ETIMEDOUT) *why = Fallback::kPairTimeout;
-  log_peer(conn, "server");
-  void* map = nullptr;
-  if (got == 2 && offer.type == static_cast<uint32_t>(MsgType::kOffer) &&
-      offer.version == kProtocolVersion && verify_proof(tcp_fd, fds[1]) &&
-      shm_region_attach(fds[0], offer.region_bytes, offer.nonce, offer.ring_bytes, &map) == 0) {
-    int doorbell = private_dup(tcp_fd);
+// ---------------------------------------------------------------- server --
+
+// The server side (docs/protocol.md section 2): connect to the client's
+// rendezvous, speak first with our proof, and send the region only after
+// the client's proof. Stages wait only for the peer's next message.
+class ShmServerPairing final : public Pairing {
+ public:
+  ShmServerPairing(int tcp_fd, const Config& cfg)
+      : tcp_fd_(tcp_fd),
+        ring_bytes_(cfg.ring_bytes),
+        deadline_(now_ms() + cfg.connect_timeout_ms) {}
+  ~ShmServerPairing() override {
+    if (conn_ >= 0) real().close(conn_);
+    if (memfd_ >= 0) real().close(memfd_);
+    if (doorbell_ >= 0) real().close(doorbell_);
+    if (map_) munmap(map_, map_len_);
+  }
+
+  bool run(int64_t limit_ms) override {
+    while (stage_ != Stage::kDone) {
+      const int64_t now = now_ms();
+      if (now >= deadline_) return timed_out();
+      if (now >= limit_ms) return false;
+      if (stage_ == Stage::kConnect) {
+        connect_step(std::min(limit_ms, deadline_));
+        continue;
+      }
+      int w = wait_readable(conn_, std::min(limit_ms, deadline_));
+      if (w < 0) return finish(Fallback::kPairFailed);
+      if (w == 0) continue;  // the limit or the deadline: decided above
+      if (stage_ == Stage::kAwaitProof)
+        on_proof();
+      else
+        on_answer();
+    }
+    return true;
+  }
+  void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
+  std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
+  Fallback why() const override { return why_; }
+
+ private:
+  enum class Stage { kConnect, kAwaitProof, kAwaitAnswer, kDone };
+
+  bool finish(Fallback why) {
+    why_ = why;
+    stage_ = Stage::kDone;
+    if (conn_ >= 0) real().close(conn_);
+    conn_ = -1;
+    return true;
+  }
+
+  bool timed_out() {
+    // The client commits when it sends its answer: if that is what we did
+    // not get, it may be on the ring already. Neither end can tell, so the
+    // connection fails loudly rather than risking divergence.
+    if (stage_ == Stage::kAwaitAnswer) real().shutdown(tcp_fd_, SHUT_RDWR);
+    return finish(Fallback::kPairTimeout);
+  }
+
+  void connect_step(int64_t until) {
+    WireAddr local, peer;
+    if (!fd_addrs(tcp_fd_, &local, &peer)) {
+      finish(Fallback::kPairFailed);
+      return;
+    }
+    if (conn_ < 0) conn_ = real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (conn_ < 0) {
+      finish(Fallback::kResources);
+      return;
+    }
+    char name[96];
+    client_name(local, peer.port, name, sizeof name);
+    sockaddr_un un;
+    socklen_t ulen = abstract_addr(name, &un);
+    if (real().connect(conn_, reinterpret_cast<sockaddr*>(&un), ulen) != 0) {
+      if (errno == EAGAIN) {
+        // The rendezvous's backlog is full (a flood): its owner drains it.
+        const int64_t left = until - now_ms();
+        if (left > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(left, 1) * 1000));
+        return;
+      }
+      // No rendezvous: a client without librsock (or one that gave up).
+      finish(errno == ECONNREFUSED || errno == ENOENT ? Fallback::kPeerNotAccelerated
+                                                      : Fallback::kPairFailed);
+      return;
+    }
+    // Whoever holds the name must be the user who owns the client's socket:
+    // a squatter of another user is turned away before it can stall us.
+    ucred cred = {};
+    socklen_t clen = sizeof cred;
+    int rc = peer_socket_of(tcp_fd_, &client_);
+    if (rc != 0 || real().getsockopt(conn_, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+      finish(Fallback::kPairFailed);
+      return;
+    }
+    if (cred.uid != client_.uid) {
+      LOG_INFO("shm pairing: the client's rendezvous is held by uid %u (pid %d), its connection "
+               "by uid %u: not pairing",
+               cred.uid, static_cast<int>(cred.pid), client_.uid);
+      stats_reject(Reject::kUnproven);
+      finish(Fallback::kPeerUnproven);
+      return;
+    }
+    int proof = possession_proof(tcp_fd_);
+    if (proof < 0) {
+      finish(Fallback::kResources);
+      return;
+    }
+    HelloMsg hello = {static_cast<uint32_t>(MsgType::kHello), kHandshakeVersion};
+    rc = send_msg(conn_, &hello, sizeof hello, &proof, 1);
+    real().close(proof);
+    if (rc != 0) {
+      finish(Fallback::kPairFailed);
+      return;
+    }
+    stage_ = Stage::kAwaitProof;
+  }
+
+  void on_proof() {
+    HelloMsg m;
+    int fd = -1, nfds = 0;
+    ssize_t n = recv_msg(conn_, &m, sizeof m, &fd, 1, &nfds);
+    if (n == -EAGAIN) return;
+    const bool proven = n > 0 && decode_hello(&m, static_cast<size_t>(n), MsgType::kProof) &&
+                        nfds == 1 && proof_names(fd, client_.inode, tcp_fd_);
+    close_fds(&fd, nfds);
+    if (n <= 0) {
+      finish(Fallback::kPairFailed);  // the client went away
+      return;
+    }
+    if (!proven) {
+      LOG_INFO("shm pairing: the client's rendezvous did not prove it holds the connection");
+      stats_reject(Reject::kUnproven);
+      finish(Fallback::kPeerUnproven);
+      return;
+    }
+    while (getrandom(&nonce_, sizeof nonce_, 0) != sizeof nonce_) {
+    }
+    memfd_ = shm_region_create(ring_bytes_, nonce_, &map_, &map_len_);
+    if (memfd_ < 0 || (doorbell_ = private_dup(tcp_fd_)) < 0) {
+      finish(Fallback::kResources);
+      return;
+    }
+    WireAddr local, peer;
+    fd_addrs(tcp_fd_, &local, &peer);
+    OfferMsg offer = {};
+    offer.type = static_cast<uint32_t>(MsgType::kOffer);
+    offer.version = kHandshakeVersion;
+    offer.nonce = nonce_;
+    offer.ring_bytes = ring_bytes_;
+    offer.region_bytes = map_len_;
+    offer.server = local;
+    offer.client = peer;
+    if (send_msg(conn_, &offer, sizeof offer, &memfd_, 1) != 0) {
+      finish(Fallback::kPairFailed);
+      return;
+    }
+    real().close(memfd_);  // the client has its own reference now
+    memfd_ = -1;
+    stage_ = Stage::kAwaitAnswer;
+  }
+
+  void on_answer() {
+    AnswerMsg a;
+    int nfds = 0;
+    ssize_t n = recv_msg(conn_, &a, sizeof a, nullptr, 0, &nfds);
+    if (n == -EAGAIN) return;
+    if (n > 0 && decode_answer_accepts(&a, static_cast<size_t>(n), nonce_)) {
+      channel_ = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_);
+      map_ = nullptr;
+      doorbell_ = -1;
+      finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
+      return;
+    }
+    // Declined, or the client went away before committing: both on TCP.
+    finish(Fallback::kPairFailed);
+  }
+
+  int tcp_fd_;
+  const size_t ring_bytes_;
+  const int64_t deadline_;
+  Stage stage_ = Stage::kConnect;
+  int conn_ = -1;
+  PeerSocket client_;  // the client's TCP socket, from sock_diag
+  uint64_t nonce_ = 0;
+  int memfd_ = -1;
+  void* map_ = nullptr;
+  size_t map_len_ = 0;
+  int doorbell_ = -1;
+  std::unique_ptr<Channel> channel_;
+  Fallback why_ = Fallback::kPairFailed;
+};
+
+// ---------------------------------------------------------------- client --
+
+// The client side: among the processes that connect to our rendezvous,
+// answer only the one that proves it holds the other end of our TCP
+// connection (anyone can connect to an abstract name). Unproven connectors
+// neither learn anything nor hold up the real server: each is read without
+// waiting, and at most kMaxCandidates are kept (the oldest silent one goes
+// first when more arrive).
+class ShmClientPairing final : public Pairing {
+ public:
+  ShmClientPairing(int tcp_fd, int rendezvous_fd, const Config& cfg)
+      : tcp_fd_(tcp_fd), listener_(rendezvous_fd), deadline_(now_ms() + cfg.connect_timeout_ms) {}
+  ~ShmClientPairing() override {
+    close_listener();
+    drop_all();
+    if (server_ >= 0) real().close(server_);
+  }
+
+  bool run(int64_t limit_ms) override {
+    while (!done_) {
+      const int64_t now = now_ms();
+      if (now >= deadline_) return finish(Fallback::kPairTimeout);
+      if (now >= limit_ms) return false;
+      const int64_t until = std::min(limit_ms, deadline_);
+      if (server_ < 0) {
+        if (!look_for_server(until)) return finish(Fallback::kPairFailed);
+        continue;
+      }
+      int w = wait_readable(server_, until);
+      if (w < 0) return finish(Fallback::kPairFailed);
+      if (w > 0) on_offer();
+    }
+    return true;
+  }
+  void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
+  std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
+  Fallback why() const override { return why_; }
+
+ private:
+  static constexpr size_t kMaxCandidates = 8;
+  static constexpr int64_t kSilentGraceMs = 50;
+
+  struct Candidate {
+    int fd;
+    int64_t since_ms;  // accepted at
+  };
+
+  bool finish(Fallback why) {
+    why_ = why;
+    done_ = true;
+    // Closing the rendezvous now means a server that is late gets
+    // ECONNREFUSED and falls back too: both ends always agree.
+    close_listener();
+    drop_all();
+    return true;
+  }
+
+  void close_listener() {
+    if (listener_ >= 0) real().close(listener_);
+    listener_ = -1;
+  }
+
+  // Only the server has a reason to connect to our rendezvous: every other
+  // connector we accepted counts as turned away, whatever it sent.
+  void drop(size_t i) {
+    real().close(candidates_[i].fd);
+    candidates_.erase(candidates_.begin() + static_cast<ptrdiff_t>(i));
+    stats_reject(Reject::kUnproven);
+  }
+  void drop_all() {
+    while (!candidates_.empty()) drop(candidates_.size() - 1);
+  }
+
+  // Waits for connectors and their hellos. false: an unrecoverable error.
+  bool look_for_server(int64_t until) {
+    // A full house leaves further connectors in the kernel's backlog (a
+    // server there retries); a slot frees when a connector that has been
+    // silent for kSilentGraceMs is dropped. A real server sends its hello
+    // right after it connects, so only intruders are dropped that way.
+    const int64_t now = now_ms();
+    while (candidates_.size() == kMaxCandidates && now - candidates_[0].since_ms > kSilentGraceMs)
+      drop(0);
+    const bool room = candidates_.size() < kMaxCandidates;
+    pollfd p[1 + kMaxCandidates];
+    size_t n = 0;
+    p[n++] = {room ? listener_ : -1, POLLIN, 0};
+    for (const Candidate& c : candidates_) p[n++] = {c.fd, POLLIN, 0};
+    int64_t left = until - now;
+    if (!room) left = std::min(left, candidates_[0].since_ms + kSilentGraceMs + 1 - now);
+    int rc = real().poll(p, static_cast<nfds_t>(n), static_cast<int>(left < 0 ? 0 : left));
+    if (rc < 0) return errno == EINTR;
+    for (size_t i = n - 1; i >= 1; --i) {
+      if (!p[i].revents) continue;
+      switch (check_hello(candidates_[i - 1].fd)) {
+        case Hello::kNone:
+          break;
+        case Hello::kGone:
+          drop(i - 1);
+          break;
+        case Hello::kUnproven:
+          LOG_INFO("shm pairing: a process that does not hold the connection tried to pair");
+          drop(i - 1);
+          break;
+        case Hello::kProven:
+          server_ = candidates_[i - 1].fd;
+          candidates_.erase(candidates_.begin() + static_cast<ptrdiff_t>(i - 1));
+          return answer_server();
+      }
+    }
+    if (p[0].revents) {
+      while (candidates_.size() < kMaxCandidates) {
+        int c = real().accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) break;
+        candidates_.push_back({c, now_ms()});
+      }
+    }
+    return true;
+  }
+
+  enum class Hello { kNone, kGone, kUnproven, kProven };
+
+  Hello check_hello(int c) {
+    HelloMsg m;
+    int fd = -1, nfds = 0;
+    ssize_t n = recv_msg(c, &m, sizeof m, &fd, 1, &nfds);
+    if (n == -EAGAIN) return Hello::kNone;
+    if (n == 0 || (n < 0 && n != -EPROTO)) return Hello::kGone;
+    // The server's accepted socket: the other end of our connection. Right
+    // after connect() it may not exist yet (the server's kernel is still
+    // turning the handshake into a socket): then this hello cannot be the
+    // server's (it accepts before it connects here), and we look again for
+    // the next one.
+    if (server_sock_.inode == 0 && peer_socket_of(tcp_fd_, &server_sock_) != 0)
+      server_sock_.inode = 0;
+    const bool proven = n > 0 && decode_hello(&m, static_cast<size_t>(n), MsgType::kHello) &&
+                        nfds == 1 && proof_names(fd, server_sock_.inode, tcp_fd_);
+    close_fds(&fd, nfds);
+    return proven ? Hello::kProven : Hello::kUnproven;
+  }
+
+  // The server proved itself: the others go, and we prove ourselves.
+  bool answer_server() {
+    drop_all();
+    close_listener();
+    int proof = possession_proof(tcp_fd_);
+    if (proof < 0) return false;
+    HelloMsg m = {static_cast<uint32_t>(MsgType::kProof), kHandshakeVersion};
+    int rc = send_msg(server_, &m, sizeof m, &proof, 1);
+    real().close(proof);
+    return rc == 0;
+  }
+
+  void on_offer() {
+    OfferMsg offer;
+    int memfd = -1, nfds = 0;
+    ssize_t n = recv_msg(server_, &offer, sizeof offer, &memfd, 1, &nfds);
+    if (n == -EAGAIN) return;
+    WireAddr local, peer;
+    void* map = nullptr;
+    const bool ok = n > 0 && decode_offer(&offer, static_cast<size_t>(n), &offer) && nfds == 1 &&
+                    fd_addrs(tcp_fd_, &local, &peer) && same_wire(offer.client, local) &&
+                    same_wire(offer.server, peer) &&
+                    shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes,
+                                      &map) == 0;
+    close_fds(&memfd, nfds);
+    if (!ok) {
+      if (n > 0) LOG_WARN("shm pairing: rejected an offer that failed verification");
+      finish(Fallback::kPairFailed);  // closing the socket tells the server
+      return;
+    }
+    int doorbell = private_dup(tcp_fd_);
     AnswerMsg ans = {static_cast<uint32_t>(MsgType::kAnswer),
                      static_cast<uint32_t>(AnswerCode::kAccept), offer.nonce};
-    if (doorbell >= 0 && send_msg(conn, &ans, sizeof ans, nullptr, 0) == 0) {
+    if (doorbell >= 0 && send_msg(server_, &ans, sizeof ans, nullptr, 0) == 0) {
       // Committed: the server switches when it reads this answer.
-      result = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell);
-    } else {
-      if (doorbell >= 0) real().close(doorbell);
-      munmap(map, offer.region_bytes);
+      channel_ = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell);
+      finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
+      return;
     }
-  } else if (got > 0) {
-    LOG_WARN("shm pairing: rejected an offer that failed verification");
+    if (doorbell >= 0) real().close(doorbell);
+    munmap(map, offer.region_bytes);
+    finish(Fallback::kResources);
   }
-  for (int f : fds)
-    if (f >= 0) real().close(f);
-  real().close(conn);
-  return result;
+
+  int tcp_fd_;
+  int listener_;
+  const int64_t deadline_;
+  std::vector<Candidate> candidates_;  // connectors not yet proven, oldest first
+  int server_ = -1;              // the proven server
+  PeerSocket server_sock_;
+  bool done_ = false;
+  std::unique_ptr<Channel> channel_;
+  Fallback why_ = Fallback::kPairFailed;
+};
+
+}  // namespace
+
+std::unique_ptr<Pairing> shm_client_pairing(int tcp_fd, int rendezvous_fd, const Config& cfg) {
+  return std::make_unique<ShmClientPairing>(tcp_fd, rendezvous_fd, cfg);
 }
 
-std::unique_ptr<Channel> shm_server_pair(int tcp_fd, const Config& cfg, Fallback* why) {
-  WireAddr local, peer;
-  if (!fd_addrs(tcp_fd, &local, &peer)) {
-    *why = Fallback::kPairFailed;
-    return nullptr;
-  }
-  char name[96];
-  client_name(local, peer.port, name, sizeof name);
-  int conn = real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (conn < 0) {
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  sockaddr_un un;
-  socklen_t ulen = abstract_addr(name, &un);
-  if (real().connect(conn, reinterpret_cast<sockaddr*>(&un), ulen) != 0) {
-    // No rendezvous: a client without librsock (or one that gave up).
-    real().close(conn);
-    *why = Fallback::kPeerNotAccelerated;
-    return nullptr;
-  }
-  const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
-  std::unique_ptr<Channel> result;
-  *why = Fallback::kPairFailed;
-  HelloMsg hello;
-  int client_fd = -1;
-  int got = recv_msg(conn, &hello, sizeof hello, &client_fd, 1, deadline);
-  if (got == -ETIMEDOUT) *why = Fallback::kPairTimeout;
-  log_peer(conn, "client");
-  bool proven = got == 1 && hello.type == static_cast<uint32_t>(MsgType::kHello) &&
-                hello.version == kProtocolVersion && verify_proof(tcp_fd, client_fd);
-  if (client_fd >= 0) real().close(client_fd);
-  if (!proven) {
-    real().close(conn);
-    return nullptr;
-  }
-  uint64_t nonce = 0;
-  while (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce) {
-  }
-  void* map = nullptr;
-  size_t map_len = 0;
-  int memfd = shm_region_create(cfg.ring_bytes, nonce, &map, &map_len);
-  if (memfd < 0) {
-    *why = Fallback::kResources;
-    real().close(conn);
-    return nullptr;
-  }
-  OfferMsg offer = {};
-  offer.type = static_cast<uint32_t>(MsgType::kOffer);
-  offer.version = kProtocolVersion;
-  offer.nonce = nonce;
-  offer.ring_bytes = cfg.ring_bytes;
-  offer.region_bytes = map_len;
-  offer.server = local;
-  offer.client = peer;
-  int fds[2] = {memfd, tcp_fd};
-  AnswerMsg ans;
-  int doorbell = private_dup(tcp_fd);
-  if (doorbell >= 0 && send_msg(conn, &offer, sizeof offer, fds, 2) == 0) {
-    int r = recv_msg(conn, &ans, sizeof ans, nullptr, 0, deadline);
-    if (r == 0 && ans.type == static_cast<uint32_t>(MsgType::kAnswer) &&
-        ans.code == static_cast<uint32_t>(AnswerCode::kAccept) && ans.nonce == nonce) {
-      result = std::make_unique<ShmChannel>(map, map_len, true, doorbell);
-      doorbell = -1;
-      map = nullptr;
-    } else if (r == -ETIMEDOUT) {
-      // The client may or may not have committed: neither end can tell, so
-      // the connection is failed loudly rather than risking divergence.
-      *why = Fallback::kPairTimeout;
-      real().shutdown(tcp_fd, SHUT_RDWR);
-    }
-  }
-  if (doorbell >= 0) real().close(doorbell);
-  if (map) munmap(map, map_len);
-  real().close(memfd);
-  real().close(conn);
-  return result;
+std::unique_ptr<Pairing> shm_server_pairing(int tcp_fd, const Config& cfg) {
+  return std::make_unique<ShmServerPairing>(tcp_fd, cfg);
 }
 
 bool negative_cache_hit(const sockaddr* dst) {

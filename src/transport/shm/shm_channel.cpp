@@ -86,6 +86,8 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   rx_ = &h->dir[rx_dir];
   tx_ring_ = base + h->ring_offset[tx_dir];
   rx_ring_ = base + h->ring_offset[rx_dir];
+  // Only the peer writes our receive ring: in this process it is read-only.
+  mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
   // The kernel socket now carries only doorbells. A doorbell held back by
   // Nagle (until the ACK of the previous one, which the peer's delayed-ACK
   // timer sends milliseconds later) or by a cork stalls both ends: a

@@ -1,7 +1,8 @@
 // Cross-host pairing over rdma_cm (see verbs_setup.h, docs/protocol.md
-// "Verbs transport"). Owns the connection private data formats, the
-// process-local table of connect requests waiting for their accept(), the
-// fork-safety decision and every bounded wait of connection setup.
+// section 7, docs/security.md). Owns the process-local table of connect
+// requests waiting for their accept(), the fork-safety decision, the in-band
+// proofs and every bounded wait of connection setup. Message formats are in
+// src/ring/handshake.h.
 #include "transport/verbs/verbs_setup.h"
 
 #include <arpa/inet.h>
@@ -13,6 +14,7 @@
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,50 +25,12 @@
 
 #include "common/log.h"
 #include "common/real.h"
-#include "ring/ring.h"
+#include "ring/handshake.h"
 #include "transport/addr.h"
 #include "transport/verbs/verbs_channel.h"
 
 namespace rsock {
 namespace {
-
-// ------------------------------------------------------------ private data --
-// Multi-byte fields are big-endian. The connect request's private data must
-// fit the 56 bytes rdma_cm leaves on InfiniBand/RoCE (IB CM REQ).
-constexpr uint32_t kPrivMagic = 0x72737631;  // "rsv1"
-constexpr uint8_t kPrivVersion = 1;
-
-struct __attribute__((packed)) ConnectPriv {  // client -> server (REQ)
-  uint32_t magic;
-  uint8_t version;
-  uint8_t ring_log2;        // both rings have 2^ring_log2 bytes
-  uint16_t client_port;     // the TCP connection as the client sees it:
-  uint16_t server_port;     //   local port, peer port,
-  uint8_t client_addr[16];  // local address, peer address
-  uint8_t server_addr[16];  //   (IPv6, IPv4 as v4-mapped)
-  uint32_t ring_rkey;       // the sender's receive ring
-  uint64_t ring_addr;
-  uint8_t flags;  // kPrivReverse*
-};
-static_assert(sizeof(ConnectPriv) == 55);
-
-// ConnectPriv.flags. A client that listens on rdma_cm at its own TCP
-// address and port while it pairs says so (kPrivClientListens); a server
-// process that cannot read its listener (a fork's child) then connects to
-// it instead, with the same layout, the 4-tuple still named as the client
-// sees it, and kPrivReverse; the client answers with AcceptPriv.
-constexpr uint8_t kPrivClientListens = 1u << 0;
-constexpr uint8_t kPrivReverse = 1u << 1;
-
-struct __attribute__((packed)) AcceptPriv {  // server -> client (REP)
-  uint32_t magic;
-  uint8_t version;
-  uint8_t ring_log2;     // echo of the client's
-  uint16_t client_port;  // echo
-  uint32_t ring_rkey;    // the server's receive ring
-  uint64_t ring_addr;
-};
-static_assert(sizeof(AcceptPriv) == 20);
 
 // IB CM reject reason "invalid service ID": no listener on that port (and,
 // with soft-RoCE, sometimes a listener that is not ready yet). iWARP reports
@@ -74,6 +38,13 @@ static_assert(sizeof(AcceptPriv) == 20);
 constexpr int kRejectNoListener = 8;
 constexpr int kNoListenerRetries = 3;  // after the first attempt
 constexpr int kRetryDelayMs[kNoListenerRetries] = {20, 60, 150};
+// Connect requests a server takes for one TCP connection (its own client's,
+// and any that other processes sent naming it): only the one whose sender
+// proves, in band, that it holds the connection is used.
+constexpr size_t kMaxCandidates = 4;
+// A server asleep in a pairing wakes at least this often to read the shared
+// listener (other accepting threads may be waiting for its requests).
+constexpr int kListenerSliceMs = 20;
 
 int64_t now_ms() {
   timespec ts;
@@ -83,7 +54,7 @@ int64_t now_ms() {
 
 int ms_left(int64_t deadline) {
   int64_t left = deadline - now_ms();
-  return left < 0 ? 0 : static_cast<int>(left);
+  return left < 0 ? 0 : left > INT32_MAX ? INT32_MAX : static_cast<int>(left);
 }
 
 int log2_of(size_t v) {
@@ -92,8 +63,19 @@ int log2_of(size_t v) {
   return n;
 }
 
-bool ring_log2_ok(int log2) {
-  return log2 >= log2_of(kMinRingBytes) && log2 <= log2_of(kMaxRingBytes) && log2 <= 28;
+// A nonzero random challenge, and random key bytes.
+uint64_t random_challenge() {
+  uint64_t v = 0;
+  while (v == 0)
+    if (getrandom(&v, sizeof v, 0) != sizeof v) v = 0;
+  return v;
+}
+void random_key(uint8_t* key) {
+  size_t got = 0;
+  while (got < kProofKeyBytes) {
+    ssize_t n = getrandom(key + got, kProofKeyBytes - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
 }
 
 // ---------------------------------------------------------- process state --
@@ -123,6 +105,8 @@ void global_init() {
   });
 }
 
+// ------------------------------------------------------------ rdma_cm I/O --
+
 // Waits for the next event on ch until deadline. Returns the event (to be
 // acked by the caller) or nullptr on timeout/error.
 rdma_cm_event* next_event(rdma_event_channel* ch, int64_t deadline) {
@@ -138,8 +122,8 @@ rdma_cm_event* next_event(rdma_event_channel* ch, int64_t deadline) {
 }
 
 // Waits for `want` on a connection's own channel. Returns 0, or the failing
-// event type (negated status in *status) / -1 on timeout. Copies the
-// event's private data into priv (up to len bytes, *priv_len = its length).
+// event type + 1 (its status in *status), or -1 on timeout. Copies the
+// event's private data into priv (up to len bytes; *priv_len = its length).
 int wait_for(rdma_event_channel* ch, rdma_cm_event_type want, int64_t deadline, int* status,
              void* priv = nullptr, size_t len = 0, size_t* priv_len = nullptr) {
   rdma_cm_event* ev = next_event(ch, deadline);
@@ -147,19 +131,29 @@ int wait_for(rdma_event_channel* ch, rdma_cm_event_type want, int64_t deadline, 
   const rdma_cm_event_type type = ev->event;
   *status = ev->status;
   if (type == want && priv) {
-    const size_t n = ev->param.conn.private_data_len;
+    const size_t n = ev->param.conn.private_data ? ev->param.conn.private_data_len : 0;
     if (priv_len) *priv_len = n;
-    if (ev->param.conn.private_data) memcpy(priv, ev->param.conn.private_data, n < len ? n : len);
+    if (n) memcpy(priv, ev->param.conn.private_data, n < len ? n : len);
   }
   rdma_ack_cm_event(ev);
   return type == want ? 0 : static_cast<int>(type) + 1;
 }
 
-// The 4-tuple of a ConnectPriv is the TCP connection (local, peer as the
-// client sees it)?
-bool names_connection(const ConnectPriv& p, const WireAddr& client, const WireAddr& server) {
-  return be16toh(p.client_port) == client.port && be16toh(p.server_port) == server.port &&
-         memcmp(p.client_addr, client.addr, 16) == 0 && memcmp(p.server_addr, server.addr, 16) == 0;
+bool no_listener(int r, int status) {
+  return r > 0 && static_cast<rdma_cm_event_type>(r - 1) == RDMA_CM_EVENT_REJECTED &&
+         (status == kRejectNoListener || status == -ECONNREFUSED);
+}
+
+// The request names this TCP connection (as its client sees it)?
+bool names_connection(const ConnectInfo& c, const WireAddr& client, const WireAddr& server) {
+  return same_wire(c.client, client) && same_wire(c.server, server);
+}
+
+// The address an rdma_cm request came from is `addr` (ports aside)?
+bool comes_from(rdma_cm_id* id, const WireAddr& addr) {
+  WireAddr from;
+  const sockaddr* pa = rdma_get_peer_addr(id);
+  return pa && to_wire(pa, &from) && memcmp(from.addr, addr.addr, 16) == 0;
 }
 
 // One connection attempt's rdma_cm objects until a VerbsChannel owns them.
@@ -171,24 +165,6 @@ struct CmPair {
     if (ch) rdma_destroy_event_channel(ch);
   }
 };
-
-// Fills the connect request's private data: the TCP 4-tuple as the client
-// sees it, the sender's ring.
-ConnectPriv make_connect_priv(const WireAddr& client, const WireAddr& server, int ring_log2,
-                              const VerbsChannel& ch, uint8_t flags) {
-  ConnectPriv req = {};
-  req.magic = htobe32(kPrivMagic);
-  req.version = kPrivVersion;
-  req.ring_log2 = static_cast<uint8_t>(ring_log2);
-  req.client_port = htobe16(client.port);
-  req.server_port = htobe16(server.port);
-  memcpy(req.client_addr, client.addr, 16);
-  memcpy(req.server_addr, server.addr, 16);
-  req.ring_rkey = htobe32(ch.rx_rkey());
-  req.ring_addr = htobe64(ch.rx_addr());
-  req.flags = flags;
-  return req;
-}
 
 rdma_conn_param conn_param(const void* priv, size_t len) {
   rdma_conn_param cp = {};
@@ -241,32 +217,13 @@ std::unique_ptr<VerbsChannel> open_active(const WireAddr& local, const WireAddr&
   return ch;
 }
 
-// The active side after ESTABLISHED (the commit point): checks the peer's
-// AcceptPriv and starts the channel.
-std::unique_ptr<Channel> start_active(std::unique_ptr<VerbsChannel> ch, const AcceptPriv& rep,
-                                      size_t rep_len, int ring_log2, uint16_t client_port,
-                                      int tcp_fd, Fallback* why) {
-  if (rep_len < sizeof rep || be32toh(rep.magic) != kPrivMagic || rep.version != kPrivVersion ||
-      rep.ring_log2 != ring_log2 || be16toh(rep.client_port) != client_port) {
-    // Both ends are connected; the peer will use the QP. Fail loudly.
-    LOG_WARN("rdma: bad accept private data: failing the connection");
-    real().shutdown(tcp_fd, SHUT_RDWR);
-    return nullptr;
-  }
-  if (ch->start(be64toh(rep.ring_addr), be32toh(rep.ring_rkey), tcp_fd) != 0) {
-    real().shutdown(tcp_fd, SHUT_RDWR);
-    *why = Fallback::kResources;
-    return nullptr;
-  }
-  return ch;
-}
-
-// The passive side: accepts the connect request req_id (whose private data
-// is priv) on an event channel of its own, with a ring of priv's size, and
-// waits for the commit point. lock: held while destroying an id still on
-// a shared channel (the listener's), or nullptr.
-std::unique_ptr<Channel> accept_request(rdma_cm_id* req_id, const ConnectPriv& priv, int tcp_fd,
-                                        const Config& cfg, std::mutex* lock, Fallback* why) {
+// The passive side of one request: its own event channel, a channel of
+// 2^ring_log2 bytes, and the accept carrying `accept`. nullptr with *why
+// (the request is rejected; destroying an id that is still on a shared
+// channel takes `lock`, or none).
+std::unique_ptr<VerbsChannel> accept_one(rdma_cm_id* req_id, int ring_log2,
+                                         const AcceptInfo& accept, std::mutex* lock,
+                                         Fallback* why) {
   CmPair cm;
   cm.id = req_id;
   cm.ch = rdma_create_event_channel();
@@ -284,64 +241,100 @@ std::unique_ptr<Channel> accept_request(rdma_cm_id* req_id, const ConnectPriv& p
   note_device(cm.id);
   int err = 0;
   std::unique_ptr<VerbsChannel> ch =
-      VerbsChannel::create(cm.id, cm.ch, size_t{1} << priv.ring_log2, &err);
+      VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
   if (!ch) {
     LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
     rdma_reject(cm.id, nullptr, 0);
     *why = Fallback::kResources;
     return nullptr;
   }
-  rdma_event_channel* own = cm.ch;
   cm.id = nullptr;
   cm.ch = nullptr;
-  AcceptPriv rep = {};
-  rep.magic = htobe32(kPrivMagic);
-  rep.version = kPrivVersion;
-  rep.ring_log2 = priv.ring_log2;
-  rep.client_port = priv.client_port;
-  rep.ring_rkey = htobe32(ch->rx_rkey());
-  rep.ring_addr = htobe64(ch->rx_addr());
-  rdma_conn_param cp = conn_param(&rep, sizeof rep);
+  uint8_t priv[kAcceptPrivBytes];
+  encode_accept_priv(accept, priv);
+  rdma_conn_param cp = conn_param(priv, sizeof priv);
   if (rdma_accept(ch->id(), &cp) != 0) {
     LOG_INFO("rdma: rdma_accept: %s", strerror(errno));
     *why = Fallback::kPairFailed;
-    return nullptr;  // the peer sees a reject or times out: both stay on TCP
+    return nullptr;
   }
-  // Commit point: ESTABLISHED (the peer's RTU, or its first packet). A
-  // fresh budget: the peer may have used part of its own on retries.
-  const int64_t est_deadline = now_ms() + cfg.connect_timeout_ms;
-  int status = 0;
-  int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, est_deadline, &status);
-  if (r == 0) {
-    if (ch->start(be64toh(priv.ring_addr), be32toh(priv.ring_rkey), tcp_fd) != 0) {
-      real().shutdown(tcp_fd, SHUT_RDWR);
-      *why = Fallback::kResources;
-      return nullptr;
+  return ch;
+}
+
+// ----------------------------------------------------------- in-band I/O --
+// The proofs travel on the TCP connection itself. The socket may be
+// nonblocking (the application's flags): every call here is MSG_DONTWAIT
+// and waits with poll, bounded by the deadline.
+
+int send_all(int fd, const uint8_t* buf, size_t len, int64_t deadline) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = real().send(fd, buf + done, len - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
     }
-    return ch;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
+    pollfd p = {fd, POLLOUT, 0};
+    if (real().poll(&p, 1, ms_left(deadline)) == 0) return -ETIMEDOUT;
   }
-  if (r < 0) {
-    // The peer may have seen ESTABLISHED already (our RTU view is late):
-    // we cannot know, so the connection fails loudly on both paths.
-    real().shutdown(tcp_fd, SHUT_RDWR);
-    *why = Fallback::kPairTimeout;
-  } else {
-    // REJECTED/CONNECT_ERROR/UNREACHABLE/DISCONNECTED before ESTABLISHED:
-    // the peer gave up before committing; both stay on TCP.
-    LOG_DEBUG("rdma: accept failed: %s", rdma_event_str(static_cast<rdma_cm_event_type>(r - 1)));
-    *why = Fallback::kPairFailed;
+  return 0;
+}
+
+// The bytes waiting at the head of the TCP stream, unread: their count
+// (0: end of stream), -EAGAIN when none, or another negative errno.
+ssize_t peek_stream(int fd, uint8_t* buf, size_t len) {
+  ssize_t n = real().recv(fd, buf, len, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  return n;
+}
+
+// Reads exactly len bytes that a peek showed to be there.
+bool consume(int fd, size_t len) {
+  uint8_t buf[64];
+  while (len > 0) {
+    ssize_t n = real().recv(fd, buf, std::min(len, sizeof buf), MSG_DONTWAIT);
+    if (n <= 0) return false;
+    len -= static_cast<size_t>(n);
   }
-  return nullptr;
+  return true;
+}
+
+// A pairing that cannot know whether its peer committed fails the
+// connection loudly: both ends see it end, neither carries on alone.
+void fail_connection(int tcp_fd) { real().shutdown(tcp_fd, SHUT_RDWR); }
+
+// What the client's first bytes are (see scan_client_proof).
+enum class FirstBytes { kNone, kProof, kData, kEnd };
+
+// Looks at the head of a server's TCP stream without waiting: a complete
+// client proof is consumed into *proof; application data is left unread.
+FirstBytes client_first_bytes(int tcp_fd, ClientProof* proof) {
+  uint8_t buf[kClientProofBytes];
+  ssize_t n = peek_stream(tcp_fd, buf, sizeof buf);
+  if (n == -EAGAIN) return FirstBytes::kNone;
+  if (n <= 0) return FirstBytes::kEnd;
+  switch (scan_client_proof(buf, static_cast<size_t>(n), proof)) {
+    case ProofScan::kNeedMore:
+      return FirstBytes::kNone;
+    case ProofScan::kNotProof:
+      return FirstBytes::kData;
+    case ProofScan::kProof:
+      return consume(tcp_fd, kClientProofBytes) ? FirstBytes::kProof : FirstBytes::kEnd;
+  }
+  return FirstBytes::kEnd;
 }
 
 }  // namespace
 
-bool verbs_usable_here() { return !g_inherited_device.load(std::memory_order_relaxed); }
+// ------------------------------------------------------------ fork, device --
 
 void verbs_after_fork_child() {
   if (g_device_opened.load(std::memory_order_relaxed))
     g_inherited_device.store(true, std::memory_order_relaxed);
 }
+
+bool verbs_usable_here() { return !g_inherited_device.load(std::memory_order_relaxed); }
 
 bool verbs_available() {
   static std::atomic<int> cached{-1};
@@ -358,7 +351,7 @@ bool verbs_available() {
 
 // ------------------------------------------------------------------ client --
 
-// The client's own rdma_cm listener while it pairs (see ConnectPriv.flags).
+// The client's own rdma_cm listener while it pairs (ConnectInfo.flags).
 class VerbsRendezvous {
  public:
   ~VerbsRendezvous() {
@@ -431,10 +424,10 @@ void verbs_rendezvous_close(VerbsRendezvous* r) { delete r; }
 
 namespace {
 
-// Reads the rendezvous: a valid reverse request for this connection, or
-// nullptr (anything else is refused or dropped).
+// Reads the rendezvous: a valid reverse request for this connection (from
+// the server's address), or nullptr (anything else is refused).
 rdma_cm_id* take_reverse_request(VerbsRendezvous* rdv, const WireAddr& local, const WireAddr& peer,
-                                 ConnectPriv* priv) {
+                                 ConnectInfo* info) {
   rdma_cm_event* ev = nullptr;
   while (rdma_get_cm_event(rdv->ch, &ev) == 0) {
     if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
@@ -442,15 +435,10 @@ rdma_cm_id* take_reverse_request(VerbsRendezvous* rdv, const WireAddr& local, co
       continue;
     }
     rdma_cm_id* req_id = ev->id;
-    const size_t n = ev->param.conn.private_data_len;
-    bool ok = n >= sizeof *priv && ev->param.conn.private_data;
-    if (ok) memcpy(priv, ev->param.conn.private_data, sizeof *priv);
-    ok = ok && be32toh(priv->magic) == kPrivMagic && priv->version == kPrivVersion &&
-         (priv->flags & kPrivReverse) && ring_log2_ok(priv->ring_log2) &&
-         names_connection(*priv, local, peer);
-    WireAddr cm_peer;
-    const sockaddr* pa = rdma_get_peer_addr(req_id);
-    ok = ok && pa && to_wire(pa, &cm_peer) && memcmp(cm_peer.addr, peer.addr, 16) == 0;
+    const bool ok =
+        decode_connect_priv(ev->param.conn.private_data, ev->param.conn.private_data_len, info) &&
+        (info->flags & kPrivReverse) && names_connection(*info, local, peer) &&
+        comes_from(req_id, peer);
     rdma_ack_cm_event(ev);
     if (ok) return req_id;
     rdma_reject(req_id, nullptr, 0);
@@ -459,81 +447,195 @@ rdma_cm_id* take_reverse_request(VerbsRendezvous* rdv, const WireAddr& local, co
   return nullptr;
 }
 
-}  // namespace
+// The client side (docs/protocol.md section 7): a connect request to the
+// server's listener, or the server's own request at our rendezvous (a
+// forked worker); once the rdma_cm connection is up, our proof in band and
+// the server's answer in band decide. A client pairing runs to completion
+// in one run() (connect() waits for it, or its background thread does).
+class VerbsClientPairing final : public Pairing {
+ public:
+  VerbsClientPairing(int tcp_fd, VerbsRendezvous* rdv, const Config& cfg)
+      : tcp_fd_(tcp_fd),
+        rdv_(rdv),
+        ring_log2_(log2_of(cfg.ring_bytes)),
+        deadline_(now_ms() + cfg.connect_timeout_ms) {}
 
-std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, VerbsRendezvous* rdv_in, const Config& cfg,
-                                           Fallback* why) {
-  std::unique_ptr<VerbsRendezvous> rdv(rdv_in);
-  *why = Fallback::kPairFailed;
-  WireAddr local, peer;
-  if (!fd_addrs(tcp_fd, &local, &peer)) return nullptr;
-  const int ring_log2 = log2_of(cfg.ring_bytes);
-  if (!verbs_available()) {
-    *why = Fallback::kNotSameHost;
-    return nullptr;
+  bool run(int64_t /*limit_ms*/) override {
+    if (!done_) why_ = pair();
+    done_ = true;
+    rdv_.reset();
+    return true;
   }
-  if (!ring_log2_ok(ring_log2)) return nullptr;
-  global_init();
-  const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
-  for (int attempt = 0;; ++attempt) {
-    std::unique_ptr<VerbsChannel> ch = open_active(local, peer, ring_log2, deadline, why);
-    if (!ch) return nullptr;
-    ConnectPriv req = make_connect_priv(local, peer, ring_log2, *ch, rdv ? kPrivClientListens : 0);
-    rdma_conn_param cp = conn_param(&req, sizeof req);
-    if (rdma_connect(ch->id(), &cp) != 0) {
-      LOG_INFO("rdma: rdma_connect: %s", strerror(errno));
-      return nullptr;
-    }
-    int status = 0;
-    AcceptPriv rep = {};
-    size_t rep_len = 0;
-    rdma_event_channel* own = ch->id()->channel;  // owned by the channel now
-    // The answer comes on our request (a server that reads its listener),
-    // or as the server's own request at our rendezvous (a forked worker).
-    int r = -1;
-    for (;;) {
-      pollfd p[2] = {{own->fd, POLLIN, 0}, {rdv ? rdv->ch->fd : -1, POLLIN, 0}};
-      int pr = real().poll(p, 2, ms_left(deadline));
-      if (pr < 0 && errno == EINTR) continue;
-      if (pr <= 0) break;
-      if (p[1].revents) {
-        ConnectPriv rev;
-        if (rdma_cm_id* req_id = take_reverse_request(rdv.get(), local, peer, &rev)) {
-          ch.reset();  // our request goes unanswered: withdraw it
-          LOG_DEBUG("rdma: the server connects to us (reverse)");
-          return accept_request(req_id, rev, tcp_fd, cfg, nullptr, why);
+  void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
+  std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
+  Fallback why() const override { return why_; }
+
+ private:
+  Fallback pair() {
+    if (!fd_addrs(tcp_fd_, &local_, &peer_)) return Fallback::kPairFailed;
+    if (!verbs_available()) return Fallback::kNotSameHost;
+    if (!ring_log2_ok(ring_log2_)) return Fallback::kPairFailed;
+    global_init();
+    for (int attempt = 0;; ++attempt) {
+      Fallback why = Fallback::kPairFailed;
+      std::unique_ptr<VerbsChannel> ch = open_active(local_, peer_, ring_log2_, deadline_, &why);
+      if (!ch) return why;
+      ConnectInfo req;
+      req.ring_log2 = ring_log2_;
+      req.flags = rdv_ ? kPrivClientListens : 0;
+      req.client = local_;
+      req.server = peer_;
+      uint8_t priv[kConnectPrivBytes];
+      encode_connect_priv(req, priv);
+      rdma_conn_param cp = conn_param(priv, sizeof priv);
+      if (rdma_connect(ch->id(), &cp) != 0) {
+        LOG_INFO("rdma: rdma_connect: %s", strerror(errno));
+        return Fallback::kPairFailed;
+      }
+      // The answer comes on our request (a server that reads its listener),
+      // or as the server's own request at our rendezvous (a forked worker).
+      rdma_event_channel* own = ch->id()->channel;
+      int r = -1, status = 0;
+      uint8_t rep[kAcceptPrivBytes] = {};
+      size_t rep_len = 0;
+      for (;;) {
+        pollfd p[2] = {{own->fd, POLLIN, 0}, {rdv_ ? rdv_->ch->fd : -1, POLLIN, 0}};
+        int pr = real().poll(p, 2, ms_left(deadline_));
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) break;
+        if (p[1].revents) {
+          ConnectInfo rev;
+          if (rdma_cm_id* req_id = take_reverse_request(rdv_.get(), local_, peer_, &rev)) {
+            ch.reset();  // our request goes unanswered: withdraw it
+            LOG_DEBUG("rdma: the server connects to us (reverse)");
+            return accept_reverse(req_id, rev);
+          }
+        }
+        if (p[0].revents) {
+          r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, deadline_, &status, rep, sizeof rep,
+                       &rep_len);
+          break;
         }
       }
-      if (p[0].revents) {
-        r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, deadline, &status, &rep, sizeof rep, &rep_len);
-        break;
+      if (r == 0) {
+        AcceptInfo acc;
+        if (!decode_accept_priv(rep, rep_len, &acc) || acc.ring_log2 != ring_log2_ ||
+            acc.client_port != local_.port || acc.challenge == 0) {
+          // Nothing was written in band: the server will see our data (or
+          // none) and not a proof, so both stay on TCP.
+          LOG_WARN("rdma: bad accept private data");
+          return Fallback::kPairFailed;
+        }
+        return prove(std::move(ch), acc.challenge);
       }
-    }
-    if (r == 0)  // committed: the server commits when it sees the same ESTABLISHED
-      return start_active(std::move(ch), rep, rep_len, ring_log2, local.port, tcp_fd, why);
-    const rdma_cm_event_type type = static_cast<rdma_cm_event_type>(r - 1);
-    if (r > 0 && type == RDMA_CM_EVENT_REJECTED &&
-        (status == kRejectNoListener || status == -ECONNREFUSED)) {
-      // No listener, or (soft-RoCE) a listener that is not ready yet.
-      if (attempt < kNoListenerRetries && ms_left(deadline) > kRetryDelayMs[attempt]) {
-        LOG_DEBUG("rdma: connect rejected (no listener), retrying");
-        ch.reset();
-        usleep(kRetryDelayMs[attempt] * 1000);
-        continue;
+      if (no_listener(r, status)) {
+        // No listener, or (soft-RoCE) a listener that is not ready yet.
+        if (attempt < kNoListenerRetries && ms_left(deadline_) > kRetryDelayMs[attempt]) {
+          LOG_DEBUG("rdma: connect rejected (no listener), retrying");
+          ch.reset();
+          usleep(kRetryDelayMs[attempt] * 1000);
+          continue;
+        }
+        return Fallback::kPeerNotAccelerated;
       }
-      *why = Fallback::kPeerNotAccelerated;
-      return nullptr;
+      if (r < 0) return Fallback::kPairTimeout;  // nothing was written in band
+      LOG_DEBUG("rdma: connect failed: %s (status %d)",
+                rdma_event_str(static_cast<rdma_cm_event_type>(r - 1)), status);
+      return static_cast<rdma_cm_event_type>(r - 1) == RDMA_CM_EVENT_UNREACHABLE
+                 ? Fallback::kPairTimeout
+                 : Fallback::kPairFailed;
     }
-    if (r < 0) {
-      *why = Fallback::kPairTimeout;
-      // ch's destruction tears the attempt down: a server that completed it
-      // at this very moment sees the disconnect and fails its stream.
-    } else {
-      LOG_DEBUG("rdma: connect failed: %s (status %d)", rdma_event_str(type), status);
-      *why = type == RDMA_CM_EVENT_UNREACHABLE ? Fallback::kPairTimeout : Fallback::kPairFailed;
-    }
-    return nullptr;
   }
+
+  // A forked worker's request at our rendezvous: accept it, then prove.
+  Fallback accept_reverse(rdma_cm_id* req_id, const ConnectInfo& info) {
+    AcceptInfo acc;
+    acc.ring_log2 = info.ring_log2;
+    acc.client_port = local_.port;
+    Fallback why = Fallback::kPairFailed;
+    std::unique_ptr<VerbsChannel> ch = accept_one(req_id, info.ring_log2, acc, nullptr, &why);
+    if (!ch) return why;
+    int status = 0;
+    int r = wait_for(ch->id()->channel, RDMA_CM_EVENT_ESTABLISHED, deadline_, &status);
+    if (r != 0) {
+      // The server's ESTABLISHED came before ours (it is the active side):
+      // it waits for our proof, which never comes; both stay on TCP.
+      return r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed;
+    }
+    return prove(std::move(ch), info.challenge);
+  }
+
+  // The rdma_cm connection is up: our proof in band, then the server's
+  // answer in band. From the moment our proof is written the server may
+  // commit, so a failure after it fails the connection loudly.
+  Fallback prove(std::unique_ptr<VerbsChannel> ch, uint64_t challenge) {
+    ClientProof proof;
+    proof.challenge = challenge;
+    random_key(proof.key);
+    proof.ring = {ch->rx_rkey(), ch->rx_addr()};
+    uint8_t out[kClientProofBytes];
+    encode_client_proof(proof, out);
+    if (int rc = send_all(tcp_fd_, out, sizeof out, deadline_); rc < 0) {
+      fail_connection(tcp_fd_);
+      return rc == -ETIMEDOUT ? Fallback::kPairTimeout : Fallback::kPairFailed;
+    }
+    // The first bytes from the server are its answer: its application
+    // cannot write before the server's pairing is over.
+    uint8_t in[kServerProofBytes];
+    ServerProof answer;
+    for (;;) {
+      ssize_t n = peek_stream(tcp_fd_, in, sizeof in);
+      if (n == 0 || (n < 0 && n != -EAGAIN)) return Fallback::kPairFailed;  // the server is gone
+      if (n > 0) {
+        ProofScan s = scan_server_proof(in, static_cast<size_t>(n), &answer);
+        if (s == ProofScan::kNotProof) {
+          LOG_WARN("rdma: the server answered our proof with something else: failing the "
+                   "connection");
+          fail_connection(tcp_fd_);
+          return Fallback::kPairFailed;
+        }
+        if (s == ProofScan::kProof) break;
+      }
+      pollfd p = {tcp_fd_, POLLIN, 0};
+      if (real().poll(&p, 1, ms_left(deadline_)) == 0) {
+        fail_connection(tcp_fd_);
+        return Fallback::kPairTimeout;
+      }
+    }
+    consume(tcp_fd_, kServerProofBytes);
+    if (!answer.accept) {
+      // The server read our proof, but its rdma_cm peer was not us: whoever
+      // answered our request does not hold this connection. Both on TCP.
+      LOG_INFO("rdma: the server declined our proof: not pairing");
+      return Fallback::kPeerUnproven;
+    }
+    if (memcmp(answer.key, proof.key, kProofKeyBytes) != 0) {
+      fail_connection(tcp_fd_);
+      return Fallback::kPeerUnproven;
+    }
+    if (ch->start(answer.ring.addr, answer.ring.rkey, tcp_fd_) != 0) {
+      fail_connection(tcp_fd_);
+      return Fallback::kResources;
+    }
+    channel_ = std::move(ch);  // committed, as the server is
+    return Fallback::kPairFailed;  // (not a fallback: the channel is taken)
+  }
+
+  int tcp_fd_;
+  std::unique_ptr<VerbsRendezvous> rdv_;
+  const int ring_log2_;
+  const int64_t deadline_;
+  WireAddr local_ = {}, peer_ = {};
+  bool done_ = false;
+  std::unique_ptr<Channel> channel_;
+  Fallback why_ = Fallback::kPairFailed;
+};
+
+}  // namespace
+
+std::unique_ptr<Pairing> verbs_client_pairing(int tcp_fd, VerbsRendezvous* rendezvous,
+                                              const Config& cfg) {
+  return std::make_unique<VerbsClientPairing>(tcp_fd, rendezvous, cfg);
 }
 
 // ------------------------------------------------------------------ server --
@@ -542,7 +644,7 @@ class VerbsListener {
  public:
   struct Pending {
     rdma_cm_id* id;
-    ConnectPriv priv;
+    ConnectInfo info;
     int64_t since_ms;
   };
 
@@ -567,10 +669,8 @@ class VerbsListener {
     if (ch) rdma_destroy_event_channel(ch);
   }
 
-  // Reads the events that are there (waiting up to wait_ms for the first).
-  void pump_locked(int wait_ms) {
-    pollfd p = {ch->fd, POLLIN, 0};
-    if (real().poll(&p, 1, wait_ms) <= 0) return;
+  // Reads the events that are there, without waiting.
+  void pump_locked() {
     for (;;) {
       rdma_cm_event* ev = nullptr;
       if (rdma_get_cm_event(ch, &ev) != 0) return;  // EAGAIN: drained
@@ -579,16 +679,12 @@ class VerbsListener {
         continue;
       }
       rdma_cm_id* req_id = ev->id;
-      ConnectPriv priv = {};
-      const size_t n = ev->param.conn.private_data_len;
-      bool ok = n >= sizeof priv && ev->param.conn.private_data;
-      if (ok) memcpy(&priv, ev->param.conn.private_data, sizeof priv);
-      ok = ok && be32toh(priv.magic) == kPrivMagic && priv.version == kPrivVersion &&
-           ring_log2_ok(priv.ring_log2);
+      ConnectInfo info;
+      bool ok =
+          decode_connect_priv(ev->param.conn.private_data, ev->param.conn.private_data_len, &info) &&
+          (info.flags & kPrivReverse) == 0;
       // The request must come from the address it names as the client's.
-      WireAddr cm_peer;
-      const sockaddr* pa = rdma_get_peer_addr(req_id);
-      if (ok && pa && to_wire(pa, &cm_peer) && memcmp(cm_peer.addr, priv.client_addr, 16) != 0) {
+      if (ok && !comes_from(req_id, info.client)) {
         LOG_INFO("rdma: connect request from another address than it names: rejected");
         ok = false;
       }
@@ -598,7 +694,7 @@ class VerbsListener {
         rdma_destroy_id(req_id);
         continue;
       }
-      pending.push_back({req_id, priv, now_ms()});
+      pending.push_back({req_id, info, now_ms()});
     }
   }
 
@@ -677,76 +773,339 @@ void verbs_listener_forked_child(VerbsListener* listener) {
 
 bool verbs_listener_usable(const VerbsListener* listener) { return !listener->inherited; }
 
-std::unique_ptr<Channel> verbs_server_pair(VerbsListener* l, int tcp_fd, const Config& cfg,
-                                           Fallback* why) {
-  *why = Fallback::kPairFailed;
-  WireAddr local, peer;
-  if (!l || !fd_addrs(tcp_fd, &local, &peer)) return nullptr;
-  const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
-  // A request older than this can no longer belong to a waiting client.
-  const int64_t max_age = 2 * static_cast<int64_t>(cfg.connect_timeout_ms) + 1000;
-  VerbsListener::Pending got = {};
-  bool found = false;
-  for (;;) {
-    std::lock_guard<std::mutex> lock(l->mu);
-    l->expire_locked(max_age);
-    for (size_t i = 0; i < l->pending.size(); ++i) {
-      const ConnectPriv& p = l->pending[i].priv;
-      if (be16toh(p.client_port) == peer.port && be16toh(p.server_port) == local.port &&
-          memcmp(p.client_addr, peer.addr, 16) == 0 && memcmp(p.server_addr, local.addr, 16) == 0) {
-        got = l->pending[i];
-        l->pending[i] = l->pending.back();
-        l->pending.pop_back();
-        found = true;
-        break;
+namespace {
+
+// What both server pairings share: the connect requests it accepted
+// (candidates, each with its own challenge, queue pair and ring), and the
+// decision on the client's first bytes. Stages wait only for the client's
+// next step, and each can be resumed (Pairing::run).
+//
+// Commit rule: once a candidate's request was accepted, the client may have
+// written its proof (it writes as soon as its side is established), so
+// falling back silently is allowed only when the client's first bytes are
+// application data (it did not pair). A deadline after an accept fails the
+// connection loudly.
+class ServerSide : public Pairing {
+ public:
+  ServerSide(int tcp_fd, const Config& cfg)
+      : tcp_fd_(tcp_fd), deadline_(now_ms() + cfg.connect_timeout_ms) {}
+
+  void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
+  std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
+  Fallback why() const override { return why_; }
+
+ protected:
+  struct Candidate {
+    std::unique_ptr<VerbsChannel> ch;
+    uint64_t challenge = 0;
+    bool established = false;
+  };
+
+  bool finish(Fallback why) {
+    why_ = why;
+    done_ = true;
+    candidates_.clear();  // their queue pairs and rings go (the peers see a disconnect)
+    return true;
+  }
+
+  // The client proved itself for another request: those that remain were
+  // sent by processes that do not hold the connection.
+  void reject_remaining() {
+    for (size_t i = 0; i < candidates_.size(); ++i) stats_reject(Reject::kUnproven);
+    candidates_.clear();
+  }
+
+  // The deadline passed.
+  bool timed_out(Fallback quiet) {
+    if (!accepted_any_) return finish(quiet);
+    fail_connection(tcp_fd_);
+    return finish(Fallback::kPairTimeout);
+  }
+
+  // Reads each candidate's rdma_cm events without waiting: ESTABLISHED, or
+  // the end of that candidate.
+  void poll_candidates() {
+    for (size_t i = 0; i < candidates_.size();) {
+      Candidate& c = candidates_[i];
+      rdma_event_channel* own = c.ch->id()->channel;
+      pollfd p = {own->fd, POLLIN, 0};
+      bool gone = false;
+      while (real().poll(&p, 1, 0) == 1) {
+        rdma_cm_event* ev = nullptr;
+        if (rdma_get_cm_event(own, &ev) != 0) break;
+        if (ev->event == RDMA_CM_EVENT_ESTABLISHED)
+          c.established = true;
+        else
+          gone = true;  // rejected, failed or disconnected before any proof
+        rdma_ack_cm_event(ev);
+        if (gone) break;
+      }
+      if (gone)
+        candidates_.erase(candidates_.begin() + static_cast<ptrdiff_t>(i));
+      else
+        ++i;
+    }
+  }
+
+  // The client's first bytes. Returns true when the pairing finished.
+  bool on_first_bytes() {
+    ClientProof proof;
+    switch (client_first_bytes(tcp_fd_, &proof)) {
+      case FirstBytes::kNone:
+        return false;
+      case FirstBytes::kEnd:
+        return finish(Fallback::kPairFailed);
+      case FirstBytes::kData:
+        // The client did not pair (a plain client, or one that gave up
+        // before its side was established): its data stays for the
+        // application.
+        return finish(Fallback::kPeerNotAccelerated);
+      case FirstBytes::kProof:
+        return on_proof(proof);
+    }
+    return false;
+  }
+
+  bool on_proof(const ClientProof& proof) {
+    ServerProof answer;
+    memcpy(answer.key, proof.key, kProofKeyBytes);
+    size_t chosen = candidates_.size();
+    for (size_t i = 0; i < candidates_.size(); ++i)
+      if (proof.challenge == candidates_[i].challenge) chosen = i;
+    if (chosen == candidates_.size()) {
+      // The TCP peer proved it holds the connection, but for a challenge
+      // none of our candidates has: whoever our rdma_cm peers are, they are
+      // not it. Decline in band (the client runs librsock: it wrote a proof).
+      LOG_INFO("rdma pairing: the client's proof matches none of our requests: declining");
+      decline(answer);
+      reject_remaining();
+      return finish(Fallback::kPeerUnproven);
+    }
+    Candidate c = std::move(candidates_[chosen]);
+    candidates_.erase(candidates_.begin() + static_cast<ptrdiff_t>(chosen));
+    if (!candidates_.empty())
+      LOG_INFO("rdma pairing: %zu connect request(s) for this connection came from processes "
+               "that do not hold it",
+               candidates_.size());
+    reject_remaining();
+    // Its ESTABLISHED follows the client's (the client wrote after its own).
+    rdma_event_channel* own = c.ch->id()->channel;
+    while (!c.established) {
+      int status = 0;
+      int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, deadline_, &status);
+      if (r != 0) {
+        decline(answer);
+        return finish(r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed);
+      }
+      c.established = true;
+    }
+    if (c.ch->start(proof.ring.addr, proof.ring.rkey, tcp_fd_) != 0) {
+      decline(answer);
+      return finish(Fallback::kResources);
+    }
+    answer.accept = true;
+    answer.ring = {c.ch->rx_rkey(), c.ch->rx_addr()};
+    uint8_t out[kServerProofBytes];
+    encode_server_proof(answer, out);
+    if (send_all(tcp_fd_, out, sizeof out, deadline_) != 0) {
+      fail_connection(tcp_fd_);
+      return finish(Fallback::kPairFailed);
+    }
+    channel_ = std::move(c.ch);  // committed: the client commits on our answer
+    return finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
+  }
+
+  void decline(ServerProof answer) {
+    answer.accept = false;
+    uint8_t out[kServerProofBytes];
+    encode_server_proof(answer, out);
+    if (send_all(tcp_fd_, out, sizeof out, deadline_) != 0) fail_connection(tcp_fd_);
+  }
+
+  int tcp_fd_;
+  const int64_t deadline_;
+  std::vector<Candidate> candidates_;
+  bool accepted_any_ = false;  // an accept went out: the client may be proving
+  bool done_ = false;
+  std::unique_ptr<Channel> channel_;
+  Fallback why_ = Fallback::kPairFailed;
+};
+
+// A server that reads its listener: takes the requests naming its TCP
+// connection from the listener's table, accepts each (with its own
+// challenge) and waits for the client's first bytes.
+class VerbsServerPairing final : public ServerSide {
+ public:
+  VerbsServerPairing(VerbsListener* l, int tcp_fd, const Config& cfg)
+      : ServerSide(tcp_fd, cfg),
+        listener_(l),
+        max_age_(2 * static_cast<int64_t>(cfg.connect_timeout_ms) + 1000) {}
+
+  bool run(int64_t limit_ms) override {
+    if (!done_ && !started_) {
+      started_ = true;
+      if (!fd_addrs(tcp_fd_, &local_, &peer_)) return finish(Fallback::kPairFailed);
+    }
+    while (!done_) {
+      const int64_t now = now_ms();
+      // No request came in time: a plain client, or one without RDMA.
+      if (now >= deadline_) return timed_out(Fallback::kPeerNotAccelerated);
+      if (now >= limit_ms) return false;
+      take_requests();
+      poll_candidates();
+      if (on_first_bytes()) break;
+      // Sleep until the client writes, a candidate moves, or the listener
+      // has news; in slices, since other accepting threads share it.
+      std::vector<pollfd> p;
+      p.push_back({tcp_fd_, POLLIN, 0});
+      p.push_back({listener_->ch->fd, POLLIN, 0});
+      for (auto& c : candidates_) p.push_back({c.ch->id()->channel->fd, POLLIN, 0});
+      const int wait = std::min({ms_left(deadline_), ms_left(limit_ms), kListenerSliceMs});
+      real().poll(p.data(), p.size(), wait);
+    }
+    return true;
+  }
+
+ private:
+  // Moves the requests naming our connection out of the listener's table
+  // and accepts them, each with a fresh challenge.
+  void take_requests() {
+    std::vector<VerbsListener::Pending> mine;
+    {
+      std::lock_guard<std::mutex> lock(listener_->mu);
+      listener_->pump_locked();
+      listener_->expire_locked(max_age_);
+      auto& all = listener_->pending;
+      for (size_t i = 0; i < all.size();) {
+        if (names_connection(all[i].info, peer_, local_)) {
+          mine.push_back(all[i]);
+          all[i] = all.back();
+          all.pop_back();
+        } else {
+          ++i;
+        }
       }
     }
-    if (found) break;
-    const int left = ms_left(deadline);
-    if (left == 0) break;
-    // Short slices: other accepting threads check the table in between.
-    l->pump_locked(left < 20 ? left : 20);
-  }
-  if (!found) {
-    *why = Fallback::kPeerNotAccelerated;
-    return nullptr;
+    for (auto& req : mine) {
+      if (taken_ >= kMaxCandidates) {
+        std::lock_guard<std::mutex> lock(listener_->mu);
+        rdma_reject(req.id, nullptr, 0);
+        rdma_destroy_id(req.id);
+        stats_reject(Reject::kUnproven);
+        continue;
+      }
+      ++taken_;
+      Candidate c;
+      c.challenge = random_challenge();
+      AcceptInfo acc;
+      acc.ring_log2 = req.info.ring_log2;
+      acc.client_port = req.info.client.port;
+      acc.challenge = c.challenge;
+      Fallback why;
+      c.ch = accept_one(req.id, req.info.ring_log2, acc, &listener_->mu, &why);
+      if (!c.ch) continue;
+      accepted_any_ = true;
+      candidates_.push_back(std::move(c));
+    }
   }
 
-  return accept_request(got.id, got.priv, tcp_fd, cfg, &l->mu, why);
+  VerbsListener* listener_;
+  const int64_t max_age_;  // a request older than this cannot belong to a waiting client
+  bool started_ = false;
+  WireAddr local_ = {}, peer_ = {};
+  size_t taken_ = 0;
+};
+
+// A server process that cannot read its listener (a fork's child): it
+// sends its own request, carrying its challenge, to the client's rendezvous
+// (its TCP address and port), then waits for the client's first bytes.
+class VerbsReversePairing final : public ServerSide {
+ public:
+  VerbsReversePairing(int tcp_fd, const Config& cfg)
+      : ServerSide(tcp_fd, cfg), ring_log2_(log2_of(cfg.ring_bytes)) {}
+
+  bool run(int64_t limit_ms) override {
+    if (!done_ && !started_) {
+      started_ = true;
+      if (!start()) return true;
+    }
+    while (!done_) {
+      const int64_t now = now_ms();
+      if (now >= deadline_) return timed_out(Fallback::kPairTimeout);
+      if (now >= limit_ms) return false;
+      if (!accepted_any_) {
+        // Waiting for the client's accept: ESTABLISHED (we are the active
+        // side, so ours comes first), or its refusal.
+        int status = 0;
+        int r = wait_for(active_->id()->channel, RDMA_CM_EVENT_ESTABLISHED,
+                         std::min(deadline_, limit_ms), &status, rep_, sizeof rep_, &rep_len_);
+        if (r < 0) continue;  // the limit or the deadline: decided above
+        if (no_listener(r, status)) return finish(Fallback::kPeerNotAccelerated);  // no rendezvous
+        AcceptInfo acc;
+        if (r != 0 || !decode_accept_priv(rep_, rep_len_, &acc) || acc.ring_log2 != ring_log2_ ||
+            acc.client_port != peer_.port)
+          return finish(Fallback::kPairFailed);  // the client wrote nothing: both on TCP
+        accepted_any_ = true;
+        Candidate c;
+        c.ch = std::move(active_);
+        c.challenge = challenge_;
+        c.established = true;
+        candidates_.push_back(std::move(c));
+        continue;
+      }
+      poll_candidates();
+      if (on_first_bytes()) break;
+      pollfd p[2] = {{tcp_fd_, POLLIN, 0}, {-1, POLLIN, 0}};
+      if (!candidates_.empty()) p[1].fd = candidates_[0].ch->id()->channel->fd;
+      real().poll(p, 2, std::min(ms_left(deadline_), ms_left(limit_ms)));
+    }
+    return true;
+  }
+
+ private:
+  bool start() {
+    if (!fd_addrs(tcp_fd_, &local_, &peer_)) return finish(Fallback::kPairFailed), false;
+    if (!ring_log2_ok(ring_log2_)) return finish(Fallback::kPairFailed), false;
+    global_init();
+    Fallback why = Fallback::kPairFailed;
+    // The client's rendezvous is its TCP address and port.
+    active_ = open_active(local_, peer_, ring_log2_, deadline_, &why);
+    if (!active_) return finish(why), false;
+    challenge_ = random_challenge();
+    ConnectInfo req;
+    req.ring_log2 = ring_log2_;
+    req.flags = kPrivReverse;
+    req.client = peer_;  // the 4-tuple as the client sees it: we are its server
+    req.server = local_;
+    req.challenge = challenge_;
+    uint8_t priv[kConnectPrivBytes];
+    encode_connect_priv(req, priv);
+    rdma_conn_param cp = conn_param(priv, sizeof priv);
+    if (rdma_connect(active_->id(), &cp) != 0) {
+      LOG_INFO("rdma: rdma_connect (reverse): %s", strerror(errno));
+      return finish(Fallback::kPairFailed), false;
+    }
+    return true;
+  }
+
+  const int ring_log2_;
+  bool started_ = false;
+  WireAddr local_ = {}, peer_ = {};
+  std::unique_ptr<VerbsChannel> active_;  // until the client accepts
+  uint64_t challenge_ = 0;
+  uint8_t rep_[kAcceptPrivBytes] = {};
+  size_t rep_len_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Pairing> verbs_server_pairing(VerbsListener* listener, int tcp_fd,
+                                              const Config& cfg) {
+  return std::make_unique<VerbsServerPairing>(listener, tcp_fd, cfg);
 }
 
-std::unique_ptr<Channel> verbs_server_connect(int tcp_fd, const Config& cfg, Fallback* why) {
-  *why = Fallback::kPairFailed;
-  WireAddr local, peer;
-  if (!fd_addrs(tcp_fd, &local, &peer)) return nullptr;
-  const int ring_log2 = log2_of(cfg.ring_bytes);
-  if (!ring_log2_ok(ring_log2)) return nullptr;
-  global_init();
-  const int64_t deadline = now_ms() + cfg.connect_timeout_ms;
-  // The client's rendezvous is its TCP address and port.
-  std::unique_ptr<VerbsChannel> ch = open_active(local, peer, ring_log2, deadline, why);
-  if (!ch) return nullptr;
-  // The 4-tuple as the client sees it: we are its server.
-  ConnectPriv req = make_connect_priv(peer, local, ring_log2, *ch, kPrivReverse);
-  rdma_conn_param cp = conn_param(&req, sizeof req);
-  if (rdma_connect(ch->id(), &cp) != 0) {
-    LOG_INFO("rdma: rdma_connect (reverse): %s", strerror(errno));
-    return nullptr;
-  }
-  AcceptPriv rep = {};
-  size_t rep_len = 0;
-  int status = 0;
-  int r = wait_for(ch->id()->channel, RDMA_CM_EVENT_ESTABLISHED, deadline, &status, &rep,
-                   sizeof rep, &rep_len);
-  if (r == 0) return start_active(std::move(ch), rep, rep_len, ring_log2, peer.port, tcp_fd, why);
-  const rdma_cm_event_type type = static_cast<rdma_cm_event_type>(r - 1);
-  if (r > 0 && type == RDMA_CM_EVENT_REJECTED &&
-      (status == kRejectNoListener || status == -ECONNREFUSED)) {
-    *why = Fallback::kPeerNotAccelerated;  // no rendezvous: a plain client
-  } else {
-    *why = r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed;
-  }
-  return nullptr;
+std::unique_ptr<Pairing> verbs_reverse_pairing(int tcp_fd, const Config& cfg) {
+  return std::make_unique<VerbsReversePairing>(tcp_fd, cfg);
 }
 
 }  // namespace rsock

@@ -5,9 +5,11 @@
 // 4-tuple in its private data, and the server matches the request to the
 // TCP connection it accepted; a server process that cannot read its
 // listener (a fork's child) connects to the client's rendezvous instead.
-// The process that accepts the TCP stream owns the queue pair. All calls
-// are synchronous and bounded by
-// Config::connect_timeout_ms. No rdma-core type appears here.
+// rdma_cm does not tell who sent a request, so the rings are announced only
+// in two proofs on the TCP connection itself, which only its two ends can
+// read or write (docs/security.md). The process that accepts the TCP stream
+// owns the queue pair. Every wait is bounded by Config::connect_timeout_ms.
+// No rdma-core type appears here.
 // Thread-safety: a VerbsListener may be used by several accepting threads at
 // once (internally locked); everything else works on caller-owned fds.
 #pragma once
@@ -17,6 +19,7 @@
 #include "config/config.h"
 #include "stats/stats.h"
 #include "transport/channel.h"
+#include "transport/pairing.h"
 
 namespace rsock {
 
@@ -48,12 +51,6 @@ void verbs_listener_close(VerbsListener* listener);
 void verbs_listener_forked_child(VerbsListener* listener);
 bool verbs_listener_usable(const VerbsListener* listener);
 
-// Server, in a process that cannot read its listener: connects to the
-// client's rendezvous (its TCP address and port) itself. Returns the
-// channel or nullptr with *why (kPeerNotAccelerated at once for a client
-// without a rendezvous; else as verbs_client_pair).
-std::unique_ptr<Channel> verbs_server_connect(int tcp_fd, const Config& cfg, Fallback* why);
-
 class VerbsRendezvous;
 
 // Client: before the kernel TCP connect of tcp_fd to dst. Opens the
@@ -66,32 +63,43 @@ VerbsRendezvous* verbs_client_prepare(int tcp_fd, const struct sockaddr* dst);
 void verbs_rendezvous_close(VerbsRendezvous* rendezvous);
 
 // Client: after the kernel TCP connect of tcp_fd succeeded (rendezvous:
-// from verbs_client_prepare or nullptr; consumed). Returns the
-// channel (the connection is established on both ends: commit point) or
-// nullptr with *why:
+// from verbs_client_prepare or nullptr; taken over). Sends a connect request
+// to the server's listener, or takes the server's own request at the
+// rendezvous; once the rdma_cm connection is up, writes its proof on the
+// TCP connection and reads the server's answer there (docs/protocol.md
+// section 7). Fallbacks:
 //   kNotSameHost         no RDMA device here or no RDMA route to the peer
 //   kPeerNotAccelerated  no rdma_cm listener at the peer (REJECTED as "no
 //                        matching listener", after a few quick retries)
+//   kPeerUnproven        the server declined our proof: the process that
+//                        answered our request does not hold the connection
 //   kPairTimeout         nothing conclusive within the timeout
-//   kPairFailed          the server declined, or a protocol mismatch
+//   kPairFailed          the server refused, or a protocol mismatch
 //   kResources           registration or queue creation failed (memlock)
-// After kPairTimeout the server may have committed, if our connection
-// completed at the very moment we gave up: then it sees the disconnect at
-// once and fails its stream (never silent divergence).
-std::unique_ptr<Channel> verbs_client_pair(int tcp_fd, VerbsRendezvous* rendezvous,
-                                           const Config& cfg, Fallback* why);
+// Once our proof is written the server may have committed: a failure after
+// that point shuts the TCP connection down (never silent divergence).
+std::unique_ptr<Pairing> verbs_client_pairing(int tcp_fd, VerbsRendezvous* rendezvous,
+                                              const Config& cfg);
 
 // Server: after the kernel accept() of tcp_fd on the listener's TCP socket.
-// Waits (bounded) for the connect request naming this TCP connection;
-// requests for other connections that arrive meanwhile are kept for their
-// own accept (and expire). Returns the channel or nullptr with *why:
-//   kPeerNotAccelerated  no request came for this connection in time (a
-//                        plain TCP client, or one without RDMA)
-//   kPairTimeout         the request came but the connection did not complete
-//                        in time: the TCP connection has been shut down, as
-//                        the client may have committed
+// Accepts the connect requests naming this TCP connection (each with its own
+// challenge; requests for other connections stay in the listener's table for
+// their own accept, and expire), and pairs with the one whose challenge the
+// client echoes in band. Resumable (Pairing::run). Fallbacks:
+//   kPeerNotAccelerated  no request came in time, or the client's first bytes
+//                        are application data (a plain client)
+//   kPeerUnproven        the client proved a request that is not one of ours
+//   kPairTimeout         a request was accepted but no proof came in time: the
+//                        TCP connection has been shut down, as the client may
+//                        be committing
 //   kPairFailed, kResources  as for the client (stays on TCP)
-std::unique_ptr<Channel> verbs_server_pair(VerbsListener* listener, int tcp_fd, const Config& cfg,
-                                           Fallback* why);
+std::unique_ptr<Pairing> verbs_server_pairing(VerbsListener* listener, int tcp_fd,
+                                              const Config& cfg);
+
+// Server, in a process that cannot read its listener (a fork's child):
+// sends its own request, with its challenge, to the client's rendezvous (its
+// TCP address and port), then as above. kPeerNotAccelerated at once for a
+// client without a rendezvous.
+std::unique_ptr<Pairing> verbs_reverse_pairing(int tcp_fd, const Config& cfg);
 
 }  // namespace rsock

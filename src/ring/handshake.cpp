@@ -1,0 +1,200 @@
+// Pairing handshake messages (see handshake.h).
+#include "ring/handshake.h"
+
+#include <string.h>
+
+#include "config/config.h"
+#include "ring/ring.h"
+
+namespace rsock {
+namespace {
+
+// Big-endian field access over byte buffers (no alignment assumed).
+void put16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v >> 8);
+  p[1] = static_cast<uint8_t>(v);
+}
+void put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (24 - 8 * i));
+}
+void put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (56 - 8 * i));
+}
+uint16_t get16(const uint8_t* p) { return static_cast<uint16_t>(p[0] << 8 | p[1]); }
+uint32_t get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = v << 8 | p[i];
+  return v;
+}
+uint64_t get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = v << 8 | p[i];
+  return v;
+}
+
+int log2_of(size_t v) {
+  int n = 0;
+  while ((size_t{1} << n) < v) ++n;
+  return n;
+}
+
+constexpr uint32_t kConnectMagic = 0x72737632;  // "rsv2"
+constexpr uint32_t kAcceptMagic = 0x72736132;   // "rsa2"
+constexpr uint8_t kClientProofMagic[8] = {'r', 's', 'o', 'c', 'k', '/', 'C', '2'};
+constexpr uint8_t kServerProofMagic[8] = {'r', 's', 'o', 'c', 'k', '/', 'S', '2'};
+constexpr uint8_t kKnownFlags = kPrivClientListens | kPrivReverse;
+
+// ConnectPriv: magic(4) ring_log2(1) flags(1) client_port(2) server_port(2)
+//              client_addr(16) server_addr(16) challenge(8)
+static_assert(4 + 1 + 1 + 2 + 2 + 16 + 16 + 8 == kConnectPrivBytes);
+static_assert(kConnectPrivBytes <= 56, "IB CM REQ private data room");
+// AcceptPriv: magic(4) ring_log2(1) zero(1) client_port(2) challenge(8)
+static_assert(4 + 1 + 1 + 2 + 8 == kAcceptPrivBytes);
+// ClientProof: magic(8) challenge(8) key(16) rkey(4) zero(4) addr(8)
+static_assert(8 + 8 + kProofKeyBytes + 4 + 4 + 8 == kClientProofBytes);
+// ServerProof: magic(8) code(1) zero(3) rkey(4) key(16) addr(8)
+static_assert(8 + 1 + 3 + 4 + kProofKeyBytes + 8 == kServerProofBytes);
+
+// Classifies a prefix of a proof: its magic decides (application data that
+// starts with these 8 bytes is not a concern: 2^-64).
+ProofScan scan_magic(const uint8_t* p, size_t len, const uint8_t (&magic)[8], size_t full) {
+  const size_t n = len < 8 ? len : 8;
+  if (memcmp(p, magic, n) != 0) return ProofScan::kNotProof;
+  return len < full ? ProofScan::kNeedMore : ProofScan::kProof;
+}
+
+}  // namespace
+
+bool ring_log2_ok(int log2) {
+  return log2 >= log2_of(kMinRingBytes) && log2 <= log2_of(kMaxRingBytes) && log2 <= 28;
+}
+
+bool decode_hello(const void* buf, size_t len, MsgType want) {
+  if (len != sizeof(HelloMsg)) return false;
+  HelloMsg m;
+  memcpy(&m, buf, sizeof m);
+  return m.type == static_cast<uint32_t>(want) && m.version == kHandshakeVersion;
+}
+
+bool decode_offer(const void* buf, size_t len, OfferMsg* out) {
+  if (len != sizeof(OfferMsg)) return false;
+  OfferMsg m;
+  memcpy(&m, buf, sizeof m);
+  if (m.type != static_cast<uint32_t>(MsgType::kOffer) || m.version != kHandshakeVersion)
+    return false;
+  if (!is_power_of_two(m.ring_bytes) || m.ring_bytes < kMinRingBytes ||
+      m.ring_bytes > kMaxRingBytes || m.region_bytes != region_bytes_for(m.ring_bytes))
+    return false;
+  *out = m;
+  return true;
+}
+
+bool decode_answer_accepts(const void* buf, size_t len, uint64_t nonce) {
+  if (len != sizeof(AnswerMsg)) return false;
+  AnswerMsg m;
+  memcpy(&m, buf, sizeof m);
+  return m.type == static_cast<uint32_t>(MsgType::kAnswer) &&
+         m.code == static_cast<uint32_t>(AnswerCode::kAccept) && m.nonce == nonce;
+}
+
+void encode_connect_priv(const ConnectInfo& in, uint8_t out[kConnectPrivBytes]) {
+  put32(out, kConnectMagic);
+  out[4] = static_cast<uint8_t>(in.ring_log2);
+  out[5] = in.flags;
+  put16(out + 6, in.client.port);
+  put16(out + 8, in.server.port);
+  memcpy(out + 10, in.client.addr, 16);
+  memcpy(out + 26, in.server.addr, 16);
+  put64(out + 42, in.challenge);
+}
+
+bool decode_connect_priv(const void* buf, size_t len, ConnectInfo* out) {
+  // rdma_cm may hand us more than we sent (the transport pads): the extra
+  // bytes are ignored.
+  if (buf == nullptr || len < kConnectPrivBytes) return false;
+  const auto* p = static_cast<const uint8_t*>(buf);
+  ConnectInfo c;
+  c.ring_log2 = p[4];
+  c.flags = p[5];
+  if (get32(p) != kConnectMagic || !ring_log2_ok(c.ring_log2) || (c.flags & ~kKnownFlags) != 0)
+    return false;
+  c.client.port = get16(p + 6);
+  c.server.port = get16(p + 8);
+  memcpy(c.client.addr, p + 10, 16);
+  memcpy(c.server.addr, p + 26, 16);
+  c.challenge = get64(p + 42);
+  // A reverse request carries the server's challenge; a forward one none.
+  if (((c.flags & kPrivReverse) != 0) != (c.challenge != 0)) return false;
+  *out = c;
+  return true;
+}
+
+void encode_accept_priv(const AcceptInfo& in, uint8_t out[kAcceptPrivBytes]) {
+  put32(out, kAcceptMagic);
+  out[4] = static_cast<uint8_t>(in.ring_log2);
+  out[5] = 0;
+  put16(out + 6, in.client_port);
+  put64(out + 8, in.challenge);
+}
+
+bool decode_accept_priv(const void* buf, size_t len, AcceptInfo* out) {
+  if (buf == nullptr || len < kAcceptPrivBytes) return false;
+  const auto* p = static_cast<const uint8_t*>(buf);
+  AcceptInfo a;
+  a.ring_log2 = p[4];
+  if (get32(p) != kAcceptMagic || !ring_log2_ok(a.ring_log2) || p[5] != 0) return false;
+  a.client_port = get16(p + 6);
+  a.challenge = get64(p + 8);
+  *out = a;
+  return true;
+}
+
+void encode_client_proof(const ClientProof& in, uint8_t out[kClientProofBytes]) {
+  memcpy(out, kClientProofMagic, 8);
+  put64(out + 8, in.challenge);
+  memcpy(out + 16, in.key, kProofKeyBytes);
+  put32(out + 32, in.ring.rkey);
+  put32(out + 36, 0);
+  put64(out + 40, in.ring.addr);
+}
+
+void encode_server_proof(const ServerProof& in, uint8_t out[kServerProofBytes]) {
+  memcpy(out, kServerProofMagic, 8);
+  out[8] = in.accept ? 1 : 0;
+  out[9] = out[10] = out[11] = 0;
+  put32(out + 12, in.accept ? in.ring.rkey : 0);
+  memcpy(out + 16, in.key, kProofKeyBytes);
+  put64(out + 32, in.accept ? in.ring.addr : 0);
+}
+
+ProofScan scan_client_proof(const void* buf, size_t len, ClientProof* out) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  ProofScan s = scan_magic(p, len, kClientProofMagic, kClientProofBytes);
+  if (s != ProofScan::kProof) return s;
+  ClientProof c;
+  c.challenge = get64(p + 8);
+  memcpy(c.key, p + 16, kProofKeyBytes);
+  c.ring.rkey = get32(p + 32);
+  c.ring.addr = get64(p + 40);
+  // A librsock client wrote it; fields it cannot have written mean a
+  // broken one: still a proof (to be consumed), but one that fails.
+  if (get32(p + 36) != 0) c.challenge = 0;
+  *out = c;
+  return s;
+}
+
+ProofScan scan_server_proof(const void* buf, size_t len, ServerProof* out) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  ProofScan s = scan_magic(p, len, kServerProofMagic, kServerProofBytes);
+  if (s != ProofScan::kProof) return s;
+  if (p[8] > 1 || p[9] != 0 || p[10] != 0 || p[11] != 0) return ProofScan::kNotProof;
+  ServerProof r;
+  r.accept = p[8] == 1;
+  r.ring.rkey = get32(p + 12);
+  memcpy(r.key, p + 16, kProofKeyBytes);
+  r.ring.addr = get64(p + 32);
+  *out = r;
+  return s;
+}
+
+}  // namespace rsock

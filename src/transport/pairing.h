@@ -1,0 +1,52 @@
+// Pairing: one attempt, on one side, to move a TCP connection onto a
+// transport (docs/protocol.md: shared memory in section 2, verbs in section
+// 7; docs/security.md: what each step proves). The socket layer creates a
+// Pairing through the transport's factory and drives it; it does not know
+// the transport's steps.
+//
+// A Pairing is a resumable state machine: run(limit) advances it until it
+// has finished or `limit` (CLOCK_MONOTONIC milliseconds) has passed. An
+// unfinished pairing can be run again later, from another thread, with a
+// later limit. accept() uses this to give a pairing a short budget and hand
+// the rest to a background thread (socket/pending.h), so that a peer that
+// stalls its pairing never holds up accept() for other connections. Each
+// pairing also has its own overall deadline, fixed when it was created
+// (Config::connect_timeout_ms): past it, run() finishes with a fallback.
+//
+// Once run() returned true: take_channel() is the channel (both ends have
+// committed) or nullptr, in which case the stream stays on TCP and why()
+// says why. Thread-safety: one thread at a time; the owner hands the whole
+// object over.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "stats/stats.h"
+#include "transport/channel.h"
+
+namespace rsock {
+
+class Pairing {
+ public:
+  virtual ~Pairing() = default;
+
+  // Advances until finished (true) or until limit_ms has passed (false).
+  virtual bool run(int64_t limit_ms) = 0;
+
+  // From now on, reach the TCP socket through tcp_fd: another descriptor
+  // of the same socket (the background thread's private dup, which the
+  // application cannot close under us).
+  virtual void rebind(int tcp_fd) = 0;
+
+  // After run() returned true.
+  virtual std::unique_ptr<Channel> take_channel() = 0;
+  virtual Fallback why() const = 0;
+};
+
+// How long accept() pairs before it hands a pairing to a background thread:
+// a cooperative peer on the same host answers well within it, so only a
+// slow or stalling peer costs a thread.
+inline constexpr int64_t kAcceptInlineMs = 20;
+
+}  // namespace rsock
