@@ -131,7 +131,7 @@ int run_client(const std::string& addr, int port, int bind_port, uint64_t bytes,
   if (bind_port > 0) {
     int one = 1;
     setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in b = make_addr("127.0.0.1", bind_port);
+    sockaddr_in b = make_addr("0.0.0.0", bind_port);
     if (bind(s, reinterpret_cast<sockaddr*>(&b), sizeof b) != 0) {
       fprintf(stderr, "client: bind %d: %s\n", bind_port, strerror(errno));
       return 1;

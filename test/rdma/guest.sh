@@ -20,7 +20,7 @@
 # by pid, so one broken case costs at most a few minutes and never the run;
 # the script always exits 0 (a non-zero status would make vm.sh kill the
 # other guest). Inputs (exported by run.sh): TIER_RES, TIER_LIB, TIER_BIN
-# (build/progs), TIER_ECHO, TIER_CASES (the case names to run, in order),
+# (build/progs), TIER_ECHO, TIER_FORGE, TIER_CASES (the case names to run, in order),
 # TIER_SECONDS (tool run time), TIER_CONNECT_TIMEOUT_MS, TIER_BYTES,
 # TIER_MATRIX_BYTES, TIER_SMALL_BYTES, TIER_KILL_AFTER, TIER_MEMLOCK_LIMIT
 # (bytes), TIER_LOSS_BOUND (s).
@@ -212,6 +212,47 @@ forked_workers() {
 case_forked-workers() { forked_workers 7516 0.0.0.0; }
 # Listening on one address opens its RDMA device in the parent.
 case_forked-workers-parent-rdma() { forked_workers 7517 "$SRV_IP"; }
+
+# A neighbour of the client on host B sends a forged rdma_cm request naming
+# the client's TCP connection (forge.cpp), before the server accepts (its
+# gate opens once the forgery is out). Both requests wait in the server's
+# listener; it may accept both, but must pair with the client's only: the
+# forger cannot write the in-band proof. rs_echo, 256 KiB echoed and checked.
+case_forged-request() {
+  local port=7561 cport=7562
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    ENVV+=(RSOCK_CONNECT_TIMEOUT_MS=20000)
+    start srv "$TIER_BIN/rs_echo" --role server --addr "$SRV_IP" --port "$port" --gate "$DIR/gate"
+    ready srv "$port" yes
+    rsock_wait "$CASE.forged" 120 || note "no '$CASE.forged' from host B"
+    touch "$DIR/gate"
+    finish srv 150 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    local i
+    env_for forge "$port" no
+    start forge "$TIER_FORGE" "$SRV_IP" "$port" 10.20.0.2 "$cport"
+    for ((i = 0; i < 300; i++)); do grep -q SENT "$DIR/forge.out" 2> /dev/null && break; sleep 0.1; done
+    grep -q SENT "$DIR/forge.out" 2> /dev/null || note "the forger sent nothing"
+    env_for cli "$port" yes
+    ENVV+=(RSOCK_CONNECT_TIMEOUT_MS=20000)
+    start cli "$TIER_BIN/rs_echo" --role client --addr "$SRV_IP" --port "$port" \
+      --bind-port "$cport" --bytes "$TIER_SMALL_BYTES"
+    # The client's connect() returns only once it paired: wait for its
+    # kernel connection, then give its request a moment to go out.
+    for ((i = 0; i < 300; i++)); do
+      [ -n "$(ss -Htn state established "dport = :$port" 2> /dev/null)" ] && break
+      sleep 0.1
+    done
+    sleep 1
+    rsock_signal "$CASE.forged"
+    finish cli 150
+    finish forge 90
+    rsock_signal "$CASE.cli-done"
+  fi
+}
 
 # Unmodified sockperf, shim on both ends; the server is stopped with SIGINT
 # once the client is done (it then prints its totals and writes its stats).

@@ -50,6 +50,14 @@
 #                                (rdma_after_fork 2 each) and each client falls
 #                                back after its timeout (pair_timeout 1); every
 #                                byte still correct, nothing reset
+#   forged-request               a neighbour of the client on host B sends a
+#                                forged rdma_cm request naming the client's
+#                                TCP connection before the server accepts
+#                                (test/rdma/forge.cpp): the server pairs with
+#                                the real client only (both rdma 1, rs_echo's
+#                                256 KiB echoed and checked) and counts one
+#                                rejected.unproven; the forger may see its
+#                                request accepted, then disconnected
 #   sockperf-pingpong            unmodified sockperf, shim on both ends
 #   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
 #   iperf3                       unmodified iperf3 -t 2, shim on both ends
@@ -99,7 +107,7 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
 ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
-           sockperf-pingpong sockperf-throughput
+           forged-request sockperf-pingpong sockperf-throughput
            iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
 CASES=""
 for c in $ALL_CASES; do [[ $c =~ ${RDMA_ONLY:-.} ]] && CASES+="$c "; done
@@ -156,6 +164,12 @@ prerequisites() {
   if [ ! -f "$BUILD/librsock.so" ] || [ ! -x "$BUILD/progs/rs_stream" ]; then
     make -s BUILD="$BUILD" all >&2 || fail_all "make all failed"
   fi
+  if [ ! -x "$FORGE" ] || [ "$HERE/forge.cpp" -nt "$FORGE" ] || [ "$ROOT/src/ring/handshake.cpp" -nt "$FORGE" ]; then
+    mkdir -p "$BUILD/rdma"
+    g++ -std=c++20 -O2 -g -Wall -Wextra -I"$ROOT/src" -o "$FORGE.tmp.$$" "$HERE/forge.cpp" \
+      "$ROOT/src/ring/handshake.cpp" "$ROOT/src/transport/addr.cpp" -lrdmacm -libverbs >&2 &&
+      mv "$FORGE.tmp.$$" "$FORGE" || fail_all "building $FORGE failed"
+  fi
   if [ ! -x "$ECHO" ] || [ "$HERE/echo_server.cpp" -nt "$ECHO" ]; then
     mkdir -p "$BUILD/rdma"
     # Built aside and renamed: a concurrent run never sees half a binary.
@@ -169,7 +183,7 @@ prerequisites() {
 run_guests() {
   mkdir -p "$BUILD/rdma-results"
   RES=$(mktemp -d "$BUILD/rdma-results/run.XXXXXX") || fail_all "cannot create a results directory"
-  export TIER_LOG_LEVEL=${RDMA_LOG_LEVEL:-info} TIER_RES=$RES TIER_LIB=$BUILD/librsock.so TIER_BIN=$BUILD/progs TIER_ECHO=$ECHO
+  export TIER_LOG_LEVEL=${RDMA_LOG_LEVEL:-info} TIER_RES=$RES TIER_LIB=$BUILD/librsock.so TIER_BIN=$BUILD/progs TIER_ECHO=$ECHO TIER_FORGE=$FORGE
   export TIER_CASES=$CASES TIER_SECONDS=${RDMA_SECONDS:-2}
   export TIER_CONNECT_TIMEOUT_MS=${RDMA_CONNECT_TIMEOUT_MS:-5000}
   export TIER_BYTES=$BYTES TIER_MATRIX_BYTES=$MATRIX_BYTES TIER_KILL_AFTER=$KILL_AFTER
@@ -189,6 +203,7 @@ run_guests() {
 }
 
 ECHO=$BUILD/rdma/echo_server
+FORGE=$BUILD/rdma/forge
 if [ -n "${RDMA_REJUDGE:-}" ]; then # debugging: judge a kept results directory again
   RES=$(cd "$RDMA_REJUDGE" && pwd) || exit 1
   RDMA_KEEP=1 VM_RC=0
@@ -336,6 +351,22 @@ judge_fallback-negative-cache() {
 
 judge_forked-workers() { judge_forked_workers rdma; }
 judge_forked-workers-parent-rdma() { judge_forked_workers tcp; }
+judge_forged-request() {
+  local p r v
+  for p in srv cli; do
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+  done
+  r=$(result_of "$DIR/cli.out")
+  [ "$(val "$r" ok)" = 1 ] && [ "$(val "$r" received)" = "$SMALL_BYTES" ] ||
+    why "client: ${r:-no RESULT line}"
+  r=$(result_of "$DIR/forge.out")
+  [ -n "$r" ] || why "forger: no RESULT line ($(tail -n 2 "$DIR/forge.err" 2> /dev/null | paste -sd' '))"
+  expect_stats srv rs_echo 1 0 '{}' "$SMALL_BYTES" "$SMALL_BYTES"
+  expect_stats cli rs_echo 1 0 '{}' "$SMALL_BYTES" "$SMALL_BYTES"
+  v=$(stat_val srv rs_echo 'rejected.unproven // 0')
+  [ "$v" = 1 ] || why "srv: rejected.unproven=$v, want 1 (the forged request)"
+}
 judge_forked_workers() { # PATH: rdma (paired) or tcp (rdma_after_fork)
   local path=$1 p r sum
   for p in cli1 cli2 cli3 cli4; do

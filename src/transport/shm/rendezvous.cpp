@@ -300,10 +300,16 @@ class ShmServerPairing final : public Pairing {
   }
 
   bool timed_out() {
-    // The client commits when it sends its answer: if that is what we did
-    // not get, it may be on the ring already. Neither end can tell, so the
-    // connection fails loudly rather than risking divergence.
-    if (stage_ == Stage::kAwaitAnswer) real().shutdown(tcp_fd_, SHUT_RDWR);
+    if (stage_ == Stage::kAwaitAnswer) {
+      // The client commits once its answer is sent, and a sent answer is
+      // already in our socket (AF_UNIX delivers at send time). Shutting our
+      // reading side first makes any later answer fail in the client's
+      // send (EPIPE), so it cannot commit after we look: what we read now
+      // decides for both ends, and no connection has to be failed.
+      real().shutdown(conn_, SHUT_RD);
+      on_answer();
+      if (channel_) return true;
+    }
     return finish(Fallback::kPairTimeout);
   }
 
@@ -620,9 +626,15 @@ class ShmClientPairing final : public Pairing {
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
       return;
     }
-    if (doorbell >= 0) real().close(doorbell);
+    // No doorbell, or the server stopped reading (it timed out): not
+    // committed, both ends on TCP.
     munmap(map, offer.region_bytes);
-    finish(Fallback::kResources);
+    if (doorbell < 0) {
+      finish(Fallback::kResources);
+      return;
+    }
+    real().close(doorbell);
+    finish(Fallback::kPairTimeout);
   }
 
   int tcp_fd_;

@@ -77,15 +77,18 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
     : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd) {
   auto* h = static_cast<RegionHeader*>(map);
   auto* base = static_cast<uint8_t*>(map);
-  ring_bytes_ = h->ring_bytes;
+  // The layout comes from the mapping's length, which was checked, never
+  // from the shared header again: the peer can rewrite the header at any
+  // time, and a ring size or offset read now could point outside the map.
+  ring_bytes_ = (map_len - region_header_bytes()) / 2;
   const int tx_dir = is_server ? kServerToClient : kClientToServer;
   const int rx_dir = 1 - tx_dir;
   holders_ = &h->holders[is_server ? 0 : 1];
   holders_->store(1, std::memory_order_relaxed);
   tx_ = &h->dir[tx_dir];
   rx_ = &h->dir[rx_dir];
-  tx_ring_ = base + h->ring_offset[tx_dir];
-  rx_ring_ = base + h->ring_offset[rx_dir];
+  tx_ring_ = base + region_header_bytes() + static_cast<size_t>(tx_dir) * ring_bytes_;
+  rx_ring_ = base + region_header_bytes() + static_cast<size_t>(rx_dir) * ring_bytes_;
   // Only the peer writes our receive ring: in this process it is read-only.
   mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
   // The kernel socket now carries only doorbells. A doorbell held back by

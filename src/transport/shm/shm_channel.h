@@ -26,8 +26,9 @@ int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t rin
 
 class ShmChannel final : public Channel {
  public:
-  // Takes ownership of the mapping and of doorbell_fd (a private dup of the
-  // connection's TCP socket).
+  // Takes ownership of the mapping (map_len bytes, checked by
+  // shm_region_create/attach: the rings' layout follows from it) and of
+  // doorbell_fd (a private dup of the connection's TCP socket).
   ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd);
   ~ShmChannel() override;
   ShmChannel(const ShmChannel&) = delete;
