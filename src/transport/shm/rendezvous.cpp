@@ -295,7 +295,8 @@ std::unique_ptr<Channel> shm_client_pair(int tcp_fd, int rendezvous_fd, const Co
                      static_cast<uint32_t>(AnswerCode::kAccept), offer.nonce};
     if (doorbell >= 0 && send_msg(conn, &ans, sizeof ans, nullptr, 0) == 0) {
       // Committed: the server switches when it reads this answer.
-      result = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell);
+      result = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, fds[0]);
+      fds[0] = -1;  // the channel keeps the memfd (exec hand-off)
     } else {
       if (doorbell >= 0) real().close(doorbell);
       munmap(map, offer.region_bytes);
@@ -371,8 +372,9 @@ std::unique_ptr<Channel> shm_server_pair(int tcp_fd, const Config& cfg, Fallback
     int r = recv_msg(conn, &ans, sizeof ans, nullptr, 0, deadline);
     if (r == 0 && ans.type == static_cast<uint32_t>(MsgType::kAnswer) &&
         ans.code == static_cast<uint32_t>(AnswerCode::kAccept) && ans.nonce == nonce) {
-      result = std::make_unique<ShmChannel>(map, map_len, true, doorbell);
+      result = std::make_unique<ShmChannel>(map, map_len, true, doorbell, memfd);
       doorbell = -1;
+      memfd = -1;  // the channel keeps it (exec hand-off)
       map = nullptr;
     } else if (r == -ETIMEDOUT) {
       // The client may or may not have committed: neither end can tell, so
@@ -383,7 +385,7 @@ std::unique_ptr<Channel> shm_server_pair(int tcp_fd, const Config& cfg, Fallback
   }
   if (doorbell >= 0) real().close(doorbell);
   if (map) munmap(map, map_len);
-  real().close(memfd);
+  if (memfd >= 0) real().close(memfd);
   real().close(conn);
   return result;
 }
