@@ -154,15 +154,26 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   h->counted = reinterpret_cast<void**>(reinterpret_cast<char*>(h->dups) + sizeof(int) * (nheld + 16));
   char* var = reinterpret_cast<char*>(h->counted) + sizeof(void*) * (nheld + 16);
 
-  int n = 0;
+  // The fds first, then a counted reference to each one's state (taken
+  // under the table's slot lock: another thread may close meanwhile).
+  int nfds = 0;
   fd_table().for_each([&](int fd, FdState* s) {
-    if (n >= nheld + 16) return;
-    if (s->kind() != FdState::Kind::kConnection && s->kind() != FdState::Kind::kPending) return;
-    int fl = real().fcntl(fd, F_GETFD);
-    if (fl < 0) return;  // closed behind our back meanwhile
-    s->ref();
-    held[n++] = {fd, s, (fl & FD_CLOEXEC) == 0};
+    if (nfds < nheld + 16 &&
+        (s->kind() == FdState::Kind::kConnection || s->kind() == FdState::Kind::kPending))
+      held[nfds++].fd = fd;
   });
+  int n = 0;
+  for (int i = 0; i < nfds; ++i) {
+    const int fd = held[i].fd;
+    FdRef r = fd_table().get(fd);
+    const int fl = real().fcntl(fd, F_GETFD);
+    if (!r || fl < 0) continue;  // closed meanwhile
+    if (r.get()->kind() != FdState::Kind::kConnection &&
+        r.get()->kind() != FdState::Kind::kPending)
+      continue;
+    r.get()->ref();  // released at the end of exec_prepare
+    held[n++] = {fd, r.get(), (fl & FD_CLOEXEC) == 0};
+  }
 
   memcpy(var, kHandoffVar, kPrefixLen - 1);
   var[kPrefixLen - 1] = '=';

@@ -12,11 +12,12 @@
 // control connection T (127.0.0.1:PORT2) that it runs, writes C2, shuts down
 // writing, reads S2 to EOF and checks it; it prints "STAGE2 ok".
 // The server checks C1 + C2 and prints "SERVER ok".
-//   forge_unsealed, forge_other   stage 1 execs with the raw syscall and a
-//                   forged RSOCK_EXEC_HANDOFF naming A: a memfd that is not
-//                   a region, or the region of another accelerated
-//                   connection B. Stage 2 expects every call on A to fail
-//                   (ECONNRESET) and prints "STAGE2 lost".
+//   forge_unsealed, forge_other, forge_rdma   stage 1 execs with the raw
+//                   syscall and a forged RSOCK_EXEC_HANDOFF naming A: a memfd
+//                   that is not a region, the region of another accelerated
+//                   connection B, or A described as an RDMA connection.
+//                   Stage 2 expects every call on A to fail (ECONNRESET) and
+//                   prints "STAGE2 lost".
 //   inetd           the server forks per connection; the child puts A on
 //                   stdin and stdout, closefrom(3), and execs "rs_exec_echo"
 //                   (--role echo), which answers every byte read with
@@ -316,6 +317,23 @@ int run_client(const char* self, int port, int port2) {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "stage 2 failed (status %d)", status);
     say("CLIENT spawned ok");
     return 0;
+  } else if (g_case == "forge_rdma") {
+    // What the old image writes for an RDMA connection: it cannot cross exec.
+    struct stat st;
+    CHECK(fstat(a, &st) == 0, "fstat");
+    char var[256];
+    snprintf(var, sizeof var, "RSOCK_EXEC_HANDOFF=1:x:%d;L,%llu,%llu,rdma",
+             static_cast<int>(getpid()), (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    std::vector<char*> env;
+    for (char** e = environ; *e; ++e) env.push_back(*e);
+    env.push_back(var);
+    env.push_back(nullptr);
+    char* argv[] = {const_cast<char*>("rs_exec2"), const_cast<char*>("--stage2"),
+                    const_cast<char*>(fd_s.c_str()), const_cast<char*>("--port2"),
+                    const_cast<char*>(p2.c_str()), const_cast<char*>("--case"),
+                    const_cast<char*>(c), nullptr};
+    syscall(SYS_execve, self, argv, env.data());
   } else if (g_case == "forge_unsealed" || g_case == "forge_other") {
     int memfd;
     uint64_t nonce = 0x1234abcd;
