@@ -3,14 +3,14 @@
 // these wrappers set errno, and only when they fail; internal calls return
 // negative errno values. Nothing here throws or exits.
 #include <dlfcn.h>
-#include <linux/close_range.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/close_range.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
-#include <limits.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,8 +20,8 @@
 #include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/sendfile.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -478,8 +478,7 @@ EXPORT ssize_t preadv64v2(int fd, const struct iovec* iov, int iovcnt, off64_t o
   return preadv2(fd, iov, iovcnt, offset, flags);
 }
 
-EXPORT ssize_t pwritev64v2(int fd, const struct iovec* iov, int iovcnt, off64_t offset,
-                           int flags) {
+EXPORT ssize_t pwritev64v2(int fd, const struct iovec* iov, int iovcnt, off64_t offset, int flags) {
   return pwritev2(fd, iov, iovcnt, offset, flags);
 }
 
@@ -524,8 +523,8 @@ EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, si
     return real().splice(fd_in, off_in, fd_out, off_out, len, flags);
   }
   if (len == 0) return 0;
-  if (flags & ~static_cast<unsigned>(SPLICE_F_MOVE | SPLICE_F_NONBLOCK | SPLICE_F_MORE |
-                                     SPLICE_F_GIFT))
+  if (flags &
+      ~static_cast<unsigned>(SPLICE_F_MOVE | SPLICE_F_NONBLOCK | SPLICE_F_MORE | SPLICE_F_GIFT))
     return finish<ssize_t>(-EINVAL);
   // The pipe end cannot take an offset (ESPIPE); the socket has no
   // positioned I/O (EINVAL).
@@ -817,18 +816,24 @@ struct ExecArgs {
 
 EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
   ExecArgs a = {path, argv, -1, 0};
-  return exec_env(envp, [](void* p, char* const* env) {
-    auto* x = static_cast<ExecArgs*>(p);
-    return real().execve(x->path, x->argv, env);
-  }, &a);
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().execve(x->path, x->argv, env);
+      },
+      &a);
 }
 
 EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
   ExecArgs a = {file, argv, -1, 0};
-  return exec_env(envp, [](void* p, char* const* env) {
-    auto* x = static_cast<ExecArgs*>(p);
-    return real().execvpe(x->path, x->argv, env);
-  }, &a);
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().execvpe(x->path, x->argv, env);
+      },
+      &a);
 }
 
 EXPORT int execv(const char* path, char* const argv[]) { return execve(path, argv, environ); }
@@ -836,35 +841,41 @@ EXPORT int execvp(const char* file, char* const argv[]) { return execvpe(file, a
 
 EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
   ExecArgs a = {nullptr, argv, fd, 0};
-  return exec_env(envp, [](void* p, char* const* env) {
-    auto* x = static_cast<ExecArgs*>(p);
-    return real().fexecve(x->dirfd, x->argv, env);
-  }, &a);
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().fexecve(x->dirfd, x->argv, env);
+      },
+      &a);
 }
 
 EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[],
                     int flags) {
   if (!real().execveat) return finish(-ENOSYS);
   ExecArgs a = {path, argv, dirfd, flags};
-  return exec_env(envp, [](void* p, char* const* env) {
-    auto* x = static_cast<ExecArgs*>(p);
-    return real().execveat(x->dirfd, x->path, x->argv, env, x->flags);
-  }, &a);
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().execveat(x->dirfd, x->path, x->argv, env, x->flags);
+      },
+      &a);
 }
 
 // The varargs forms collect their arguments on the stack (as glibc does: no
 // malloc, they may run in a vfork child). Returns the count, or -1 past
 // INT_MAX arguments (E2BIG).
-#define RSOCK_COLLECT_ARGS(arg0, ap, argv)                     \
-  ptrdiff_t argc_ = 1;                                         \
-  {                                                            \
-    va_list cnt_;                                              \
-    va_copy(cnt_, ap);                                         \
-    while (va_arg(cnt_, char*) != nullptr && argc_ < INT_MAX) ++argc_; \
-    va_end(cnt_);                                              \
-  }                                                            \
+#define RSOCK_COLLECT_ARGS(arg0, ap, argv)                                \
+  ptrdiff_t argc_ = 1;                                                    \
+  {                                                                       \
+    va_list cnt_;                                                         \
+    va_copy(cnt_, ap);                                                    \
+    while (va_arg(cnt_, char*) != nullptr && argc_ < INT_MAX) ++argc_;    \
+    va_end(cnt_);                                                         \
+  }                                                                       \
   char** argv = static_cast<char**>(alloca((argc_ + 1) * sizeof(char*))); \
-  argv[0] = const_cast<char*>(arg0);                           \
+  argv[0] = const_cast<char*>(arg0);                                      \
   for (ptrdiff_t i_ = 1; i_ <= argc_; ++i_) argv[i_] = va_arg(ap, char*);
 
 EXPORT int execl(const char* path, const char* arg, ...) {

@@ -43,12 +43,12 @@
 #include "common/real.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/runtime.h"
+#include "ring/ring.h"
+#include "ring/wire.h"
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "stats/stats.h"
 #include "transport/lost/lost_channel.h"
-#include "ring/ring.h"
-#include "ring/wire.h"
 #include "transport/shm/shm_channel.h"
 
 extern char** environ;
@@ -151,7 +151,8 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   auto* held = static_cast<Held*>(mem);
   auto* new_env = reinterpret_cast<char**>(static_cast<char*>(mem) + held_bytes);
   h->dups = reinterpret_cast<int*>(static_cast<char*>(mem) + held_bytes + env_bytes);
-  h->counted = reinterpret_cast<void**>(reinterpret_cast<char*>(h->dups) + sizeof(int) * (nheld + 16));
+  h->counted =
+      reinterpret_cast<void**>(reinterpret_cast<char*>(h->dups) + sizeof(int) * (nheld + 16));
   char* var = reinterpret_cast<char*>(h->counted) + sizeof(void*) * (nheld + 16);
 
   // The fds first, then a counted reference to each one's state (taken
@@ -168,8 +169,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
     FdRef r = fd_table().get(fd);
     const int fl = real().fcntl(fd, F_GETFD);
     if (!r || fl < 0) continue;  // closed meanwhile
-    if (r.get()->kind() != FdState::Kind::kConnection &&
-        r.get()->kind() != FdState::Kind::kPending)
+    if (r.get()->kind() != FdState::Kind::kConnection && r.get()->kind() != FdState::Kind::kPending)
       continue;
     r.get()->ref();  // released at the end of exec_prepare
     held[n++] = {fd, r.get(), (fl & FD_CLOEXEC) == 0};
@@ -254,10 +254,10 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
         shm->add_holder();
         h->counted[h->ncounted++] = shm;
       }
-      ok = vb.add(";S,%" PRIu64 ",%" PRIu64 ",%d,%" PRIu64 ",%" PRIu64 ",%c,%" PRIx64 ",%u,%u",
-                  sdev, sino, dup, static_cast<uint64_t>(st.st_dev),
-                  static_cast<uint64_t>(st.st_ino), shm->is_server() ? 's' : 'c', shm->nonce(),
-                  armed_data, armed_space);
+      ok =
+          vb.add(";S,%" PRIu64 ",%" PRIu64 ",%d,%" PRIu64 ",%" PRIu64 ",%c,%" PRIx64 ",%u,%u", sdev,
+                 sino, dup, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                 shm->is_server() ? 's' : 'c', shm->nonce(), armed_data, armed_space);
     }
     if (!ok) {
       vb.len = mark;
@@ -270,9 +270,10 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   }
   for (int i = 0; i < n; ++i) held[i].state->unref();
   if (undescribed)
-    LOG_WARN("exec: %d inherited accelerated connection(s) do not fit in %s; the new image "
-             "does not know them",
-             undescribed, kHandoffVar);
+    LOG_WARN(
+        "exec: %d inherited accelerated connection(s) do not fit in %s; the new image "
+        "does not know them",
+        undescribed, kHandoffVar);
 
   // The new environment: the caller's, minus any stale hand-off, plus ours.
   size_t k = 0;
@@ -389,9 +390,10 @@ int attach_lost(const std::vector<int>& fds, Path path, const char* why) {
   connection_options_from(fds[0], c);
   attach_to(fds, c);
   stats_reset_connection(Reset::kLostAtExec);
-  LOG_WARN("fd %d: accelerated connection inherited through exec cannot be used in this "
-           "program (%s); every call on it fails with ECONNRESET",
-           fds[0], why);
+  LOG_WARN(
+      "fd %d: accelerated connection inherited through exec cannot be used in this "
+      "program (%s); every call on it fails with ECONNRESET",
+      fds[0], why);
   return static_cast<int>(fds.size());
 }
 
@@ -425,8 +427,8 @@ int adopt_shm(char** f, const std::vector<int>& fds, bool spawned) {
                        rc != 0 ? "its shared region failed validation" : "no fd for the doorbell");
   }
   real().fcntl(memfd, F_SETFD, FD_CLOEXEC);
-  auto ch = std::make_unique<ShmChannel>(ShmChannel::Resume{}, map, map_len, is_server, doorbell,
-                                         memfd);
+  auto ch =
+      std::make_unique<ShmChannel>(ShmChannel::Resume{}, map, map_len, is_server, doorbell, memfd);
   ShmChannel* shm = ch.get();
   const ShmPositions pos = shm->positions();
   // A spawned child was counted as a holder by its parent; an exec'd image
@@ -498,7 +500,8 @@ int exec_adopt() {
     return 0;
   }
   const bool spawned = head[1][0] == 's';
-  const uint64_t expect = spawned ? static_cast<uint64_t>(getppid()) : static_cast<uint64_t>(getpid());
+  const uint64_t expect =
+      spawned ? static_cast<uint64_t>(getppid()) : static_cast<uint64_t>(getpid());
   if (pid != expect) {
     // Left over from another process's exec: it describes nothing of ours.
     LOG_INFO("%s ignored: it was made for another process", kHandoffVar);
@@ -523,11 +526,11 @@ int exec_adopt() {
       say_goodbye(f);
     } else if (nf == 4 && strcmp(f[0], "L") == 0) {
       const bool rdma = strcmp(f[3], "rdma") == 0;
-      attached += attach_lost(fds_of(f[1], f[2]), rdma ? Path::kRdma : Path::kShm,
-                              rdma ? "an RDMA queue pair cannot cross exec"
-                              : strcmp(f[3], "pairing") == 0
-                                  ? "its pairing was still running at exec"
-                                  : "the old image could not hand it over");
+      attached +=
+          attach_lost(fds_of(f[1], f[2]), rdma ? Path::kRdma : Path::kShm,
+                      rdma                           ? "an RDMA queue pair cannot cross exec"
+                      : strcmp(f[3], "pairing") == 0 ? "its pairing was still running at exec"
+                                                     : "the old image could not hand it over");
     } else {
       LOG_WARN("%s: ignored a malformed entry", kHandoffVar);
     }

@@ -107,7 +107,8 @@ ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count
     if (pos < 0) pos = 0;  // not seekable: the checks below refuse it
   }
   if (static_cast<ssize_t>(count) < 0 || pos < 0) return -EINVAL;
-  if (static_cast<off_t>(pos + static_cast<off_t>(std::min(count, kMaxRwCount))) < 0) return -EINVAL;
+  if (static_cast<off_t>(pos + static_cast<off_t>(std::min(count, kMaxRwCount))) < 0)
+    return -EINVAL;
   count = std::min(count, kMaxRwCount);
   // Only a regular file or a block device can be the source (the kernel
   // will not drop bytes of a stream it cannot seek back in).

@@ -54,14 +54,13 @@ class XferTest : public PreloadTest, public ::testing::WithParamInterface<const 
     const std::string scratch = dir() + "/" + label;
     ASSERT_EQ(mkdir(scratch.c_str(), 0755), 0);
     bool ready = false;
-    Proc& server = start_server(label + "-server", "rs_xfer",
-                                {"--role", "server", "--port", std::to_string(port), "--case",
-                                 GetParam()},
-                                env, &ready);
+    Proc& server = start_server(
+        label + "-server", "rs_xfer",
+        {"--role", "server", "--port", std::to_string(port), "--case", GetParam()}, env, &ready);
     ASSERT_TRUE(ready) << server.describe();
     Proc& client = spawn(label + "-client", "rs_xfer",
-                         {"--role", "client", "--port", std::to_string(port), "--case",
-                          GetParam(), "--dir", scratch},
+                         {"--role", "client", "--port", std::to_string(port), "--case", GetParam(),
+                          "--dir", scratch},
                          env);
     ASSERT_TRUE(wait_exit(client, 60000)) << "client hung: " << client.describe();
     ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung: " << server.describe();
@@ -128,8 +127,8 @@ class ExecTest : public PreloadTest, public ::testing::WithParamInterface<const 
   // not both exit cleanly.
   bool run_pair(const Env& env, int port, int port2, Proc** client, Proc** server) {
     bool ready = false;
-    const std::vector<std::string> ports = {"--port", std::to_string(port), "--port2",
-                                            std::to_string(port2), "--case", GetParam()};
+    const std::vector<std::string> ports = {
+        "--port", std::to_string(port), "--port2", std::to_string(port2), "--case", GetParam()};
     std::vector<std::string> sargs = {"--role", "server"}, cargs = {"--role", "client"};
     sargs.insert(sargs.end(), ports.begin(), ports.end());
     cargs.insert(cargs.end(), ports.begin(), ports.end());
@@ -241,13 +240,12 @@ TEST_F(InetdTest, ExecdServiceEchoesOverSharedMemory) {
   ASSERT_GT(port, 0);
   Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
   bool ready = false;
-  Proc& server =
-      start_server("inetd", "rs_exec", {"--role", "inetd", "--port", std::to_string(port)}, env,
-                   &ready);
+  Proc& server = start_server("inetd", "rs_exec",
+                              {"--role", "inetd", "--port", std::to_string(port)}, env, &ready);
   ASSERT_TRUE(ready) << server.describe();
-  Proc& client = spawn("client", "rs_exec",
-                       {"--role", "client", "--port", std::to_string(port), "--case", "inetd"},
-                       env);
+  Proc& client =
+      spawn("client", "rs_exec",
+            {"--role", "client", "--port", std::to_string(port), "--case", "inetd"}, env);
   ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
   ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
   ASSERT_TRUE(client.exited_ok());

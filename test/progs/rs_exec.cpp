@@ -94,8 +94,8 @@ void say(const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  dprintf(2, "FAIL rs_exec[%s/%s] line %d: %s: %s (errno %d %s)\n", g_role.c_str(),
-          g_case.c_str(), line, what, msg, saved, strerror(saved));
+  dprintf(2, "FAIL rs_exec[%s/%s] line %d: %s: %s (errno %d %s)\n", g_role.c_str(), g_case.c_str(),
+          line, what, msg, saved, strerror(saved));
   _exit(1);
 }
 
@@ -285,10 +285,14 @@ int run_client(const char* self, int port, int port2) {
   const std::string fd_s = std::to_string(a), p2 = std::to_string(port2);
   const char* c = g_case.c_str();
   if (g_case == "execve") {
-    char* argv[] = {const_cast<char*>("rs_exec2"), const_cast<char*>("--stage2"),
-                    const_cast<char*>(fd_s.c_str()), const_cast<char*>("--port2"),
-                    const_cast<char*>(p2.c_str()), const_cast<char*>("--case"),
-                    const_cast<char*>(c), nullptr};
+    char* argv[] = {const_cast<char*>("rs_exec2"),
+                    const_cast<char*>("--stage2"),
+                    const_cast<char*>(fd_s.c_str()),
+                    const_cast<char*>("--port2"),
+                    const_cast<char*>(p2.c_str()),
+                    const_cast<char*>("--case"),
+                    const_cast<char*>(c),
+                    nullptr};
     execve(self, argv, environ);
   } else if (g_case == "execl") {
     execl(self, "rs_exec2", "--stage2", fd_s.c_str(), "--port2", p2.c_str(), "--case", c,
@@ -298,17 +302,25 @@ int run_client(const char* self, int port, int port2) {
     std::string dir = self;
     dir = dir.substr(0, dir.rfind('/'));
     setenv("PATH", dir.c_str(), 1);
-    char* argv[] = {const_cast<char*>("rs_exec2"), const_cast<char*>("--stage2"),
-                    const_cast<char*>(fd_s.c_str()), const_cast<char*>("--port2"),
-                    const_cast<char*>(p2.c_str()), const_cast<char*>("--case"),
-                    const_cast<char*>(c), nullptr};
+    char* argv[] = {const_cast<char*>("rs_exec2"),
+                    const_cast<char*>("--stage2"),
+                    const_cast<char*>(fd_s.c_str()),
+                    const_cast<char*>("--port2"),
+                    const_cast<char*>(p2.c_str()),
+                    const_cast<char*>("--case"),
+                    const_cast<char*>(c),
+                    nullptr};
     // PATH lookup of "rs_exec" (argv[0] is only the name it reports).
     execvp("rs_exec", argv);
   } else if (g_case == "spawn") {
-    char* argv[] = {const_cast<char*>("rs_exec2"), const_cast<char*>("--stage2"),
-                    const_cast<char*>(fd_s.c_str()), const_cast<char*>("--port2"),
-                    const_cast<char*>(p2.c_str()), const_cast<char*>("--case"),
-                    const_cast<char*>(c), nullptr};
+    char* argv[] = {const_cast<char*>("rs_exec2"),
+                    const_cast<char*>("--stage2"),
+                    const_cast<char*>(fd_s.c_str()),
+                    const_cast<char*>("--port2"),
+                    const_cast<char*>(p2.c_str()),
+                    const_cast<char*>("--case"),
+                    const_cast<char*>(c),
+                    nullptr};
     pid_t pid = -1;
     CHECK(posix_spawn(&pid, self, nullptr, nullptr, argv, environ) == 0, "posix_spawn");
     close(a);  // the child holds the connection now
@@ -329,10 +341,14 @@ int run_client(const char* self, int port, int port2) {
     for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back(var);
     env.push_back(nullptr);
-    char* argv[] = {const_cast<char*>("rs_exec2"), const_cast<char*>("--stage2"),
-                    const_cast<char*>(fd_s.c_str()), const_cast<char*>("--port2"),
-                    const_cast<char*>(p2.c_str()), const_cast<char*>("--case"),
-                    const_cast<char*>(c), nullptr};
+    char* argv[] = {const_cast<char*>("rs_exec2"),
+                    const_cast<char*>("--stage2"),
+                    const_cast<char*>(fd_s.c_str()),
+                    const_cast<char*>("--port2"),
+                    const_cast<char*>(p2.c_str()),
+                    const_cast<char*>("--case"),
+                    const_cast<char*>(c),
+                    nullptr};
     syscall(SYS_execve, self, argv, env.data());
   } else if (g_case == "forge_unsealed" || g_case == "forge_other") {
     int memfd;
@@ -359,10 +375,14 @@ int run_client(const char* self, int port, int port2) {
     for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back(const_cast<char*>(var.c_str()));
     env.push_back(nullptr);
-    char* argv[] = {const_cast<char*>("rs_exec2"), const_cast<char*>("--stage2"),
-                    const_cast<char*>(fd_s.c_str()), const_cast<char*>("--port2"),
-                    const_cast<char*>(p2.c_str()), const_cast<char*>("--case"),
-                    const_cast<char*>(c), nullptr};
+    char* argv[] = {const_cast<char*>("rs_exec2"),
+                    const_cast<char*>("--stage2"),
+                    const_cast<char*>(fd_s.c_str()),
+                    const_cast<char*>("--port2"),
+                    const_cast<char*>(p2.c_str()),
+                    const_cast<char*>("--case"),
+                    const_cast<char*>(c),
+                    nullptr};
     // The raw system call: librsock's execve would replace the variable.
     syscall(SYS_execve, self, argv, env.data());
   }

@@ -33,8 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -671,15 +671,24 @@ int main(int argc, char** argv) {
     return run_mmsg_server_side(s);
   }
   int s = connect_to(port);
-  if (g_case == "sendfile") case_sendfile(s, dir);
-  else if (g_case == "sendfile_errors") case_sendfile_errors(s, dir);
-  else if (g_case == "sendfile_nonblock") case_sendfile_nonblock(s, dir);
-  else if (g_case == "sendfile_epipe") case_sendfile_epipe(s, dir);
-  else if (g_case == "splice_in") case_splice_in(s);
-  else if (g_case == "splice_out") case_splice_out(s);
-  else if (g_case == "mmsg") case_mmsg(s);
-  else if (g_case == "rwv2") case_rwv2(s);
-  else die(__LINE__, "case", "unknown case %s", g_case.c_str());
+  if (g_case == "sendfile")
+    case_sendfile(s, dir);
+  else if (g_case == "sendfile_errors")
+    case_sendfile_errors(s, dir);
+  else if (g_case == "sendfile_nonblock")
+    case_sendfile_nonblock(s, dir);
+  else if (g_case == "sendfile_epipe")
+    case_sendfile_epipe(s, dir);
+  else if (g_case == "splice_in")
+    case_splice_in(s);
+  else if (g_case == "splice_out")
+    case_splice_out(s);
+  else if (g_case == "mmsg")
+    case_mmsg(s);
+  else if (g_case == "rwv2")
+    case_rwv2(s);
+  else
+    die(__LINE__, "case", "unknown case %s", g_case.c_str());
   // Wait for the server to finish reading (it closes after EOF).
   char c;
   while (read(s, &c, 1) > 0) {

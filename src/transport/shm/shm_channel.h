@@ -10,8 +10,8 @@
 // exec hand-off read atomics and may be called from any thread.
 #pragma once
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "ring/wire.h"
