@@ -490,8 +490,8 @@ int exec_adopt() {
   }
   std::vector<char> buf(value.begin(), value.end());
   buf.push_back('\0');
-  char* entries[4096];
-  int n = split(buf.data(), ';', entries, 4096);
+  std::vector<char*> entries(4096);
+  int n = split(buf.data(), ';', entries.data(), static_cast<int>(entries.size()));
   char* head[3];
   uint64_t pid = 0;
   if (n < 1 || split(entries[0], ':', head, 3) != 3 || strcmp(head[0], "1") != 0 ||

@@ -8,7 +8,9 @@
 // after the exec), replaces or spawns itself as stage 2:
 //   execve, execl, execvp   this process execs (argv[0] "rs_exec2")
 //   spawn                   posix_spawn a child, close A here, wait for it
-// Stage 2 reads the rest of S1 and checks it, tells the server on the plain
+// Stage 2 reads the rest of S1 and checks it (execve: the fd was made
+// O_NONBLOCK before the exec, execl: it got SO_RCVTIMEO, and stage 2 checks
+// that they still apply), tells the server on the plain
 // control connection T (127.0.0.1:PORT2) that it runs, writes C2, shuts down
 // writing, reads S2 to EOF and checks it; it prints "STAGE2 ok".
 // The server checks C1 + C2 and prints "SERVER ok".
@@ -42,6 +44,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -156,6 +159,11 @@ void expect_stream(int fd, uint64_t seed, uint64_t from, uint64_t n, const char*
     size_t k = std::min<uint64_t>(sizeof buf, from + n - pos);
     ssize_t r = read(fd, buf, k);
     if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno == EAGAIN) {  // a nonblocking fd: wait for the rest
+      pollfd p = {fd, POLLIN, 0};
+      CHECK(poll(&p, 1, 20000) == 1, "%s: POLLIN", what);
+      continue;
+    }
     CHECK(r > 0, "%s: read at %llu of [%llu, %llu)", what, (unsigned long long)pos,
           (unsigned long long)from, (unsigned long long)(from + n));
     for (ssize_t i = 0; i < r; ++i)
@@ -226,6 +234,19 @@ int run_stage2(int fd, int port2) {
     return 0;
   }
   expect_stream(fd, kSeedS, kRead1, kS1 - kRead1, "rest of S1");
+  // The fd's flags and timeouts survive exec, and so must their effect:
+  // nothing more comes before "go", so a read must not wait (execve:
+  // O_NONBLOCK) or must give up after SO_RCVTIMEO (execl).
+  if (g_case == "execve") {
+    char c;
+    CHECK(read(fd, &c, 1) < 0 && errno == EAGAIN, "O_NONBLOCK still applies");
+    CHECK(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0, "blocking again");
+  } else if (g_case == "execl") {
+    char c;
+    CHECK(read(fd, &c, 1) < 0 && errno == EAGAIN, "SO_RCVTIMEO still applies");
+    timeval none = {0, 0};
+    CHECK(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none) == 0, "no timeout");
+  }
   int t = connect_to(port2, true);
   CHECK(write(t, "go\n", 3) == 3, "go");
   send_stream(fd, kSeedC, kC1, kC2);
@@ -282,6 +303,12 @@ int run_client(const char* self, int port, int port2) {
   }
   for (size_t i = 0; i < kRead1; ++i) CHECK(head[i] == stream_byte(kSeedS, i), "S1 head");
   send_stream(a, kSeedC, 0, kC1);
+  if (g_case == "execve") {
+    CHECK(fcntl(a, F_SETFL, fcntl(a, F_GETFL) | O_NONBLOCK) == 0, "O_NONBLOCK");
+  } else if (g_case == "execl") {
+    timeval tv = {0, 200000};
+    CHECK(setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0, "SO_RCVTIMEO");
+  }
   const std::string fd_s = std::to_string(a), p2 = std::to_string(port2);
   const char* c = g_case.c_str();
   if (g_case == "execve") {
