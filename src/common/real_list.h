@@ -63,3 +63,9 @@ RSOCK_REAL(int, __ppoll_chk,
            (struct pollfd*, nfds_t, const struct timespec*, const sigset_t*, size_t))
 RSOCK_REAL(int, close_range, (unsigned int, unsigned int, int))
 RSOCK_REAL(void, closefrom, (int))
+RSOCK_REAL(int, epoll_pwait2,
+           (int, struct epoll_event*, int, const struct timespec*, const sigset_t*))
+RSOCK_REAL(int, fclose, (FILE*))
+RSOCK_REAL(int, aio_read, (struct aiocb*))
+RSOCK_REAL(int, aio_write, (struct aiocb*))
+RSOCK_REAL(int, lio_listio, (int, struct aiocb* const[], int, struct sigevent*))

@@ -2,6 +2,7 @@
 // carries librsock state; a plain fd goes straight to the real call. Only
 // these wrappers set errno, and only when they fail; internal calls return
 // negative errno values. Nothing here throws or exits.
+#include <aio.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/log.h"
 #include "common/real.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/exec_handoff.h"
@@ -543,6 +545,61 @@ EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, si
   return finish(n);
 }
 
+// ---- calls glibc serves with its internal read/write --------------------------
+//
+// stdio and POSIX AIO reach the fd through glibc's internal calls, which
+// bypass these wrappers (README, "What librsock intercepts"). fclose of a
+// stream on an accelerated fd closes the fd the same way: drop its state,
+// or a later fd that reuses the number would inherit it. POSIX AIO on an
+// accelerated fd is refused (EOPNOTSUPP) instead of running on the kernel
+// socket, where its reads would return doorbell bytes.
+
+EXPORT int fclose(FILE* f) {
+  const int fd = f ? fileno(f) : -1;
+  const int r = real().fclose(f);
+  if (fd >= 0 && fd_table().has(fd) && real().fcntl(fd, F_GETFD) < 0) {
+    const int saved = errno;
+    forget_fd(fd);
+    errno = saved;
+  }
+  return r;
+}
+
+static bool aio_on_connection(const struct aiocb* cb) {
+  return cb && fd_table().has(cb->aio_fildes) && conn_ref(cb->aio_fildes);
+}
+
+static int aio_refused(int fd) {
+  LOG_WARN("fd %d: POSIX AIO on an accelerated socket is not supported (EOPNOTSUPP)", fd);
+  return finish(-EOPNOTSUPP);
+}
+
+EXPORT int aio_read(struct aiocb* cb) {
+  if (aio_on_connection(cb)) return aio_refused(cb->aio_fildes);
+  return real().aio_read(cb);
+}
+
+EXPORT int aio_write(struct aiocb* cb) {
+  if (aio_on_connection(cb)) return aio_refused(cb->aio_fildes);
+  return real().aio_write(cb);
+}
+
+EXPORT int aio_read64(struct aiocb64* cb) { return aio_read(reinterpret_cast<struct aiocb*>(cb)); }
+EXPORT int aio_write64(struct aiocb64* cb) {
+  return aio_write(reinterpret_cast<struct aiocb*>(cb));
+}
+
+EXPORT int lio_listio(int mode, struct aiocb* const list[], int n, struct sigevent* sev) {
+  for (int i = 0; i < n; ++i)
+    if (list[i] && list[i]->aio_lio_opcode != LIO_NOP && aio_on_connection(list[i]))
+      return aio_refused(list[i]->aio_fildes);
+  return real().lio_listio(mode, list, n, sev);
+}
+
+EXPORT int lio_listio64(int mode, struct aiocb64* const list[], int n, struct sigevent* sev) {
+  return lio_listio(mode, reinterpret_cast<struct aiocb* const*>(list), n, sev);
+}
+
 // ---- formatted output to an fd: glibc writes it through stdio internals -------
 
 EXPORT int vdprintf(int fd, const char* fmt, va_list ap) {
@@ -640,6 +697,22 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event* ev, int maxevents, int time
                        const sigset_t* mask) {
   if (!runtime() || !fd_table().has(epfd))
     return real().epoll_pwait(epfd, ev, maxevents, timeout, mask);
+  return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, mask));
+}
+
+EXPORT int epoll_pwait2(int epfd, struct epoll_event* ev, int maxevents,
+                        const struct timespec* ts, const sigset_t* mask) {
+  if (!runtime() || !fd_table().has(epfd))
+    return real().epoll_pwait2 ? real().epoll_pwait2(epfd, ev, maxevents, ts, mask)
+                               : finish(-ENOSYS);
+  if (ts && (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000))
+    return finish(-EINVAL);
+  // Milliseconds, rounded up (never a shorter wait than asked).
+  int timeout = -1;
+  if (ts) {
+    const int64_t ms = int64_t{ts->tv_sec} * 1000 + (ts->tv_nsec + 999999) / 1000000;
+    timeout = ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
+  }
   return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, mask));
 }
 

@@ -22,7 +22,8 @@
 // Usage: rs_xfer --role server --port P --case NAME
 //        rs_xfer --role client --port P --case NAME --dir SCRATCH
 //   cases: sendfile sendfile_errors sendfile_nonblock sendfile_epipe
-//          splice_in splice_out mmsg rwv2
+//          splice_in splice_out mmsg rwv2 aio_fclose
+#include <aio.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -609,6 +610,51 @@ void case_rwv2(int s) {
   print_sent(f);
 }
 
+// POSIX AIO runs on glibc's internal calls: on an accelerated socket it is
+// refused (EOPNOTSUPP) rather than run on the kernel socket; on plain TCP it
+// completes. fclose of a stream on a dup of the socket closes that fd: a new
+// fd that reuses the number must be an ordinary fd again.
+void case_aio_fclose(int s) {
+  Fnv f;
+  static char msg[100];
+  memset(msg, 'a', sizeof msg);
+  aiocb cb = {};
+  cb.aio_fildes = s;
+  cb.aio_buf = msg;
+  cb.aio_nbytes = sizeof msg;
+  if (aio_write(&cb) == 0) {
+    const aiocb* list[1] = {&cb};
+    while (aio_error(&cb) == EINPROGRESS) aio_suspend(list, 1, nullptr);
+    CHECK(aio_return(&cb) == static_cast<ssize_t>(sizeof msg), "aio_write completed");
+    f.add(msg, sizeof msg);
+    say("NOTE aio done");
+  } else {
+    CHECK(errno == EOPNOTSUPP, "aio_write refused with EOPNOTSUPP");
+    say("NOTE aio refused");
+  }
+  say("OK aio");
+  int d = dup(s);
+  CHECK(d >= 0, "dup");
+  FILE* file = fdopen(d, "w");
+  CHECK(file != nullptr, "fdopen");
+  CHECK(fclose(file) == 0, "fclose");
+  int p[2];
+  CHECK(pipe(p) == 0, "pipe");
+  say("PROBE reused=%d", p[0] == d || p[1] == d);
+  CHECK(fcntl(p[0], F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
+  CHECK(write(p[1], "xyz", 3) == 3, "pipe write");
+  char buf[8] = {};
+  ssize_t r = read(p[0], buf, sizeof buf);
+  say("PROBE pipe_read=%s", outcome(r, errno).c_str());
+  close(p[0]);
+  close(p[1]);
+  const char tail[] = "after fclose\n";
+  CHECK(write(s, tail, sizeof tail - 1) == static_cast<ssize_t>(sizeof tail - 1), "write");
+  f.add(tail, sizeof tail - 1);
+  shutdown(s, SHUT_WR);
+  print_sent(f);
+}
+
 int run_mmsg_server_side(int s) {
   // Reads with recvmmsg and MSG_WAITFORONE until EOF.
   Fnv f;
@@ -687,6 +733,8 @@ int main(int argc, char** argv) {
     case_mmsg(s);
   else if (g_case == "rwv2")
     case_rwv2(s);
+  else if (g_case == "aio_fclose")
+    case_aio_fclose(s);
   else
     die(__LINE__, "case", "unknown case %s", g_case.c_str());
   // Wait for the server to finish reading (it closes after EOF).
