@@ -1,7 +1,8 @@
 // Calls that move socket bytes without read/write/send/recv, and exec.
 //
 // XferTest runs build/progs/rs_xfer (sendfile, splice both ways,
-// sendmmsg/recvmmsg, preadv2/pwritev2, dprintf, POSIX AIO and fclose)
+// sendmmsg/recvmmsg, preadv2/pwritev2, dprintf, POSIX AIO, fclose and
+// epoll_pwait2)
 // twice: on plain TCP and with
 // librsock preloaded into both ends. The client's PROBE lines (return
 // values, errnos, offsets, file positions) must be the same in both runs,
@@ -125,7 +126,7 @@ TEST_P(XferTest, SameAsKernelTcp) {
 INSTANTIATE_TEST_SUITE_P(Cases, XferTest,
                          ::testing::Values("sendfile", "sendfile_errors", "sendfile_nonblock",
                                            "sendfile_epipe", "splice_in", "splice_out", "mmsg",
-                                           "rwv2", "aio_fclose"),
+                                           "rwv2", "aio_fclose", "pwait2"),
                          [](const auto& info) { return std::string(info.param); });
 
 // ---- exec ------------------------------------------------------------------------

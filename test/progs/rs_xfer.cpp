@@ -22,7 +22,7 @@
 // Usage: rs_xfer --role server --port P --case NAME
 //        rs_xfer --role client --port P --case NAME --dir SCRATCH
 //   cases: sendfile sendfile_errors sendfile_nonblock sendfile_epipe
-//          splice_in splice_out mmsg rwv2 aio_fclose
+//          splice_in splice_out mmsg rwv2 aio_fclose pwait2
 #include <aio.h>
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -655,6 +656,34 @@ void case_aio_fclose(int s) {
   print_sent(f);
 }
 
+// epoll_pwait2: the socket's readiness as epoll_wait reports it.
+void case_pwait2(int s) {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  CHECK(ep >= 0, "epoll_create1");
+  epoll_event ev = {};
+  ev.events = EPOLLOUT;
+  ev.data.u64 = 7;
+  CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev) == 0, "epoll_ctl");
+  epoll_event got[4] = {};
+  timespec ts = {5, 0};
+  int n = epoll_pwait2(ep, got, 4, &ts, nullptr);
+  say("PROBE pwait2_out=%s data=%llu events=%x", outcome(n, errno).c_str(),
+      n > 0 ? (unsigned long long)got[0].data.u64 : 0ull, n > 0 ? got[0].events : 0u);
+  // Nothing to read: the timeout (50 ms) expires.
+  ev.events = EPOLLIN;
+  CHECK(epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev) == 0, "epoll_ctl MOD");
+  ts = {0, 50000000};
+  n = epoll_pwait2(ep, got, 4, &ts, nullptr);
+  say("PROBE pwait2_in=%s", outcome(n, errno).c_str());
+  ts = {0, 2000000000};
+  n = epoll_pwait2(ep, got, 4, &ts, nullptr);
+  say("PROBE pwait2_badts=%s", outcome(n, errno).c_str());
+  close(ep);
+  Fnv f;
+  shutdown(s, SHUT_WR);
+  print_sent(f);
+}
+
 int run_mmsg_server_side(int s) {
   // Reads with recvmmsg and MSG_WAITFORONE until EOF.
   Fnv f;
@@ -735,6 +764,8 @@ int main(int argc, char** argv) {
     case_rwv2(s);
   else if (g_case == "aio_fclose")
     case_aio_fclose(s);
+  else if (g_case == "pwait2")
+    case_pwait2(s);
   else
     die(__LINE__, "case", "unknown case %s", g_case.c_str());
   // Wait for the server to finish reading (it closes after EOF).

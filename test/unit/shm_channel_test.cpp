@@ -10,8 +10,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -582,7 +582,7 @@ TEST(ShmHandoff, ImpossiblePositionsAreRefused) {
   auto p = make_shm_pair(1 << 16);
   ASSERT_TRUE(p.client);
   Stream s(std::move(p.client));
-  EXPECT_FALSE(s.resume(100, 200, 0, false));            // credited beyond sent
+  EXPECT_FALSE(s.resume(100, 200, 0, false));              // credited beyond sent
   EXPECT_FALSE(s.resume((1 << 16) + 101, 100, 0, false));  // more in flight than a ring
   EXPECT_TRUE(s.resume((1 << 16) + 100, 100, 0, false));
 }
