@@ -10,8 +10,7 @@
 // preloaded run must have been carried by shared memory on both ends.
 //
 // ExecTest runs build/progs/rs_exec: an accelerated connection with bytes in
-// flight both ways is inherited through execve, execl, execvp and
-// posix_spawn; the new image reads what the old one left unread, both
+// flight both ways is inherited through each exec form and posix_spawn; the new image reads what the old one left unread, both
 // streams are checked byte by byte, and the new image's stats line counts
 // the connection on shm. ExecLostTest forges the hand-off (a memfd that is no
 // region; another connection's region): the connection must fail loudly in
@@ -204,7 +203,9 @@ TEST_P(ExecTest, InheritedConnectionKeepsWorking) {
   EXPECT_EQ(srv->bytes_received, 250000u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Forms, ExecTest, ::testing::Values("execve", "execl", "execvp", "spawn"),
+INSTANTIATE_TEST_SUITE_P(Forms, ExecTest,
+                         ::testing::Values("execve", "execl", "execle", "execlp", "execvp",
+                                           "fexecve", "execveat", "spawn"),
                          [](const auto& info) { return std::string(info.param); });
 
 // A forged or unusable hand-off: the new image never maps a region that is

@@ -6,7 +6,8 @@
 // (the server has written S1 bytes, of which the client read only the
 // first kRead1; the client wrote C1 bytes that the server will read only
 // after the exec), replaces or spawns itself as stage 2:
-//   execve, execl, execvp   this process execs (argv[0] "rs_exec2")
+//   execve, execl, execle, execlp, execvp, fexecve, execveat
+//                           this process execs (argv[0] "rs_exec2")
 //   spawn                   posix_spawn a child, close A here, wait for it
 // Stage 2 reads the rest of S1 and checks it (execve: the fd was made
 // O_NONBLOCK before the exec, execl: it got SO_RCVTIMEO, and stage 2 checks
@@ -324,6 +325,26 @@ int run_client(const char* self, int port, int port2) {
   } else if (g_case == "execl") {
     execl(self, "rs_exec2", "--stage2", fd_s.c_str(), "--port2", p2.c_str(), "--case", c,
           static_cast<char*>(nullptr));
+  } else if (g_case == "execle") {
+    execle(self, "rs_exec2", "--stage2", fd_s.c_str(), "--port2", p2.c_str(), "--case", c,
+           static_cast<char*>(nullptr), environ);
+  } else if (g_case == "execlp") {
+    std::string dir = self;
+    setenv("PATH", dir.substr(0, dir.rfind('/')).c_str(), 1);
+    execlp("rs_exec", "rs_exec2", "--stage2", fd_s.c_str(), "--port2", p2.c_str(), "--case", c,
+           static_cast<char*>(nullptr));
+  } else if (g_case == "fexecve" || g_case == "execveat") {
+    char* argv[] = {const_cast<char*>("rs_exec2"), const_cast<char*>("--stage2"),
+                    const_cast<char*>(fd_s.c_str()), const_cast<char*>("--port2"),
+                    const_cast<char*>(p2.c_str()), const_cast<char*>("--case"),
+                    const_cast<char*>(c), nullptr};
+    if (g_case == "fexecve") {
+      int prog = open(self, O_RDONLY | O_CLOEXEC);
+      CHECK(prog >= 0, "open self");
+      fexecve(prog, argv, environ);
+    } else {
+      execveat(AT_FDCWD, self, argv, environ, 0);
+    }
   } else if (g_case == "execvp") {
     // Through PATH: the directory of this program.
     std::string dir = self;
