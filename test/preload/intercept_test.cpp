@@ -10,13 +10,14 @@
 // preloaded run must have been carried by shared memory on both ends.
 //
 // ExecTest runs build/progs/rs_exec: an accelerated connection with bytes in
-// flight both ways is inherited through each exec form and posix_spawn; the new image reads what the old one left unread, both
-// streams are checked byte by byte, and the new image's stats line counts
-// the connection on shm. ExecLostTest forges the hand-off (a memfd that is no
-// region; another connection's region): the connection must fail loudly in
-// the new image, never map the wrong region; so must a connection the old
-// image describes as RDMA. InetdTest: fork, stdin/stdout,
-// closefrom(3), exec of an echo server using read(0)/write(1).
+// flight both ways is inherited through each exec form and posix_spawn; the
+// new image reads what the old one left unread, both streams are checked
+// byte by byte, and the new image's stats line counts the connection on
+// shm. ExecLostTest forges the hand-off (a memfd that is no region; another
+// connection's region; an RDMA entry): the connection must fail loudly in
+// the new image, never map the wrong region. InetdTest: fork,
+// stdin/stdout, closefrom(3), exec of an echo server using
+// read(0)/write(1).
 #include "harness.h"
 
 namespace rsock_test {
