@@ -6,7 +6,7 @@ set -euo pipefail
 
 PKGS=(g++ make pkg-config libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
       libgtest-dev googletest libboost-dev sockperf iperf3 iperf iproute2 procps
-      util-linux python3 jq)
+      util-linux python3 jq nginx curl)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -40,3 +40,32 @@ RSOCK_REAL(int, execve, (const char*, char* const[], char* const[]))
 RSOCK_REAL(int, execvpe, (const char*, char* const[], char* const[]))
 RSOCK_REAL(int, execv, (const char*, char* const[]))
 RSOCK_REAL(int, execvp, (const char*, char* const[]))
+RSOCK_REAL(int, execveat, (int, const char*, char* const[], char* const[], int))
+RSOCK_REAL(int, fexecve, (int, char* const[], char* const[]))
+RSOCK_REAL(int, posix_spawn,
+           (pid_t*, const char*, const posix_spawn_file_actions_t*, const posix_spawnattr_t*,
+            char* const[], char* const[]))
+RSOCK_REAL(int, posix_spawnp,
+           (pid_t*, const char*, const posix_spawn_file_actions_t*, const posix_spawnattr_t*,
+            char* const[], char* const[]))
+RSOCK_REAL(ssize_t, sendfile, (int, int, off_t*, size_t))
+RSOCK_REAL(ssize_t, sendfile64, (int, int, off64_t*, size_t))
+RSOCK_REAL(ssize_t, splice, (int, loff_t*, int, loff_t*, size_t, unsigned int))
+RSOCK_REAL(int, sendmmsg, (int, struct mmsghdr*, unsigned int, int))
+RSOCK_REAL(int, recvmmsg, (int, struct mmsghdr*, unsigned int, int, struct timespec*))
+RSOCK_REAL(ssize_t, preadv2, (int, const struct iovec*, int, off_t, int))
+RSOCK_REAL(ssize_t, pwritev2, (int, const struct iovec*, int, off_t, int))
+RSOCK_REAL(ssize_t, preadv64v2, (int, const struct iovec*, int, off64_t, int))
+RSOCK_REAL(ssize_t, pwritev64v2, (int, const struct iovec*, int, off64_t, int))
+RSOCK_REAL(int, vdprintf, (int, const char*, va_list))
+RSOCK_REAL(int, __vdprintf_chk, (int, int, const char*, va_list))
+RSOCK_REAL(int, __ppoll_chk,
+           (struct pollfd*, nfds_t, const struct timespec*, const sigset_t*, size_t))
+RSOCK_REAL(int, close_range, (unsigned int, unsigned int, int))
+RSOCK_REAL(void, closefrom, (int))
+RSOCK_REAL(int, epoll_pwait2,
+           (int, struct epoll_event*, int, const struct timespec*, const sigset_t*))
+RSOCK_REAL(int, fclose, (FILE*))
+RSOCK_REAL(int, aio_read, (struct aiocb*))
+RSOCK_REAL(int, aio_write, (struct aiocb*))
+RSOCK_REAL(int, lio_listio, (int, struct aiocb* const[], int, struct sigevent*))

@@ -2,28 +2,45 @@
 // carries librsock state; a plain fd goes straight to the real call. Only
 // these wrappers set errno, and only when they fail; internal calls return
 // negative errno values. Nothing here throws or exits.
+#include <aio.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/close_range.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/select.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "common/log.h"
 #include "common/real.h"
 #include "fdtable/fdtable.h"
+#include "lifecycle/exec_handoff.h"
 #include "lifecycle/runtime.h"
 #include "progress/readiness.h"
 #include "socket/pending.h"
 #include "socket/socket.h"
+#include "socket/transfer.h"
+#include "transport/channel.h"
+#include "transport/shm/shm_channel.h"
 
 using namespace rsock;
 
@@ -188,6 +205,54 @@ EXPORT int close(int fd) {
   return real().close(fd);
 }
 
+// close_range and closefrom close the application's fds in a range: their
+// state goes as for close(). librsock's own fds in the range (a surviving
+// connection's doorbell dup and region memfd) are kept open, since the
+// program never knew of them: a daemon's closefrom(3) must not break the
+// accelerated stdin it keeps.
+namespace {
+int close_span(unsigned first, unsigned last, int flags) {
+  if (flags & CLOSE_RANGE_CLOEXEC) return real().close_range(first, last, flags);
+  // The application's fds in the range leave the table first.
+  std::vector<int> gone;
+  fd_table().for_each([&](int fd, FdState*) {
+    if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last) gone.push_back(fd);
+  });
+  for (int fd : gone) forget_fd(fd);
+  // Ours, of the connections that stay, are skipped.
+  std::vector<int> keep;
+  fd_table().for_each([&](int, FdState* s) {
+    if (s->kind() != FdState::Kind::kConnection) return;
+    Channel& ch = static_cast<ConnectionState*>(s)->stream().channel();
+    keep.push_back(ch.wait_fd());
+    if (strcmp(ch.name(), "shm") == 0) keep.push_back(static_cast<ShmChannel&>(ch).memfd());
+  });
+  std::sort(keep.begin(), keep.end());
+  unsigned from = first;
+  for (int k : keep) {
+    if (k < 0 || static_cast<unsigned>(k) < from || static_cast<unsigned>(k) > last) continue;
+    if (static_cast<unsigned>(k) > from && real().close_range(from, k - 1, flags) != 0) return -1;
+    from = static_cast<unsigned>(k) + 1;
+    if (from == 0) return 0;  // wrapped past UINT_MAX
+  }
+  if (from <= last) return real().close_range(from, last, flags);
+  return 0;
+}
+}  // namespace
+
+EXPORT int close_range(unsigned int first, unsigned int last, int flags) {
+  if (first > last || !real().close_range) return real().close_range(first, last, flags);
+  return close_span(first, last, flags);
+}
+
+EXPORT void closefrom(int lowfd) {
+  if (lowfd < 0) lowfd = 0;
+  if (close_span(static_cast<unsigned>(lowfd), ~0u, 0) != 0 && real().closefrom)
+    real().closefrom(lowfd);  // no close_range (old kernel): glibc's own fallback
+}
+
+EXPORT int __close(int fd) { return close(fd); }
+
 // ---- data ------------------------------------------------------------------
 
 EXPORT ssize_t read(int fd, void* buf, size_t len) {
@@ -287,6 +352,310 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
   return real().sendmsg(fd, msg, flags);
 }
 
+// The batch forms, as the kernel runs them on a TCP socket: one sendmsg or
+// recvmsg per entry; an error is returned only when no entry completed.
+EXPORT int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
+  bool again = false;
+  FdRef r = io_ref(fd, flags, &again);
+  if (!r) {
+    if (again) return finish(-EAGAIN);
+    return real().sendmmsg(fd, vec, vlen, flags);
+  }
+  if (vlen > UIO_MAXIOV) vlen = UIO_MAXIOV;
+  ssize_t err = 0;
+  unsigned int n = 0;
+  for (; n < vlen; ++n) {
+    msghdr* m = &vec[n].msg_hdr;
+    if (m->msg_iovlen > IOV_MAX) {
+      err = -EMSGSIZE;
+      break;
+    }
+    const ssize_t k = conn_send(*conn_of(r), m->msg_iov, static_cast<int>(m->msg_iovlen), flags);
+    if (k < 0) {
+      err = k;
+      break;
+    }
+    vec[n].msg_len = static_cast<unsigned int>(k);
+    if (static_cast<size_t>(k) < [&] {
+          size_t t = 0;
+          for (size_t i = 0; i < m->msg_iovlen; ++i) t += m->msg_iov[i].iov_len;
+          return t;
+        }()) {
+      ++n;  // a partial send ends the batch
+      break;
+    }
+  }
+  if (err == -EPIPE && !(flags & MSG_NOSIGNAL)) raise(SIGPIPE);
+  if (n > 0) return static_cast<int>(n);
+  return static_cast<int>(finish(err));
+}
+
+EXPORT int recvmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags,
+                    struct timespec* timeout) {
+  bool again = false;
+  FdRef r = io_ref(fd, flags, &again);
+  if (!r) {
+    if (again) return finish(-EAGAIN);
+    return real().recvmmsg(fd, vec, vlen, flags, timeout);
+  }
+  if (flags & INT_MIN) return finish(-EINVAL);  // the kernel's internal MSG_CMSG_COMPAT
+  int64_t end = -1;
+  if (timeout) {
+    if (timeout->tv_sec < 0 || timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000)
+      return finish(-EINVAL);
+    end = monotonic_ns() + ts_to_ns(timeout);
+  }
+  if (vlen > UIO_MAXIOV) vlen = UIO_MAXIOV;
+  ssize_t err = 0;
+  unsigned int n = 0;
+  int f = flags & ~MSG_WAITFORONE;
+  while (n < vlen) {
+    msghdr* m = &vec[n].msg_hdr;
+    if (m->msg_iovlen > IOV_MAX) {
+      err = -EMSGSIZE;
+      break;
+    }
+    const ssize_t k = conn_recv(*conn_of(r), m->msg_iov, static_cast<int>(m->msg_iovlen), f);
+    if (k < 0) {
+      err = k;
+      break;
+    }
+    m->msg_namelen = 0;
+    m->msg_controllen = 0;
+    m->msg_flags = 0;
+    vec[n].msg_len = static_cast<unsigned int>(k);
+    ++n;
+    if (flags & MSG_WAITFORONE) f |= MSG_DONTWAIT;
+    if (timeout) {
+      // Checked only after each message, as the kernel does.
+      int64_t left = end - monotonic_ns();
+      if (left < 0) left = 0;
+      timeout->tv_sec = left / 1000000000;
+      timeout->tv_nsec = left % 1000000000;
+      if (left == 0) break;
+    }
+  }
+  if (n > 0) return static_cast<int>(n);
+  return static_cast<int>(finish(err));
+}
+
+// preadv2/pwritev2 with offset -1 are readv/writev with per-call flags
+// (RWF_NOWAIT: MSG_DONTWAIT); any other offset is refused by the kernel on
+// a socket (ESPIPE, EINVAL) without touching the stream, so it goes there.
+// preadv/pwritev never reach a socket's data (offset -1 is EINVAL there).
+namespace {
+constexpr int kRwfKnown = 0x3f;  // RWF_HIPRI DSYNC SYNC NOWAIT APPEND NOAPPEND
+constexpr int kRwfNowait = 0x08;
+
+ssize_t rwv2(bool write, int fd, const struct iovec* iov, int iovcnt, int flags,
+             ssize_t (*real_fn)(int, const struct iovec*, int, off_t, int)) {
+  bool again = false;
+  FdRef r = io_ref(fd, (flags & kRwfNowait) ? MSG_DONTWAIT : 0, &again);
+  if (!r) {
+    if (again) return finish<ssize_t>(-EAGAIN);
+    return real_fn(fd, iov, iovcnt, -1, flags);
+  }
+  if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
+  size_t total = 0;
+  for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
+  if (total == 0) return 0;
+  if (flags & ~kRwfKnown) return finish<ssize_t>(-EOPNOTSUPP);
+  const int mf = (flags & kRwfNowait) ? MSG_DONTWAIT : 0;
+  if (write) return send_result(conn_send(*conn_of(r), iov, iovcnt, mf), mf);
+  return finish(conn_recv(*conn_of(r), iov, iovcnt, mf));
+}
+}  // namespace
+
+EXPORT ssize_t preadv2(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags) {
+  if (offset != -1 || !fd_table().has(fd)) return real().preadv2(fd, iov, iovcnt, offset, flags);
+  return rwv2(false, fd, iov, iovcnt, flags, real().preadv2);
+}
+
+EXPORT ssize_t pwritev2(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags) {
+  if (offset != -1 || !fd_table().has(fd)) return real().pwritev2(fd, iov, iovcnt, offset, flags);
+  return rwv2(true, fd, iov, iovcnt, flags, real().pwritev2);
+}
+
+EXPORT ssize_t preadv64v2(int fd, const struct iovec* iov, int iovcnt, off64_t offset, int flags) {
+  return preadv2(fd, iov, iovcnt, offset, flags);
+}
+
+EXPORT ssize_t pwritev64v2(int fd, const struct iovec* iov, int iovcnt, off64_t offset, int flags) {
+  return pwritev2(fd, iov, iovcnt, offset, flags);
+}
+
+// ---- kernel-side copies: sendfile and splice (socket/transfer.h) -------------
+
+EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
+  bool again = false;
+  FdRef r = io_ref(out_fd, 0, &again);
+  if (!r) {
+    if (again) return finish<ssize_t>(-EAGAIN);
+    return real().sendfile(out_fd, in_fd, offset, count);
+  }
+  bool sigpipe = false;
+  ssize_t n = conn_sendfile(*conn_of(r), in_fd, offset, count, &sigpipe);
+  if (sigpipe) raise(SIGPIPE);
+  return finish(n);
+}
+
+EXPORT ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
+  static_assert(sizeof(off64_t) == sizeof(off_t), "LP64: sendfile64 is sendfile");
+  return sendfile(out_fd, in_fd, reinterpret_cast<off_t*>(offset), count);
+}
+
+// splice between a pipe and an accelerated socket goes through the stream;
+// every other pairing is the kernel's (it refuses socket-to-socket and
+// socket-to-file with EINVAL before touching either end).
+EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, size_t len,
+                      unsigned int flags) {
+  const bool in_acc = fd_table().has(fd_in), out_acc = fd_table().has(fd_out);
+  if (!in_acc && !out_acc) return real().splice(fd_in, off_in, fd_out, off_out, len, flags);
+  struct stat st;
+  const bool in_pipe = fstat(fd_in, &st) == 0 && S_ISFIFO(st.st_mode);
+  const bool out_pipe = fstat(fd_out, &st) == 0 && S_ISFIFO(st.st_mode);
+  bool again = false;
+  FdRef r;
+  bool to_socket;
+  if (in_pipe && out_acc) {
+    to_socket = true;
+  } else if (out_pipe && in_acc) {
+    to_socket = false;
+  } else {
+    return real().splice(fd_in, off_in, fd_out, off_out, len, flags);
+  }
+  if (len == 0) return 0;
+  if (flags &
+      ~static_cast<unsigned>(SPLICE_F_MOVE | SPLICE_F_NONBLOCK | SPLICE_F_MORE | SPLICE_F_GIFT))
+    return finish<ssize_t>(-EINVAL);
+  // The pipe end cannot take an offset (ESPIPE); the socket has no
+  // positioned I/O (EINVAL).
+  if ((to_socket && off_in) || (!to_socket && off_out)) return finish<ssize_t>(-ESPIPE);
+  if ((to_socket && off_out) || (!to_socket && off_in)) return finish<ssize_t>(-EINVAL);
+  const int sock = to_socket ? fd_out : fd_in;
+  r = io_ref(sock, 0, &again);
+  if (!r) {
+    if (again) return finish<ssize_t>(-EAGAIN);
+    return real().splice(fd_in, off_in, fd_out, off_out, len, flags);
+  }
+  bool sigpipe = false;
+  ssize_t n = to_socket ? conn_splice_from_pipe(*conn_of(r), fd_in, len, flags, &sigpipe)
+                        : conn_splice_to_pipe(*conn_of(r), fd_out, len, flags, &sigpipe);
+  if (sigpipe) raise(SIGPIPE);
+  return finish(n);
+}
+
+// ---- calls glibc serves with its internal read/write --------------------------
+//
+// stdio and POSIX AIO reach the fd through glibc's internal calls, which
+// bypass these wrappers (README, "What librsock intercepts"). fclose of a
+// stream on an accelerated fd closes the fd the same way: drop its state,
+// or a later fd that reuses the number would inherit it. POSIX AIO on an
+// accelerated fd is refused (EOPNOTSUPP) instead of running on the kernel
+// socket, where its reads would return doorbell bytes.
+
+EXPORT int fclose(FILE* f) {
+  const int fd = f ? fileno(f) : -1;
+  const int r = real().fclose(f);
+  if (fd >= 0 && fd_table().has(fd) && real().fcntl(fd, F_GETFD) < 0) {
+    const int saved = errno;
+    forget_fd(fd);
+    errno = saved;
+  }
+  return r;
+}
+
+static bool aio_on_connection(const struct aiocb* cb) {
+  return cb && fd_table().has(cb->aio_fildes) && conn_ref(cb->aio_fildes);
+}
+
+static int aio_refused(int fd) {
+  LOG_WARN("fd %d: POSIX AIO on an accelerated socket is not supported (EOPNOTSUPP)", fd);
+  return finish(-EOPNOTSUPP);
+}
+
+EXPORT int aio_read(struct aiocb* cb) {
+  if (aio_on_connection(cb)) return aio_refused(cb->aio_fildes);
+  return real().aio_read(cb);
+}
+
+EXPORT int aio_write(struct aiocb* cb) {
+  if (aio_on_connection(cb)) return aio_refused(cb->aio_fildes);
+  return real().aio_write(cb);
+}
+
+EXPORT int aio_read64(struct aiocb64* cb) { return aio_read(reinterpret_cast<struct aiocb*>(cb)); }
+EXPORT int aio_write64(struct aiocb64* cb) {
+  return aio_write(reinterpret_cast<struct aiocb*>(cb));
+}
+
+EXPORT int lio_listio(int mode, struct aiocb* const list[], int n, struct sigevent* sev) {
+  for (int i = 0; i < n; ++i)
+    if (list[i] && list[i]->aio_lio_opcode != LIO_NOP && aio_on_connection(list[i]))
+      return aio_refused(list[i]->aio_fildes);
+  return real().lio_listio(mode, list, n, sev);
+}
+
+EXPORT int lio_listio64(int mode, struct aiocb64* const list[], int n, struct sigevent* sev) {
+  return lio_listio(mode, reinterpret_cast<struct aiocb* const*>(list), n, sev);
+}
+
+// ---- formatted output to an fd: glibc writes it through stdio internals -------
+
+EXPORT int vdprintf(int fd, const char* fmt, va_list ap) {
+  if (!fd_table().has(fd)) return real().vdprintf(fd, fmt, ap);
+  bool again = false;
+  FdRef r = io_ref(fd, 0, &again);
+  if (!r) {
+    if (again) return finish(-EAGAIN);
+    return real().vdprintf(fd, fmt, ap);
+  }
+  char small[1024];
+  va_list ap2;
+  va_copy(ap2, ap);
+  int len = vsnprintf(small, sizeof small, fmt, ap2);
+  va_end(ap2);
+  if (len < 0) return len;
+  char* buf = small;
+  if (static_cast<size_t>(len) >= sizeof small) {
+    buf = static_cast<char*>(malloc(static_cast<size_t>(len) + 1));
+    if (!buf) return finish(-ENOMEM);
+    vsnprintf(buf, static_cast<size_t>(len) + 1, fmt, ap);
+  }
+  // As stdio does: write until everything went, or fail.
+  ssize_t done = 0, k = 0;
+  while (done < len) {
+    iovec iov = {buf + done, static_cast<size_t>(len - done)};
+    k = conn_send(*conn_of(r), &iov, 1, 0);
+    if (k <= 0) break;
+    done += k;
+  }
+  if (buf != small) free(buf);
+  if (done < len) return static_cast<int>(send_result(k < 0 ? k : -EIO, 0));
+  return len;
+}
+
+EXPORT int dprintf(int fd, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int r = vdprintf(fd, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
+EXPORT int __vdprintf_chk(int fd, int flag, const char* fmt, va_list ap) {
+  if (!fd_table().has(fd)) return real().__vdprintf_chk(fd, flag, fmt, ap);
+  return vdprintf(fd, fmt, ap);
+}
+
+EXPORT int __dprintf_chk(int fd, int flag, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int r = __vdprintf_chk(fd, flag, fmt, ap);
+  va_end(ap);
+  return r;
+}
+
 // ---- readiness ---------------------------------------------------------------
 
 EXPORT int poll(struct pollfd* fds, nfds_t n, int timeout) {
@@ -328,6 +697,22 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event* ev, int maxevents, int time
                        const sigset_t* mask) {
   if (!runtime() || !fd_table().has(epfd))
     return real().epoll_pwait(epfd, ev, maxevents, timeout, mask);
+  return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, mask));
+}
+
+EXPORT int epoll_pwait2(int epfd, struct epoll_event* ev, int maxevents,
+                        const struct timespec* ts, const sigset_t* mask) {
+  if (!runtime() || !fd_table().has(epfd))
+    return real().epoll_pwait2 ? real().epoll_pwait2(epfd, ev, maxevents, ts, mask)
+                               : finish(-ENOSYS);
+  if (ts && (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000))
+    return finish(-EINVAL);
+  // Milliseconds, rounded up (never a shorter wait than asked).
+  int timeout = -1;
+  if (ts) {
+    const int64_t ms = int64_t{ts->tv_sec} * 1000 + (ts->tv_nsec + 999999) / 1000000;
+    timeout = ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
+  }
   return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, mask));
 }
 
@@ -456,26 +841,165 @@ EXPORT int __poll_chk(struct pollfd* fds, nfds_t n, int timeout, size_t fdslen) 
   return poll(fds, n, timeout);
 }
 
-// ---- exec: the stats of this image are written before it is replaced ---------
+EXPORT int __ppoll_chk(struct pollfd* fds, nfds_t n, const struct timespec* ts,
+                       const sigset_t* mask, size_t fdslen) {
+  if (fdslen / sizeof(*fds) < n) __chk_fail();
+  return ppoll(fds, n, ts, mask);
+}
+
+// Old public aliases of glibc's (programs and libraries may bind to them).
+EXPORT ssize_t __read(int fd, void* buf, size_t len) { return read(fd, buf, len); }
+EXPORT ssize_t __write(int fd, const void* buf, size_t len) { return write(fd, buf, len); }
+EXPORT ssize_t __send(int fd, const void* buf, size_t len, int flags) {
+  return send(fd, buf, len, flags);
+}
+EXPORT int __poll(struct pollfd* fds, nfds_t n, int timeout) { return poll(fds, n, timeout); }
+EXPORT int __select(int nfds, fd_set* r, fd_set* w, fd_set* e, struct timeval* tv) {
+  return select(nfds, r, w, e, tv);
+}
+
+// ---- exec: accelerated fds that survive it are handed over -------------------
+//
+// Each wrapper builds the new image's environment with exec_prepare (the
+// hand-off variable, lifecycle/exec_handoff.h), writes this image's stats,
+// and undoes the hand-off if the real call returns (the exec failed). The
+// varargs forms and execv/execvp reach the real execve/execvpe through these
+// wrappers, since glibc's own forms call execve internally, not through the
+// PLT, and so could not carry the variable.
+
+extern char** environ;
+
+static int exec_env(char* const envp[], int (*fn)(void*, char* const*), void* arg) {
+  ExecHandoff h;
+  exec_prepare(envp, ExecKind::kReplace, &h);
+  if (!in_vfork_child()) flush_stats(FlushAt::kExec);  // a vfork child's are its parent's
+  int r = fn(arg, h.envp);
+  exec_release(&h, false);  // still here: the exec failed
+  return r;
+}
+
+namespace {
+struct ExecArgs {
+  const char* path;
+  char* const* argv;
+  int dirfd;
+  int flags;
+};
+}  // namespace
 
 EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
-  flush_stats(FlushAt::kExec);
-  return real().execve(path, argv, envp);
-}
-
-EXPORT int execv(const char* path, char* const argv[]) {
-  flush_stats(FlushAt::kExec);
-  return real().execv(path, argv);
-}
-
-EXPORT int execvp(const char* file, char* const argv[]) {
-  flush_stats(FlushAt::kExec);
-  return real().execvp(file, argv);
+  ExecArgs a = {path, argv, -1, 0};
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().execve(x->path, x->argv, env);
+      },
+      &a);
 }
 
 EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
-  flush_stats(FlushAt::kExec);
-  return real().execvpe(file, argv, envp);
+  ExecArgs a = {file, argv, -1, 0};
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().execvpe(x->path, x->argv, env);
+      },
+      &a);
+}
+
+EXPORT int execv(const char* path, char* const argv[]) { return execve(path, argv, environ); }
+EXPORT int execvp(const char* file, char* const argv[]) { return execvpe(file, argv, environ); }
+
+EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
+  ExecArgs a = {nullptr, argv, fd, 0};
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().fexecve(x->dirfd, x->argv, env);
+      },
+      &a);
+}
+
+EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[],
+                    int flags) {
+  if (!real().execveat) return finish(-ENOSYS);
+  ExecArgs a = {path, argv, dirfd, flags};
+  return exec_env(
+      envp,
+      [](void* p, char* const* env) {
+        auto* x = static_cast<ExecArgs*>(p);
+        return real().execveat(x->dirfd, x->path, x->argv, env, x->flags);
+      },
+      &a);
+}
+
+// The varargs forms collect their arguments on the stack (as glibc does: no
+// malloc, they may run in a vfork child). Returns the count, or -1 past
+// INT_MAX arguments (E2BIG).
+#define RSOCK_COLLECT_ARGS(arg0, ap, argv)                                \
+  ptrdiff_t argc_ = 1;                                                    \
+  {                                                                       \
+    va_list cnt_;                                                         \
+    va_copy(cnt_, ap);                                                    \
+    while (va_arg(cnt_, char*) != nullptr && argc_ < INT_MAX) ++argc_;    \
+    va_end(cnt_);                                                         \
+  }                                                                       \
+  char** argv = static_cast<char**>(alloca((argc_ + 1) * sizeof(char*))); \
+  argv[0] = const_cast<char*>(arg0);                                      \
+  for (ptrdiff_t i_ = 1; i_ <= argc_; ++i_) argv[i_] = va_arg(ap, char*);
+
+EXPORT int execl(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  RSOCK_COLLECT_ARGS(arg, ap, argv);
+  va_end(ap);
+  return execve(path, argv, environ);
+}
+
+EXPORT int execlp(const char* file, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  RSOCK_COLLECT_ARGS(arg, ap, argv);
+  va_end(ap);
+  return execvpe(file, argv, environ);
+}
+
+EXPORT int execle(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  RSOCK_COLLECT_ARGS(arg, ap, argv);
+  char* const* envp = va_arg(ap, char* const*);
+  va_end(ap);
+  return execve(path, argv, envp);
+}
+
+// posix_spawn: the child is a new process that execs. It inherits what is
+// not close-on-exec (after the file actions) and becomes one more holder of
+// each connection it takes over; this process keeps its own. glibc's
+// posix_spawn returns once the child has exec'd or failed (CLONE_VFORK), so
+// the memfd dups can be closed here right after.
+static int spawn_common(bool search, pid_t* pid, const char* path,
+                        const posix_spawn_file_actions_t* fa, const posix_spawnattr_t* attr,
+                        char* const argv[], char* const envp[]) {
+  ExecHandoff h;
+  exec_prepare(envp, ExecKind::kSpawn, &h);
+  int r = search ? real().posix_spawnp(pid, path, fa, attr, argv, h.envp)
+                 : real().posix_spawn(pid, path, fa, attr, argv, h.envp);
+  exec_release(&h, r == 0);
+  return r;
+}
+
+EXPORT int posix_spawn(pid_t* pid, const char* path, const posix_spawn_file_actions_t* fa,
+                       const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
+  return spawn_common(false, pid, path, fa, attr, argv, envp);
+}
+
+EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_actions_t* fa,
+                        const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
+  return spawn_common(true, pid, file, fa, attr, argv, envp);
 }
 
 // ---- _exit: a program that leaves without exit handlers still reports -------

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/real.h"
 #include "fdtable/fdtable.h"
+#include "lifecycle/exec_handoff.h"
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "stats/stats.h"
@@ -62,7 +63,19 @@ bool read_file(const char* path, std::string* out) {
   }
 }
 
+std::atomic<int> g_pid{0};  // this process's pid, as of init or its fork
+
+// The child will hold every open connection too. It is counted before the
+// fork, in the parent: counted in the child, a parent that closes its copy
+// right after fork() (fork per connection) could be seen as the last holder
+// first and tell the peer the connection closed.
+void before_fork() {
+  pending_before_fork();
+  for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
+}
+
 void after_fork_child() {
+  g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
   stats_reset();
@@ -73,17 +86,21 @@ void after_fork_child() {
     if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
   });
   pending_after_fork_child();
-  for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
 }
 
 void init() {
   const int saved_errno = errno;
   const char* disable = getenv("RSOCK_DISABLE");
   if (disable && strcmp(disable, "1") == 0) {
-    // Pure passthrough: not even the configuration is looked at.
+    // Pure passthrough: not even the configuration is looked at. A hand-off
+    // from the image before exec is dropped, so that no later image takes
+    // over connections this one used as plain sockets.
+    unsetenv(kHandoffVar);
     g_state.store(kDisabled, std::memory_order_release);
+    errno = saved_errno;
     return;
   }
+  g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   auto* rt = new Runtime();
   std::vector<ConfigError> errors;
   const char* conf_path = getenv("RSOCK_CONF");
@@ -104,14 +121,17 @@ void init() {
   }
   rt->accelerate = !rt->config.disabled && !rt->config.rules.empty();
   rt->stats = !rt->config.stats_path.empty();
-  if (!rt->accelerate && !rt->stats) {
+  // Connections inherited through exec, before the program can touch them.
+  // Once one is attached the wrappers must stay active, rules or not.
+  const bool adopted = exec_adopt() > 0;
+  if (!rt->accelerate && !rt->stats && !adopted) {
     g_runtime = rt;  // kept for spin settings; wrappers see "inactive"
     g_state.store(kDisabled, std::memory_order_release);
     errno = saved_errno;
     return;
   }
   g_runtime = rt;
-  pthread_atfork(pending_before_fork, nullptr, after_fork_child);
+  pthread_atfork(before_fork, nullptr, after_fork_child);
   g_state.store(kReady, std::memory_order_release);
   LOG_INFO("active: %zu rule(s), ring %zu bytes, spin %u us", rt->config.rules.size(),
            rt->config.ring_bytes, rt->config.spin_us);
@@ -126,6 +146,11 @@ __attribute__((constructor)) void rsock_constructor() {
 __attribute__((destructor)) void rsock_destructor() { flush_stats(); }
 
 }  // namespace
+
+bool in_vfork_child() {
+  const int pid = g_pid.load(std::memory_order_relaxed);
+  return pid != 0 && pid != static_cast<int>(getpid());
+}
 
 const Runtime* runtime() {
   int s = g_state.load(std::memory_order_acquire);

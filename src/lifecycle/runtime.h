@@ -1,6 +1,7 @@
 // Runtime: the process-wide state of librsock, built once on first use (our
 // constructor, or the first wrapper that runs before it): the parsed Config,
-// the program name, and the stats sink. Also owns the fork and exit hooks.
+// the program name, and the stats sink. Also owns the fork and exit hooks
+// (exec: lifecycle/exec_handoff.h).
 // Thread-safety: init is once-only and recursion-safe (a call made while
 // initialising, e.g. through dlsym or getifaddrs, sees "not active" and goes
 // straight to libc); afterwards the Runtime is immutable.
@@ -25,5 +26,9 @@ const Runtime* runtime();
 // has nothing to report, and its new image writes its own line.
 enum class FlushAt { kExit, kExec };
 void flush_stats(FlushAt when = FlushAt::kExit);
+
+// True in the child of vfork() (or of a clone sharing our memory) before it
+// execs: it sees this process's state, but it is another process.
+bool in_vfork_child();
 
 }  // namespace rsock

@@ -48,6 +48,13 @@ class CreditLedger {
   // Records that n bytes were written (n <= available()).
   void on_sent(size_t n) { sent_ += n; }
 
+  // Takes over a sender's totals (a program that inherited the connection
+  // through exec): the caller has checked credited <= sent <= credited + size.
+  void restore(uint64_t sent, uint64_t credited) {
+    sent_ = sent;
+    credited_ = credited;
+  }
+
   // Applies a credit grant: the peer has consumed `consumed` bytes in total.
   // Grants may arrive late, duplicated or out of order; only a larger total
   // counts, and a total beyond what was sent is a protocol violation.
@@ -88,6 +95,10 @@ class ReceiveWindow {
   }
 
   void on_consumed(size_t n) { consumed_ += n; }
+
+  // Takes over a receiver whose last grant was `consumed` (exec): nothing
+  // beyond it is known to have arrived until the next publication is seen.
+  void restore(uint64_t consumed) { arrived_ = consumed_ = granted_ = consumed; }
 
   // Credit rule: grant once half the ring has been freed since the last
   // grant, or as soon as anything was freed when the sender is stalled on

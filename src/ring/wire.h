@@ -35,6 +35,13 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 // Direction 0 carries server -> client bytes, direction 1 client -> server.
 enum Direction : int { kServerToClient = 0, kClientToServer = 1 };
 
+struct WireAddr {  // an address as both ends name it: IPv4 stored as v4-mapped IPv6
+  uint8_t addr[16];
+  uint16_t port;  // host byte order
+  uint16_t pad;
+};
+static_assert(sizeof(WireAddr) == 20);
+
 // The start of the shared region (a memfd created by the accepting side).
 // Ring data follows at ring_offset[d], page-aligned, ring_bytes long each.
 struct RegionHeader {
@@ -47,10 +54,18 @@ struct RegionHeader {
   uint64_t region_bytes;
   std::atomic<uint32_t> holders[2];  // processes holding the server (0) / client (1) end
   alignas(kCacheLine) DirectionControl dir[2];
+  // Each side's own view of the TCP connection, [side][0] its local and
+  // [side][1] its peer address (side 0 server, 1 client), written by that
+  // side when it attaches and never by the other. A program that inherits
+  // the connection through exec checks its socket against it before it
+  // trusts the region (docs/protocol.md, section 8). It lies after the
+  // control words, inside the header page, so no earlier offset moves.
+  WireAddr endpoint[2][2];
 };
 static_assert(offsetof(RegionHeader, dir) % kCacheLine == 0);
 
 inline constexpr size_t kPageBytes = 4096;
+static_assert(sizeof(RegionHeader) <= kPageBytes, "the header must fit its page");
 inline constexpr size_t region_header_bytes() {
   return (sizeof(RegionHeader) + kPageBytes - 1) & ~(kPageBytes - 1);
 }

@@ -38,6 +38,8 @@ const char* fallback_name(Fallback f);
 enum class Reset : int {
   kKernelBytes,  // "kernel_bytes": bytes reached the connection's kernel socket behind librsock
                  // (a raw syscall, io_uring, stdio on the fd, a program without librsock)
+  kLostAtExec,   // "lost_at_exec": this program inherited the connection through exec and cannot
+                 // take it over (an RDMA queue pair cannot cross exec; its hand-off failed checks)
   kCount
 };
 const char* reset_name(Reset r);

@@ -134,6 +134,37 @@ size_t Stream::readable_bytes() {
   return window_.readable();
 }
 
+size_t Stream::writable_bytes() {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  if (broken_.load(std::memory_order_acquire) || shut_wr_.load(std::memory_order_relaxed)) return 0;
+  const PeerState s = poll_peer();
+  if (s.flags & (kTransportError | kPeerClosed | kTxBlocked)) return 0;
+  if (!ledger_.on_credit(s.consumed)) {
+    fail();
+    return 0;
+  }
+  return ledger_.available();
+}
+
+void Stream::report_consumed() {
+  std::lock_guard<std::mutex> lock(rx_mu_);
+  if (window_.consumed() != window_.granted()) {
+    (void)channel_->grant(window_.consumed());
+    window_.on_granted();
+  }
+}
+
+bool Stream::resume(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr) {
+  std::scoped_lock lock(tx_mu_, rx_mu_);
+  if (tx_credited > tx_sent || tx_sent - tx_credited > ledger_.ring_bytes()) return false;
+  ledger_.restore(tx_sent, tx_credited);
+  window_.restore(rx_granted);
+  peer_head_.store(rx_granted, std::memory_order_relaxed);
+  peer_consumed_.store(tx_credited, std::memory_order_relaxed);
+  shut_wr_.store(shut_wr, std::memory_order_relaxed);
+  return true;
+}
+
 StreamEvents Stream::events() {
   const PeerState s = poll_peer();
   StreamEvents ev;

@@ -49,6 +49,19 @@ class Stream {
 
   // Bytes readable right now (FIONREAD).
   size_t readable_bytes();
+  // Bytes send() would take right now without waiting (0 when it would
+  // fail or block).
+  size_t writable_bytes();
+
+  // Exec hand-off. report_consumed() returns credits for every byte read so
+  // far, so that the region says exactly what was consumed; resume() makes
+  // a new stream continue from totals read back from the region (before
+  // the stream is shared): bytes published and credited in our direction,
+  // bytes granted in the peer's, and whether we had shut down sending.
+  // Returns false when the totals are impossible (the caller must not use
+  // the stream then).
+  void report_consumed();
+  bool resume(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr);
 
   StreamEvents events();
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Application tier: unmodified sockperf, iperf3 and iperf (2) with librsock
-# preloaded into BOTH the server and the client over 127.0.0.1. Each case
+# Application tier: unmodified sockperf, iperf3, iperf (2), and nginx
+# (sendfile on, two workers) serving curl, with librsock preloaded into BOTH
+# the server and the client over 127.0.0.1. Each case
 # checks the tool's own result (message counts, JSON or CSV byte counts) AND
 # the RSOCK_STATS line of each process: connections.shm >= 1 and no plain TCP
 # stream (connections.tcp == 0) on both ends, and bytes moved through the
@@ -10,7 +11,7 @@
 # line "N passed, N failed"; exit status 1 if any case failed. Failed cases'
 # logs are kept (path on stderr). Every process runs under timeout; servers
 # are found ready by polling `ss -ltn` and are stopped by pid (also from the
-# EXIT trap). Runtime: about 45 s (APPS_SECONDS per run, default 2).
+# EXIT trap). Runtime: about 50 s (APPS_SECONDS per run, default 2).
 # Environment: BUILD (default build), APPS_SECONDS, APPS_ONLY (a regex of
 # case names to run), RSOCK_LOG_LEVEL etc. are passed through to the shim.
 set -uo pipefail
@@ -45,6 +46,8 @@ ensure_tools() {
   command -v jq >/dev/null || pkgs+=(jq)
   command -v ss >/dev/null || pkgs+=(iproute2)
   command -v timeout >/dev/null || pkgs+=(coreutils)
+  command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || pkgs+=(nginx)
+  command -v curl >/dev/null || pkgs+=(curl)
   ((${#pkgs[@]} == 0)) && return 0
   local install="apt-get install -y --no-install-recommends ${pkgs[*]}"
   if [[ $(id -u) -ne 0 ]]; then
@@ -329,6 +332,105 @@ iperf2_case() {
   report "$name" "${why%; }"
 }
 
+# ---- nginx -----------------------------------------------------------------------
+
+# nginx as Debian configures it (sendfile on, tcp_nopush on) with two workers
+# that share the listener, serving static files to curl. The bodies go out
+# through sendfile(2): without its interception they would go into the
+# kernel socket, which the client no longer reads. Every body is compared
+# with its file; both ends' stats must show shm only. A private prefix,
+# config and temp paths in $WORK: no system nginx service is involved.
+nginx_case() {
+  local name=nginx-sendfile port why="" rc f size i
+  want "$name" || return 0
+  local nginx_bin
+  nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+  port=$(free_port) || {
+    report "$name" "no free port"
+    return
+  }
+  local prefix=$WORK/$name.nginx
+  mkdir -p "$prefix/www" "$prefix/tmp" "$prefix/logs"
+  # Sizes around the edges: a page, a ring (1 MiB), more than a ring, 10 MiB.
+  local -a files=()
+  for size in 1 4096 65537 1048576 3145735 10485760; do
+    f=file_$size.bin
+    head -c "$size" /dev/urandom >"$prefix/www/$f"
+    files+=("$f")
+  done
+  # Workers run as this user (root in CI: otherwise nginx drops them to
+  # nobody, who can read neither the files nor write the stats in $WORK).
+  cat >"$prefix/nginx.conf" <<EOF
+user $(id -un);
+worker_processes 2;
+daemon off;
+master_process on;
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 64; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_timeout 5;
+  default_type application/octet-stream;
+  client_body_temp_path $prefix/tmp/body;
+  proxy_temp_path $prefix/tmp/proxy;
+  fastcgi_temp_path $prefix/tmp/fastcgi;
+  uwsgi_temp_path $prefix/tmp/uwsgi;
+  scgi_temp_path $prefix/tmp/scgi;
+  server {
+    listen 127.0.0.1:$port;
+    root $prefix/www;
+  }
+}
+EOF
+  if ! start_server "$name" "$port" "$nginx_bin" -p "$prefix" -c "$prefix/nginx.conf" \
+    -e "$prefix/logs/error.log"; then
+    stop_server
+    report "$name" "nginx did not listen on port $port (see $prefix/logs/error.log)"
+    return
+  fi
+  # One connection per file, then all files over one kept-alive connection.
+  rc=0
+  for f in "${files[@]}"; do
+    run_client "$name" "$port" curl -sS --max-time 30 -o "$WORK/$name.got.$f" \
+      "http://127.0.0.1:$port/$f" || rc=$?
+  done
+  local -a keep=()
+  for f in "${files[@]}"; do keep+=(-o "$WORK/$name.keep.$f" "http://127.0.0.1:$port/$f"); done
+  run_client "$name" "$port" curl -sS --max-time 60 "${keep[@]}" || rc=$?
+  ((rc == 0)) || why+="curl exit status $rc; "
+  local want got kept
+  for f in "${files[@]}"; do
+    want=$(sha256sum <"$prefix/www/$f" | cut -d' ' -f1)
+    got=$(cat "$WORK/$name.got.$f" 2>/dev/null | sha256sum | cut -d' ' -f1)
+    kept=$(cat "$WORK/$name.keep.$f" 2>/dev/null | sha256sum | cut -d' ' -f1)
+    [[ $got == "$want" ]] ||
+      why+="$f: body differs ($(stat -c %s "$WORK/$name.got.$f" 2>/dev/null || echo 0) bytes); "
+    [[ $kept == "$want" ]] || why+="$f (kept-alive): body differs; "
+  done
+  stop_server
+  # Stats: every curl on shm; the nginx processes (master and workers)
+  # accepted as many connections as curl made, all on shm, and sent at
+  # least the bodies (each file twice) through librsock.
+  local conns=$((${#files[@]} + 1)) srv_shm srv_tcp srv_sent cli_shm cli_tcp cli_lines total=0
+  srv_shm=$(stat_of "$WORK/$name.srv.stats" nginx .connections.shm)
+  srv_tcp=$(stat_of "$WORK/$name.srv.stats" nginx .connections.tcp)
+  srv_sent=$(stat_of "$WORK/$name.srv.stats" nginx .bytes_sent)
+  cli_shm=$(stat_of "$WORK/$name.cli.stats" curl .connections.shm)
+  cli_tcp=$(stat_of "$WORK/$name.cli.stats" curl .connections.tcp)
+  cli_lines=$(jq -s '[.[] | select(.program == "curl")] | length' "$WORK/$name.cli.stats" 2>/dev/null)
+  for f in "${files[@]}"; do total=$((total + 2 * $(stat -c %s "$prefix/www/$f"))); done
+  [[ ${srv_shm:-0} == "$conns" ]] || why+="nginx connections.shm=${srv_shm:-none}, expected $conns; "
+  [[ ${srv_tcp:-x} == 0 ]] || why+="nginx connections.tcp=${srv_tcp:-none}; "
+  [[ ${cli_lines:-0} == "$conns" ]] || why+="$conns curl stats lines expected, got ${cli_lines:-0}; "
+  [[ ${cli_shm:-0} == "$conns" ]] || why+="curl connections.shm=${cli_shm:-none}, expected $conns; "
+  [[ ${cli_tcp:-x} == 0 ]] || why+="curl connections.tcp=${cli_tcp:-none}; "
+  ((${srv_sent:-0} >= total)) || why+="nginx bytes_sent=${srv_sent:-0} < bodies $total; "
+  report "$name" "${why%; }"
+}
+
 # ---- main ------------------------------------------------------------------------
 
 ensure_tools
@@ -347,6 +449,7 @@ iperf3_case iperf3 0
 iperf3_case iperf3-reverse 1
 iperf2_case iperf 0
 iperf2_case iperf-reverse 1
+nginx_case
 
 ((KEEP)) && echo "apps: logs of failed cases kept in $WORK" >&2
 echo "$PASSED passed, $FAILED failed"

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -458,6 +459,133 @@ INSTANTIATE_TEST_SUITE_P(Sizes, ShmStreamThreaded,
                          [](const ::testing::TestParamInfo<ShmCase>& info) {
                            return "ring" + std::to_string(info.param.ring / 1024) + "k";
                          });
+
+// ---- exec hand-off: validation and resume ------------------------------------
+
+// A TCP connection over loopback in this process: [0] the accepted (server)
+// end, [1] the connecting (client) end.
+void tcp_pair(int fds[2]) {
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(l, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(l, 1), 0);
+  ASSERT_EQ(getsockname(l, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  fds[1] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(connect(fds[1], reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  fds[0] = accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(fds[0], 0);
+  close(l);
+}
+
+TEST(ShmHandoff, ValidatesThenResumesWhereTheOldImageStopped) {
+  int tcp[2];
+  ASSERT_NO_FATAL_FAILURE(tcp_pair(tcp));
+  const size_t ring = 1 << 16;
+  void* smap = nullptr;
+  size_t len = 0;
+  const int memfd = shm_region_create(ring, kNonce, &smap, &len);
+  ASSERT_GE(memfd, 0);
+  void* cmap = nullptr;
+  ASSERT_EQ(shm_region_attach(memfd, len, kNonce, ring, &cmap), 0);
+  Stream server(std::make_unique<ShmChannel>(smap, len, true, dup(tcp[0]), dup(memfd)));
+  auto client = std::make_unique<Stream>(
+      std::make_unique<ShmChannel>(cmap, len, false, dup(tcp[1]), dup(memfd)));
+
+  // 40000 bytes in flight; the client reads 1000 (not enough to grant on
+  // its own), sends 3000 of its own, then "execs".
+  std::vector<uint8_t> out(40000), in(40000);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + 1);
+  iovec v = {out.data(), out.size()};
+  ASSERT_EQ(server.send(&v, 1), 40000);
+  iovec r = {in.data(), 1000};
+  ASSERT_EQ(client->recv(&r, 1, false), 1000);
+  std::vector<uint8_t> up(3000, 0x5a);
+  iovec u = {up.data(), up.size()};
+  ASSERT_EQ(client->send(&u, 1), 3000);
+  client->report_consumed();
+  client.reset();  // the old image is gone (no close: the fds survive exec)
+
+  // Anything but this connection's region, seen from this side, is refused
+  // before it is trusted.
+  void* map = nullptr;
+  size_t map_len = 0;
+  EXPECT_EQ(shm_region_validate(memfd, tcp[1], false, kNonce + 1, &map, &map_len), -EPROTO);
+  EXPECT_EQ(shm_region_validate(memfd, tcp[1], true, kNonce, &map, &map_len), -EPROTO);
+  EXPECT_EQ(shm_region_validate(memfd, tcp[0], false, kNonce, &map, &map_len), -EPROTO);
+  int plain = memfd_create("not-a-region", MFD_CLOEXEC);
+  ASSERT_GE(plain, 0);
+  ASSERT_EQ(ftruncate(plain, static_cast<off_t>(len)), 0);
+  EXPECT_EQ(shm_region_validate(plain, tcp[1], false, kNonce, &map, &map_len), -EPROTO);
+  close(plain);
+  EXPECT_EQ(map, nullptr);
+
+  // The new image: the rest of the server's bytes, then more both ways.
+  ASSERT_EQ(shm_region_validate(memfd, tcp[1], false, kNonce, &map, &map_len), 0);
+  auto ch = std::make_unique<ShmChannel>(ShmChannel::Resume{}, map, map_len, false, dup(tcp[1]),
+                                         dup(memfd));
+  const ShmPositions pos = ch->positions();
+  EXPECT_EQ(pos.tx_head, 3000u);
+  EXPECT_EQ(pos.rx_granted, 1000u);
+  Stream resumed(std::move(ch));
+  ASSERT_TRUE(resumed.resume(pos.tx_head, pos.tx_credited, pos.rx_granted, pos.fin_sent));
+  size_t got = 1000;
+  while (got < in.size()) {
+    iovec rr = {in.data() + got, in.size() - got};
+    ssize_t n = resumed.recv(&rr, 1, false);
+    ASSERT_GT(n, 0);
+    got += static_cast<size_t>(n);
+  }
+  EXPECT_EQ(in, out);
+  ASSERT_EQ(resumed.send(&u, 1), 3000);
+  std::vector<uint8_t> back(6000);
+  iovec b = {back.data(), back.size()};
+  EXPECT_EQ(server.recv(&b, 1, false), 6000);
+  EXPECT_EQ(back, std::vector<uint8_t>(6000, 0x5a));
+  close(memfd);
+  close(tcp[0]);
+  close(tcp[1]);
+}
+
+TEST(ShmHandoff, WaitersKilledByExecAreWithdrawn) {
+  auto p = make_shm_pair(1 << 16);
+  ASSERT_TRUE(p.client && p.server);
+  // Two threads of the old image asleep on data, one on space.
+  p.client->arm(kWantData);
+  p.client->arm(kWantData);
+  p.client->arm(kWantSpace);
+  uint32_t data = 0, space = 0;
+  p.client->local_armed(&data, &space);
+  EXPECT_EQ(data, 2u);
+  EXPECT_EQ(space, 1u);
+  EXPECT_NE(p.server->poll().flags & kPeerStalled, 0u);
+  // The new image withdraws what the old one left: the server no longer
+  // sees the client stalled, nor rings its doorbell for new data.
+  p.client->forget_waiters(data, space);
+  EXPECT_EQ(p.server->poll().flags & kPeerStalled, 0u);
+  ASSERT_EQ(p.server->publish(0), 0);
+  EXPECT_EQ(queued_bytes(p.client->wait_fd()), 0);
+  // More than is left stops at zero (a wrapped count would read as stalled).
+  p.client->forget_waiters(5, 5);
+  EXPECT_EQ(p.server->poll().flags & kPeerStalled, 0u);
+  // A waiter armed afterwards still gets its doorbell.
+  p.client->arm(kWantData);
+  ASSERT_EQ(p.server->publish(0), 0);
+  EXPECT_EQ(queued_bytes(p.client->wait_fd()), 1);
+  p.client->disarm(kWantData);
+}
+
+TEST(ShmHandoff, ImpossiblePositionsAreRefused) {
+  auto p = make_shm_pair(1 << 16);
+  ASSERT_TRUE(p.client);
+  Stream s(std::move(p.client));
+  EXPECT_FALSE(s.resume(100, 200, 0, false));              // credited beyond sent
+  EXPECT_FALSE(s.resume((1 << 16) + 101, 100, 0, false));  // more in flight than a ring
+  EXPECT_TRUE(s.resume((1 << 16) + 100, 100, 0, false));
+}
 
 }  // namespace
 }  // namespace rsock

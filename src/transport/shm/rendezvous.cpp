@@ -411,8 +411,6 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kPairFailed);
       return;
     }
-    real().close(memfd_);  // the client has its own reference now
-    memfd_ = -1;
     stage_ = Stage::kAwaitAnswer;
   }
 
@@ -422,9 +420,10 @@ class ShmServerPairing final : public Pairing {
     ssize_t n = recv_msg(conn_, &a, sizeof a, nullptr, 0, &nfds);
     if (n == -EAGAIN) return;
     if (n > 0 && decode_answer_accepts(&a, static_cast<size_t>(n), nonce_)) {
-      channel_ = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_);
+      channel_ = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_);
       map_ = nullptr;
       doorbell_ = -1;
+      memfd_ = -1;  // the channel keeps it (exec hand-off)
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
       return;
     }
@@ -611,8 +610,8 @@ class ShmClientPairing final : public Pairing {
                     same_wire(offer.server, peer) &&
                     shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes,
                                       &map) == 0;
-    close_fds(&memfd, nfds);
     if (!ok) {
+      close_fds(&memfd, nfds);
       if (n > 0) LOG_WARN("shm pairing: rejected an offer that failed verification");
       finish(Fallback::kPairFailed);  // closing the socket tells the server
       return;
@@ -622,12 +621,14 @@ class ShmClientPairing final : public Pairing {
                      static_cast<uint32_t>(AnswerCode::kAccept), offer.nonce};
     if (doorbell >= 0 && send_msg(server_, &ans, sizeof ans, nullptr, 0) == 0) {
       // Committed: the server switches when it reads this answer.
-      channel_ = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell);
+      // The channel keeps the memfd (exec hand-off).
+      channel_ = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, memfd);
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
       return;
     }
     // No doorbell, or the server stopped reading (it timed out): not
     // committed, both ends on TCP.
+    real().close(memfd);
     munmap(map, offer.region_bytes);
     if (doorbell < 0) {
       finish(Fallback::kResources);

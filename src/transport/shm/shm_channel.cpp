@@ -5,15 +5,16 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/stat.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <new>
 
 #include "common/real.h"
 #include "ring/ring.h"
+#include "transport/addr.h"
 
 namespace rsock {
 
@@ -73,18 +74,68 @@ int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t rin
   return 0;
 }
 
-ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd)
-    : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd) {
+int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce, void** map,
+                        size_t* map_len) {
+  // Everything but the memfd's own word is untrusted here: read the layout
+  // from a private copy of the header page, check it, then map the region.
+  int seals = fcntl(memfd, F_GET_SEALS);
+  struct stat st;
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
+      fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<size_t>(st.st_size) < region_header_bytes())
+    return -EPROTO;
+  RegionHeader h;
+  if (pread(memfd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return -EPROTO;
+  const size_t ring_bytes = h.ring_bytes;
+  if (h.magic != kRegionMagic || h.version != kProtocolVersion || h.nonce != nonce ||
+      !is_power_of_two(ring_bytes) || ring_bytes < 4096 || ring_bytes > (size_t{1} << 28) ||
+      h.region_bytes != region_bytes_for(ring_bytes) ||
+      static_cast<size_t>(st.st_size) != h.region_bytes)
+    return -EPROTO;
+  WireAddr local, peer;
+  if (!fd_addrs(socket_fd, &local, &peer)) return -ENOTCONN;
+  const int side = is_server ? 0 : 1;
+  if (!same_wire(h.endpoint[side][0], local) || !same_wire(h.endpoint[side][1], peer))
+    return -EPROTO;
+  void* p = nullptr;
+  int rc = shm_region_attach(memfd, h.region_bytes, nonce, ring_bytes, &p);
+  if (rc < 0) return rc;
+  *map = p;
+  *map_len = h.region_bytes;
+  return 0;
+}
+
+ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd)
+    : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
+  init(map, is_server);
+  holders_->store(1, std::memory_order_relaxed);
+  // Our own view of the connection, for a program that inherits this end
+  // through exec (shm_region_validate). Only this side writes its slot.
+  auto* h = static_cast<RegionHeader*>(map);
+  WireAddr local = {}, peer = {};
+  if (fd_addrs(doorbell_fd_, &local, &peer)) {
+    h->endpoint[is_server ? 0 : 1][0] = local;
+    h->endpoint[is_server ? 0 : 1][1] = peer;
+  }
+}
+
+ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd,
+                       int memfd)
+    : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
+  init(map, is_server);
+}
+
+void ShmChannel::init(void* map, bool is_server) {
+  is_server_ = is_server;
   auto* h = static_cast<RegionHeader*>(map);
   auto* base = static_cast<uint8_t*>(map);
   // The layout comes from the mapping's length, which was checked, never
   // from the shared header again: the peer can rewrite the header at any
   // time, and a ring size or offset read now could point outside the map.
-  ring_bytes_ = (map_len - region_header_bytes()) / 2;
+  ring_bytes_ = (map_len_ - region_header_bytes()) / 2;
   const int tx_dir = is_server ? kServerToClient : kClientToServer;
   const int rx_dir = 1 - tx_dir;
   holders_ = &h->holders[is_server ? 0 : 1];
-  holders_->store(1, std::memory_order_relaxed);
   tx_ = &h->dir[tx_dir];
   rx_ = &h->dir[rx_dir];
   tx_ring_ = base + region_header_bytes() + static_cast<size_t>(tx_dir) * ring_bytes_;
@@ -103,6 +154,7 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
 ShmChannel::~ShmChannel() {
   munmap(map_, map_len_);
   if (doorbell_fd_ >= 0) real().close(doorbell_fd_);
+  if (memfd_ >= 0) real().close(memfd_);
 }
 
 int ShmChannel::write(size_t offset, const void* src, size_t len) {
@@ -160,19 +212,71 @@ PeerState ShmChannel::poll() {
 }
 
 void ShmChannel::arm(uint32_t want) {
-  if (want & kWantData) rx_->consumer_waiting.fetch_add(1, std::memory_order_seq_cst);
-  if (want & kWantSpace) tx_->producer_waiting.fetch_add(1, std::memory_order_seq_cst);
+  if (want & kWantData) {
+    armed_data_.fetch_add(1, std::memory_order_relaxed);
+    rx_->consumer_waiting.fetch_add(1, std::memory_order_seq_cst);
+  }
+  if (want & kWantSpace) {
+    armed_space_.fetch_add(1, std::memory_order_relaxed);
+    tx_->producer_waiting.fetch_add(1, std::memory_order_seq_cst);
+  }
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 void ShmChannel::disarm(uint32_t want) {
-  if (want & kWantData) rx_->consumer_waiting.fetch_sub(1, std::memory_order_relaxed);
-  if (want & kWantSpace) tx_->producer_waiting.fetch_sub(1, std::memory_order_relaxed);
+  if (want & kWantData) {
+    rx_->consumer_waiting.fetch_sub(1, std::memory_order_relaxed);
+    armed_data_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  if (want & kWantSpace) {
+    tx_->producer_waiting.fetch_sub(1, std::memory_order_relaxed);
+    armed_space_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+uint64_t ShmChannel::nonce() const { return static_cast<const RegionHeader*>(map_)->nonce; }
+
+ShmPositions ShmChannel::positions() const {
+  ShmPositions p;
+  p.tx_head = tx_->head.load(std::memory_order_acquire);
+  p.tx_credited = tx_->consumed.load(std::memory_order_acquire);
+  p.rx_granted = rx_->consumed.load(std::memory_order_acquire);
+  p.fin_sent = (tx_->producer_flags.load(std::memory_order_acquire) & kSendFin) != 0;
+  return p;
+}
+
+void ShmChannel::local_armed(uint32_t* data, uint32_t* space) const {
+  *data = armed_data_.load(std::memory_order_relaxed);
+  *space = armed_space_.load(std::memory_order_relaxed);
+}
+
+namespace {
+// Subtracts n from a waiting count shared with other processes, stopping at
+// zero: a count too high costs the peer a spare doorbell, one too low could
+// cost another holder its wakeup.
+void saturating_sub(std::atomic<uint32_t>& v, uint32_t n) {
+  uint32_t cur = v.load(std::memory_order_relaxed);
+  while (n > 0 && cur > 0 &&
+         !v.compare_exchange_weak(cur, cur > n ? cur - n : 0, std::memory_order_seq_cst)) {
+  }
+}
+}  // namespace
+
+void ShmChannel::forget_waiters(uint32_t data, uint32_t space) {
+  saturating_sub(rx_->consumer_waiting, data);
+  saturating_sub(tx_->producer_waiting, space);
 }
 
 void ShmChannel::add_holder() { holders_->fetch_add(1, std::memory_order_relaxed); }
 
 bool ShmChannel::drop_holder() { return holders_->fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+bool ShmChannel::drop_holder_unless_last() {
+  uint32_t cur = holders_->load(std::memory_order_acquire);
+  while (cur > 1)
+    if (holders_->compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel)) return true;
+  return false;
+}
 
 void ShmChannel::drain_wakeups() {
   char buf[256];

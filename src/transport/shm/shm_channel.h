@@ -3,9 +3,14 @@
 // sender's "DMA" is one memcpy into the peer's ring and a release store of
 // the head; a sleeping peer is woken by a one-byte doorbell on the kernel TCP
 // socket, which stays open under the application's fd and also carries
-// liveness (a peer that dies closes it). Thread-safety: as Channel.
+// liveness (a peer that dies closes it). The channel keeps the region's
+// memfd (close-on-exec) so that an exec'd program can take this end over
+// (src/lifecycle/exec_handoff.h); everything the new image needs besides the
+// socket is in the region. Thread-safety: as Channel; the accessors for the
+// exec hand-off read atomics and may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -24,12 +29,39 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
 int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,
                       void** map);
 
+// Validates a region inherited through exec before anything trusts it:
+// memfd seals (size final), size, magic, version, ring layout and nonce, and
+// that `socket_fd` is the TCP connection the region was made for (its local
+// and peer address equal what side `is_server` recorded). Maps it on
+// success. Returns 0 or a negative errno (-EPROTO: not this connection's
+// region).
+int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce, void** map,
+                        size_t* map_len);
+
+// The positions of one end as the region holds them, from which a process
+// that takes this end over rebuilds its stream (Stream::resume).
+struct ShmPositions {
+  uint64_t tx_head = 0;      // bytes we published to the peer
+  uint64_t tx_credited = 0;  // of those, bytes the peer consumed
+  uint64_t rx_granted = 0;   // bytes of the peer's we consumed and reported
+  bool fin_sent = false;     // we shut down our sending side
+};
+
 class ShmChannel final : public Channel {
  public:
-  // Takes ownership of the mapping (map_len bytes, checked by
-  // shm_region_create/attach: the rings' layout follows from it) and of
-  // doorbell_fd (a private dup of the connection's TCP socket).
-  ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd);
+  // A freshly paired end: takes ownership of the mapping (map_len bytes,
+  // checked by shm_region_create/attach: the rings' layout follows from it),
+  // of doorbell_fd (a private dup of the connection's TCP socket) and of
+  // memfd (the region's, close-on-exec; -1 when the caller keeps none: no
+  // exec hand-off then).
+  // This process is the end's only holder, and its socket's addresses are
+  // recorded in the region.
+  ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd = -1);
+  // An end taken over after exec (the region validated by
+  // shm_region_validate): the holder count is left alone, since exec does
+  // not change which processes hold the connection.
+  struct Resume {};
+  ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd);
   ~ShmChannel() override;
   ShmChannel(const ShmChannel&) = delete;
   ShmChannel& operator=(const ShmChannel&) = delete;
@@ -49,7 +81,22 @@ class ShmChannel final : public Channel {
   void add_holder() override;
   bool drop_holder() override;
 
+  // For the exec hand-off.
+  // Drops this process as a holder unless it is the last one (then it
+  // must tell the peer, which the new image does); returns whether it did.
+  bool drop_holder_unless_last();
+  int memfd() const { return memfd_; }
+  bool is_server() const { return is_server_; }
+  uint64_t nonce() const;
+  ShmPositions positions() const;
+  // Threads of this process armed right now (they vanish at exec).
+  void local_armed(uint32_t* data, uint32_t* space) const;
+  // Withdraws waiters that no longer exist (threads that exec killed while
+  // armed), never below zero.
+  void forget_waiters(uint32_t data, uint32_t space);
+
  private:
+  void init(void* map, bool is_server);
   void ring_doorbell();
 
   void* map_;
@@ -61,7 +108,11 @@ class ShmChannel final : public Channel {
   uint8_t* tx_ring_;      // the peer's receive ring
   const uint8_t* rx_ring_;
   int doorbell_fd_;
+  int memfd_;
+  bool is_server_;
   std::atomic<uint32_t> carrier_flags_{0};  // kPeerFin/kTransportError seen on the TCP socket
+  std::atomic<uint32_t> armed_data_{0};     // this process's share of consumer_waiting
+  std::atomic<uint32_t> armed_space_{0};    // and of producer_waiting
 };
 
 }  // namespace rsock

@@ -1,0 +1,46 @@
+// LostChannel: the carrier of a connection that this program image cannot
+// reach any more. A program that inherits an accelerated fd through exec,
+// and cannot take the connection over (an RDMA queue pair, which cannot
+// cross exec; a region that fails validation), attaches a stream over this
+// channel so that every call on the fd fails loudly, as a reset connection
+// does, instead of reaching the kernel socket, whose peer no longer reads
+// it: reads return ECONNRESET, writes ECONNRESET, poll reports an error.
+// Thread-safety: immutable after construction.
+#pragma once
+
+#include <errno.h>
+
+#include "transport/channel.h"
+
+namespace rsock {
+
+class LostChannel final : public Channel {
+ public:
+  // Takes ownership of wait_fd (a private dup of the socket, so that the
+  // readiness layer has a kernel fd to register), which may be -1.
+  explicit LostChannel(int wait_fd) : wait_fd_(wait_fd) {}
+  ~LostChannel() override;
+
+  const char* name() const override { return "lost"; }
+  size_t ring_bytes() const override { return sizeof rx_; }
+  const uint8_t* rx_ring() const override { return rx_; }
+  int write(size_t, const void*, size_t) override { return -ECONNRESET; }
+  int publish(uint64_t) override { return -ECONNRESET; }
+  int grant(uint64_t) override { return 0; }
+  void signal(uint32_t) override {}
+  PeerState poll() override {
+    PeerState s;
+    s.flags = kTransportError | kPeerFin;
+    return s;
+  }
+  void arm(uint32_t) override {}
+  void disarm(uint32_t) override {}
+  int wait_fd() const override { return wait_fd_; }
+  void drain_wakeups() override {}
+
+ private:
+  int wait_fd_;
+  uint8_t rx_[4096] = {};
+};
+
+}  // namespace rsock

@@ -1,0 +1,282 @@
+// Calls that move socket bytes without read/write/send/recv, and exec.
+//
+// XferTest runs build/progs/rs_xfer (sendfile, splice both ways,
+// sendmmsg/recvmmsg, preadv2/pwritev2, dprintf, POSIX AIO, fclose and
+// epoll_pwait2)
+// twice: on plain TCP and with
+// librsock preloaded into both ends. The client's PROBE lines (return
+// values, errnos, offsets, file positions) must be the same in both runs,
+// the bytes the server counted must be the bytes the client sent, and the
+// preloaded run must have been carried by shared memory on both ends.
+//
+// ExecTest runs build/progs/rs_exec: an accelerated connection with bytes in
+// flight both ways is inherited through each exec form and posix_spawn; the
+// new image reads what the old one left unread, both streams are checked
+// byte by byte, and the new image's stats line counts the connection on
+// shm. ExecLostTest forges the hand-off (a memfd that is no region; another
+// connection's region; an RDMA entry): the connection must fail loudly in
+// the new image, never map the wrong region. InetdTest: fork,
+// stdin/stdout, closefrom(3), exec of an echo server using
+// read(0)/write(1).
+#include "harness.h"
+
+namespace rsock_test {
+namespace {
+
+std::vector<std::string> lines_with(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const std::string& l : split_lines(text))
+    if (l.rfind(prefix, 0) == 0) out.push_back(l);
+  return out;
+}
+
+// The stats lines of one program name (several images may share a pid).
+std::vector<Stats> stats_named(const std::vector<Stats>& all, const std::string& program) {
+  std::vector<Stats> out;
+  for (const Stats& s : all)
+    if (s.program == program) out.push_back(s);
+  return out;
+}
+
+// ---- sendfile, splice, mmsg, preadv2 -------------------------------------------
+
+class XferTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {
+ protected:
+  struct Run {
+    std::string client_out, server_out;
+  };
+
+  // One run of the case; `preload` adds librsock with a rule for the port.
+  void run(bool preload, Run* out) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    const std::string label = preload ? "rsock" : "plain";
+    Env env;
+    if (preload) env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+    const std::string scratch = dir() + "/" + label;
+    ASSERT_EQ(mkdir(scratch.c_str(), 0755), 0);
+    bool ready = false;
+    Proc& server = start_server(
+        label + "-server", "rs_xfer",
+        {"--role", "server", "--port", std::to_string(port), "--case", GetParam()}, env, &ready);
+    ASSERT_TRUE(ready) << server.describe();
+    Proc& client = spawn(label + "-client", "rs_xfer",
+                         {"--role", "client", "--port", std::to_string(port), "--case", GetParam(),
+                          "--dir", scratch},
+                         env);
+    ASSERT_TRUE(wait_exit(client, 60000)) << "client hung: " << client.describe();
+    ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung: " << server.describe();
+    ASSERT_TRUE(client.exited_ok()) << client.describe();
+    ASSERT_TRUE(server.exited_ok()) << server.describe();
+    // Only the refused POSIX AIO logs a line.
+    if (!(preload && std::string(GetParam()) == "aio_fclose")) {
+      EXPECT_EQ(client.err(), "");
+    }
+    EXPECT_EQ(server.err(), "");
+    out->client_out = client.out();
+    out->server_out = server.out();
+    EXPECT_EQ(lines_with(out->client_out, "DONE").size(), 1u) << out->client_out;
+    if (std::string(GetParam()) != "sendfile_epipe") {
+      // What the server read is what the client says it sent (or, for
+      // splice_out, what the client got is what the server sent).
+      auto c = parse_result(out->client_out, "CLIENT");
+      auto s = parse_result(out->server_out, "SERVER");
+      EXPECT_FALSE(c["total"].empty()) << out->client_out;
+      EXPECT_EQ(c["total"], s["total"]) << label;
+      EXPECT_EQ(c["fnv"], s["fnv"]) << label;
+    }
+    if (preload) {
+      auto cs = stats_of(client);
+      auto ss = stats_of(server);
+      ASSERT_TRUE(cs && ss);
+      expect_paths(*cs, 1, 0, "client");
+      expect_paths(*ss, 1, 0, "server");
+      expect_fallbacks(*cs, {}, "client");
+      expect_fallbacks(*ss, {}, "server");
+      auto c = parse_result(out->client_out, "CLIENT");
+      if (std::string(GetParam()) == "splice_out") {
+        EXPECT_EQ(cs->bytes_received, to_u64(c["total"]));
+      } else if (std::string(GetParam()) != "sendfile_epipe") {
+        EXPECT_EQ(cs->bytes_sent, to_u64(c["total"]));
+      }
+    }
+  }
+};
+
+TEST_P(XferTest, SameAsKernelTcp) {
+  Run plain, accel;
+  ASSERT_NO_FATAL_FAILURE(run(false, &plain));
+  ASSERT_NO_FATAL_FAILURE(run(true, &accel));
+  const auto want = lines_with(plain.client_out, "PROBE");
+  const auto got = lines_with(accel.client_out, "PROBE");
+  if (std::string(GetParam()) != "sendfile_nonblock" &&
+      std::string(GetParam()) != "sendfile_epipe") {
+    EXPECT_FALSE(want.empty()) << "no probe ran";
+  }
+  EXPECT_EQ(got, want) << "librsock differs from kernel TCP";
+  if (std::string(GetParam()) == "aio_fclose") {
+    // POSIX AIO completes on plain TCP and is refused on an accelerated fd.
+    EXPECT_EQ(lines_with(plain.client_out, "NOTE aio done").size(), 1u) << plain.client_out;
+    EXPECT_EQ(lines_with(accel.client_out, "NOTE aio refused").size(), 1u) << accel.client_out;
+  }
+  // The invariant checks (counts differ with buffer sizes) all ran.
+  EXPECT_EQ(lines_with(accel.client_out, "OK").size(), lines_with(plain.client_out, "OK").size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, XferTest,
+                         ::testing::Values("sendfile", "sendfile_errors", "sendfile_nonblock",
+                                           "sendfile_epipe", "splice_in", "splice_out", "mmsg",
+                                           "rwv2", "aio_fclose", "pwait2"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// ---- exec ------------------------------------------------------------------------
+
+class ExecTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {
+ protected:
+  // Runs server and client; returns false (with failures) when they did
+  // not both exit cleanly.
+  bool run_pair(const Env& env, int port, int port2, Proc** client, Proc** server) {
+    bool ready = false;
+    const std::vector<std::string> ports = {
+        "--port", std::to_string(port), "--port2", std::to_string(port2), "--case", GetParam()};
+    std::vector<std::string> sargs = {"--role", "server"}, cargs = {"--role", "client"};
+    sargs.insert(sargs.end(), ports.begin(), ports.end());
+    cargs.insert(cargs.end(), ports.begin(), ports.end());
+    *server = &start_server("server", "rs_exec", sargs, env, &ready);
+    EXPECT_TRUE(ready) << (*server)->describe();
+    if (!ready) return false;
+    *client = &spawn("client", "rs_exec", cargs, env);
+    EXPECT_TRUE(wait_exit(**client, 60000)) << "client hung";
+    EXPECT_TRUE(wait_exit(**server, kExitTimeoutMs)) << "server hung";
+    EXPECT_TRUE((*client)->exited_ok());
+    EXPECT_TRUE((*server)->exited_ok());
+    return (*client)->exited_ok() && (*server)->exited_ok();
+  }
+};
+
+TEST_P(ExecTest, InheritedConnectionKeepsWorking) {
+  const int port = free_port();
+  int port2 = free_port();
+  for (int i = 0; i < 20 && port2 == port; ++i) port2 = free_port();
+  ASSERT_GT(port, 0);
+  ASSERT_NE(port, port2);
+  Proc *client = nullptr, *server = nullptr;
+  // The program itself on plain TCP first: its checks hold on the kernel.
+  ASSERT_TRUE(run_pair({}, port, port2, &client, &server));
+  EXPECT_EQ(lines_with(client->out(), "STAGE2 ok").size(), 1u) << client->out();
+
+  const int p1 = free_port();
+  int p2 = free_port();
+  for (int i = 0; i < 20 && (p2 == p1); ++i) p2 = free_port();
+  ASSERT_TRUE(run_pair(preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(p1)}}), p1, p2,
+                       &client, &server));
+  EXPECT_EQ(lines_with(client->out(), "STAGE2 ok").size(), 1u) << client->out();
+  EXPECT_EQ(lines_with(server->out(), "SERVER ok").size(), 1u) << server->out();
+  EXPECT_EQ(client->err(), "");
+  EXPECT_EQ(server->err(), "");
+
+  const auto all = stats();
+  // The new image: the inherited connection on shm (plus the control
+  // connection on TCP), nothing fell back or was reset, and it moved the
+  // bytes the old image left: the rest of S1 and all of S2 in, C2 out.
+  const auto stage2 = stats_named(all, "rs_exec2");
+  ASSERT_EQ(stage2.size(), 1u) << read_file(stats_path());
+  expect_paths(stage2[0], 1, 1, "new image");
+  expect_fallbacks(stage2[0], {}, "new image");
+  EXPECT_TRUE(stage2[0].resets.empty()) << "new image: resets";
+  EXPECT_EQ(stage2[0].bytes_received, 199000u + 300000u);
+  EXPECT_EQ(stage2[0].bytes_sent, 100000u);
+  // The old image (or, for posix_spawn, the parent): the connection on shm,
+  // the first 1000 bytes of S1 in and C1 out.
+  const auto stage1 = stats_named(all, "rs_exec");
+  std::optional<Stats> old, srv;
+  for (const Stats& s : stage1) {
+    if (s.pid == client->pid) old = s;
+    if (s.pid == server->pid) srv = s;
+  }
+  ASSERT_TRUE(old && srv) << read_file(stats_path());
+  expect_paths(*old, 1, 0, "old image");
+  EXPECT_EQ(old->bytes_received, 1000u);
+  EXPECT_EQ(old->bytes_sent, 150000u);
+  expect_paths(*srv, 1, 1, "server");
+  expect_fallbacks(*srv, {}, "server");
+  EXPECT_EQ(srv->bytes_sent, 200000u + 300000u);
+  EXPECT_EQ(srv->bytes_received, 250000u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, ExecTest,
+                         ::testing::Values("execve", "execl", "execle", "execlp", "execvp",
+                                           "fexecve", "execveat", "spawn"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// A forged or unusable hand-off: the new image never maps a region that is
+// not this connection's, and every call on the fd fails loudly.
+class ExecLostTest : public ExecTest {};
+
+TEST_P(ExecLostTest, FailsLoudly) {
+  const int port = free_port();
+  int port2 = free_port();
+  for (int i = 0; i < 20 && port2 == port; ++i) port2 = free_port();
+  ASSERT_NE(port, port2);
+  // forge_other needs a second accelerated connection, whose region it
+  // offers for the first.
+  const std::string peers =
+      "127.0.0.1:" + std::to_string(port) + ",127.0.0.1:" + std::to_string(port2);
+  Proc *client = nullptr, *server = nullptr;
+  ASSERT_TRUE(run_pair(preloaded({{"RSOCK_PEERS", peers}}), port, port2, &client, &server));
+  EXPECT_EQ(lines_with(client->out(), "STAGE2 lost").size(), 1u) << client->out();
+  // One log line says why.
+  const auto warn = split_lines(client->err());
+  ASSERT_EQ(warn.size(), 1u) << client->err();
+  EXPECT_NE(warn[0].find("cannot be used in this program"), std::string::npos) << warn[0];
+  const std::string why = std::string(GetParam()) == "forge_rdma"
+                              ? "an RDMA queue pair cannot cross exec"
+                              : "its shared region failed validation";
+  EXPECT_NE(warn[0].find(why), std::string::npos) << warn[0];
+  const auto stage2 = stats_named(stats(), "rs_exec2");
+  ASSERT_EQ(stage2.size(), 1u) << read_file(stats_path());
+  EXPECT_EQ(stage2[0].reset("lost_at_exec"), 1u);
+  EXPECT_EQ(stage2[0].conn("shm"), 0u) << "a forged hand-off was taken over";
+  EXPECT_EQ(stage2[0].bytes_sent + stage2[0].bytes_received, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Forged, ExecLostTest,
+                         ::testing::Values("forge_unsealed", "forge_other", "forge_rdma"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// inetd: fork per connection, the child serves the socket on stdin/stdout.
+class InetdTest : public PreloadTest {};
+
+TEST_F(InetdTest, ExecdServiceEchoesOverSharedMemory) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server("inetd", "rs_exec",
+                              {"--role", "inetd", "--port", std::to_string(port)}, env, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client =
+      spawn("client", "rs_exec",
+            {"--role", "client", "--port", std::to_string(port), "--case", "inetd"}, env);
+  ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok());
+  ASSERT_TRUE(server.exited_ok());
+  EXPECT_EQ(lines_with(client.out(), "CLIENT ok").size(), 1u);
+  EXPECT_NE(server.err().find("ECHO 3145728"), std::string::npos) << server.err();
+  const auto all = stats();
+  const auto echo = stats_named(all, "rs_exec_echo");
+  ASSERT_EQ(echo.size(), 1u) << read_file(stats_path());
+  expect_paths(echo[0], 1, 0, "echo");
+  expect_fallbacks(echo[0], {}, "echo");
+  EXPECT_EQ(echo[0].bytes_received, 3145728u);
+  EXPECT_EQ(echo[0].bytes_sent, 3145728u);
+  auto cs = stats_of(client);
+  ASSERT_TRUE(cs);
+  expect_paths(*cs, 1, 0, "client");
+  EXPECT_EQ(cs->bytes_sent, 3145728u);
+  EXPECT_EQ(cs->bytes_received, 3145728u);
+}
+
+}  // namespace
+}  // namespace rsock_test
