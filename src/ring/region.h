@@ -19,10 +19,18 @@
 namespace rsock {
 
 // The handshake's side of the check: ring_bytes and region_bytes as the
-// offer states them. A ring must be a power of two and the region exactly
-// its header plus two rings.
+// offer states them. A ring must be a power of two no larger than
+// kMaxRegionRingBytes and the region exactly its header plus two rings.
+// The upper bound keeps region_bytes_for() from wrapping: with ring_bytes =
+// 2^63 it would compute 4096 + 2^64 = 4096, and a 4096-byte region would
+// pass while naming rings far outside the mapping (found by
+// region_header_fuzz). It is the largest ring a librsock peer offers
+// (kMaxRingBytes, RSOCK_RING_SIZE), which the verbs transport's 30-bit
+// immediates rely on too.
+inline constexpr uint64_t kMaxRegionRingBytes = uint64_t{256} << 20;
 inline constexpr bool region_params_valid(uint64_t region_bytes, uint64_t ring_bytes) {
-  return is_power_of_two(ring_bytes) && region_bytes == region_bytes_for(ring_bytes);
+  return is_power_of_two(ring_bytes) && ring_bytes <= kMaxRegionRingBytes &&
+         region_bytes == region_bytes_for(ring_bytes);
 }
 
 // Checks the header at `bytes` (`len` readable bytes, the start of the
