@@ -245,13 +245,14 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
     pos = end + 1;
     ++line_no;
 
-    const std::string source = message_text(path) + ":" + std::to_string(line_no);
+    // Only a line with an error needs its source.
+    auto source = [&path, line_no] { return message_text(path) + ":" + std::to_string(line_no); };
     // A line this long is no rule: it is reported as what it is, not as
     // whatever its first word would make of it, and nothing of it is echoed.
     if (line.size() > kMaxConfLineBytes) {
-      errors->push_back({source, "line is " + std::to_string(line.size()) +
-                                     " bytes long; the limit is " +
-                                     std::to_string(kMaxConfLineBytes) + " bytes"});
+      errors->push_back({source(), "line is " + std::to_string(line.size()) +
+                                       " bytes long; the limit is " +
+                                       std::to_string(kMaxConfLineBytes) + " bytes"});
       continue;
     }
     const size_t hash = line.find('#');
@@ -264,11 +265,11 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
       if (parse_rule_line(words, &rule, &error)) {
         rules->push_back(std::move(rule));
       } else {
-        errors->push_back({source, error});
+        errors->push_back({source(), error});
       }
     } else if (words[0] == "set") {
       if (words.size() != 3) {
-        errors->push_back({source, "expected: set <knob> <value> (one word each)"});
+        errors->push_back({source(), "expected: set <knob> <value> (one word each)"});
         continue;
       }
       const KnobName* found = nullptr;
@@ -276,17 +277,17 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
         if (words[1] == k.file) found = &k;
       }
       if (found == nullptr) {
-        errors->push_back({source, "unknown knob " + quoted(words[1]) +
-                                       "; expected ring_size, spin_us, connect_timeout_ms, "
-                                       "log_level, log_file or stats"});
+        errors->push_back({source(), "unknown knob " + quoted(words[1]) +
+                                         "; expected ring_size, spin_us, connect_timeout_ms, "
+                                         "log_level, log_file or stats"});
         continue;
       }
       if (!apply_knob(found->knob, words[2], config, &error)) {
-        errors->push_back({source, std::string(found->file) + ": " + error});
+        errors->push_back({source(), std::string(found->file) + ": " + error});
       }
     } else {
       errors->push_back(
-          {source, "unknown directive " + quoted(words[0]) + "; expected rule or set"});
+          {source(), "unknown directive " + quoted(words[0]) + "; expected rule or set"});
     }
   }
 }
