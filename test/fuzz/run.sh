@@ -13,7 +13,7 @@
 # findings go to $FUZZ_BUILD/artifacts/NAME/. The binaries are built first
 # (make fuzz-build); a build failure fails every case.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 
 seconds=${FUZZ_SECONDS:-60}
 build=${FUZZ_BUILD:-build-fuzz}
