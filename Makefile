@@ -77,3 +77,6 @@ clean:
 	rm -rf $(BUILD)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# libFuzzer targets: make fuzz, make fuzz-build (test/fuzz/README.md).
+include test/fuzz/fuzz.mk

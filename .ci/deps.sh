@@ -6,7 +6,8 @@ set -euo pipefail
 
 PKGS=(g++ make pkg-config libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
       libgtest-dev googletest libboost-dev sockperf iperf3 iperf iproute2 procps
-      util-linux python3 jq nginx curl)
+      util-linux python3 jq nginx curl
+      clang-14 libclang-rt-14-dev llvm-14)  # the fuzz targets (test/fuzz): libFuzzer, ASan, symbolizer
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -56,6 +56,8 @@ script_tier() {
 
 gtest_tier unit build/unit_tests
 gtest_tier preload build/preload_tests
+# Every libFuzzer target briefly, one case each (test/fuzz/README.md).
+FUZZ_SECONDS=${FUZZ_TEST_SECONDS:-15} script_tier fuzz test/fuzz/run.sh
 [ -f test/apps/run.sh ] && script_tier apps test/apps/run.sh
 [ -f test/rdma/run.sh ] && script_tier rdma test/rdma/run.sh
 [ -f test/rdma/verbs.sh ] && script_tier rdma-channel test/rdma/verbs.sh

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <string>
+
+#include "common/append_file.h"
 #include "common/real.h"
 
 namespace rsock {
@@ -16,8 +19,16 @@ static int g_log_fd = 2;
 
 void log_open(const char* path) {
   if (path == nullptr || *path == '\0') return;
-  int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd >= 0) g_log_fd = fd;
+  const char* why = nullptr;
+  const int fd = open_append_file(path, &why);
+  if (fd >= 0) {
+    g_log_fd = fd;
+    return;
+  }
+  // Called once per process (at init): one line, and the log stays on stderr.
+  const std::string msg = "librsock: RSOCK_LOG_FILE: cannot append to \"" + message_text(path) +
+                          "\": " + why + "; logging to stderr\n";
+  real().write(2, msg.data(), msg.size());
 }
 
 void log_write(int level, const char* fmt, ...) {

@@ -12,7 +12,11 @@
 namespace rsock {
 
 extern int g_log_level;  // set by the runtime from Config::log_level
-void log_open(const char* path);  // nullptr/empty = stderr
+// Sends the log to `path` (nullptr/empty: stderr), opened with
+// open_append_file; a path that cannot be used gives one warning line on
+// stderr naming RSOCK_LOG_FILE, the path and the reason, and the log stays
+// on stderr.
+void log_open(const char* path);
 void log_write(int level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
 }  // namespace rsock

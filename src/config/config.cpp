@@ -36,13 +36,11 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 // Values are echoed back in messages; quoting makes empty and space-padded
-// values visible.
+// values visible, and message_text() keeps them short and printable.
 std::string quoted(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '"';
-  out += s;
-  out += '"';
+  const bool cut = s.size() > kMessageValueBytes;
+  std::string out = "\"" + message_text(s.substr(0, kMessageValueBytes)) + "\"";
+  if (cut) out += "...";
   return out;
 }
 
@@ -247,23 +245,31 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
     pos = end + 1;
     ++line_no;
 
+    // Only a line with an error needs its source.
+    auto source = [&path, line_no] { return message_text(path) + ":" + std::to_string(line_no); };
+    // A line this long is no rule: it is reported as what it is, not as
+    // whatever its first word would make of it, and nothing of it is echoed.
+    if (line.size() > kMaxConfLineBytes) {
+      errors->push_back({source(), "line is " + std::to_string(line.size()) +
+                                       " bytes long; the limit is " +
+                                       std::to_string(kMaxConfLineBytes) + " bytes"});
+      continue;
+    }
     const size_t hash = line.find('#');
     if (hash != std::string_view::npos) line = line.substr(0, hash);
     const std::vector<std::string_view> words = split_words(line);
     if (words.empty()) continue;
-
-    const std::string source = path + ":" + std::to_string(line_no);
     std::string error;
     if (words[0] == "rule") {
       PeerRule rule;
       if (parse_rule_line(words, &rule, &error)) {
         rules->push_back(std::move(rule));
       } else {
-        errors->push_back({source, error});
+        errors->push_back({source(), error});
       }
     } else if (words[0] == "set") {
       if (words.size() != 3) {
-        errors->push_back({source, "expected: set <knob> <value> (one word each)"});
+        errors->push_back({source(), "expected: set <knob> <value> (one word each)"});
         continue;
       }
       const KnobName* found = nullptr;
@@ -271,17 +277,17 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
         if (words[1] == k.file) found = &k;
       }
       if (found == nullptr) {
-        errors->push_back({source, "unknown knob " + quoted(words[1]) +
-                                       "; expected ring_size, spin_us, connect_timeout_ms, "
-                                       "log_level, log_file or stats"});
+        errors->push_back({source(), "unknown knob " + quoted(words[1]) +
+                                         "; expected ring_size, spin_us, connect_timeout_ms, "
+                                         "log_level, log_file or stats"});
         continue;
       }
       if (!apply_knob(found->knob, words[2], config, &error)) {
-        errors->push_back({source, std::string(found->file) + ": " + error});
+        errors->push_back({source(), std::string(found->file) + ": " + error});
       }
     } else {
       errors->push_back(
-          {source, "unknown directive " + quoted(words[0]) + "; expected rule or set"});
+          {source(), "unknown directive " + quoted(words[0]) + "; expected rule or set"});
     }
   }
 }
@@ -345,6 +351,43 @@ const char* role_name(Role r) {
       return "server";
   }
   return "?";
+}
+
+std::string message_text(std::string_view value) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const bool cut = value.size() > kMessageValueBytes;
+  if (cut) value = value.substr(0, kMessageValueBytes);
+  std::string out;
+  out.reserve(value.size() + 3);
+  for (const char ch : value) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+      case '\\':
+        out += '\\';
+        out += ch;
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c >= 0x20 && c < 0x7f) {
+          out += ch;
+        } else {
+          out += "\\x";
+          out += kHex[c >> 4];
+          out += kHex[c & 0xf];
+        }
+    }
+  }
+  if (cut) out += "...";
+  return out;
 }
 
 std::string ConfigError::to_string() const {
@@ -491,7 +534,7 @@ bool parse_peer_rule(std::string_view text, PeerRule* out, std::string* error) {
 }
 
 Config parse_config(const EnvLookup& env, const std::string* conf_text,
-                    std::vector<ConfigError>* errors) {
+                    std::vector<ConfigError>* errors, const char* conf_error) {
   std::vector<ConfigError> scratch;
   if (errors == nullptr) errors = &scratch;
   const size_t first_error = errors->size();
@@ -522,7 +565,9 @@ Config parse_config(const EnvLookup& env, const std::string* conf_text,
   if (auto v = get("RSOCK_CONF")) {
     config.conf_path = std::string(*v);
     if (conf_text == nullptr) {
-      errors->push_back({"RSOCK_CONF", "cannot read " + config.conf_path});
+      std::string message = "cannot read " + quoted(config.conf_path);
+      if (conf_error != nullptr && *conf_error != '\0') message += std::string(": ") + conf_error;
+      errors->push_back({"RSOCK_CONF", message});
     } else {
       parse_rule_file(*conf_text, config.conf_path, &config, &file_rules, &file_errors);
     }

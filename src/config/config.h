@@ -46,6 +46,15 @@ inline constexpr uint32_t kDefaultConnectTimeoutMs = 1000;   // RSOCK_CONNECT_TI
 inline constexpr uint32_t kMaxConnectTimeoutMs = 600000;
 inline constexpr int kDefaultLogLevel = 1;                   // RSOCK_LOG_LEVEL = warn
 
+// Messages about configuration (and the files it names) echo values from
+// the environment and the rule file, which may be hostile: a value is cut to
+// its first kMessageValueBytes bytes, and a rule-file line longer than
+// kMaxConfLineBytes is reported by its length alone (docs/configuration.md).
+inline constexpr size_t kMessageValueBytes = 64;
+inline constexpr size_t kMaxConfLineBytes = 1024;
+// The rule file is read whole; a larger one is refused ("cannot read").
+inline constexpr size_t kMaxConfFileBytes = 1u << 20;
+
 enum LogLevel : int { kLogError = 0, kLogWarn = 1, kLogInfo = 2, kLogDebug = 3, kLogTrace = 4 };
 
 struct Config {
@@ -72,12 +81,13 @@ using EnvLookup = std::function<const char*(const char* name)>;
 
 // Parses the environment (RSOCK_*) and, when RSOCK_CONF is set, `conf_text`
 // (the rule file's contents, read by the caller; pass nullptr when the file
-// could not be read, which is itself an error). On any error the returned
-// Config has disabled = true (plain TCP everywhere) and `errors` says why:
-// every problem is appended, environment first, then the file in line order.
+// could not be read, which is itself an error, and `conf_error` may say
+// why: "not a regular file"). On any error the returned Config has
+// disabled = true (plain TCP everywhere) and `errors` says why: every
+// problem is appended, environment first, then the file in line order.
 // `errors` may be nullptr. Environment knobs override the file's `set` lines.
 Config parse_config(const EnvLookup& env, const std::string* conf_text,
-                    std::vector<ConfigError>* errors);
+                    std::vector<ConfigError>* errors, const char* conf_error = nullptr);
 
 // Parses one rule "ADDR[/PREFIX]:PORT[-PORT]" (IPv6 in brackets: "[::1]:80",
 // "[fd00::]/8:*"). Returns false and sets *error (may be nullptr) on bad input,
@@ -85,6 +95,14 @@ Config parse_config(const EnvLookup& env, const std::string* conf_text,
 // *out (transport, role and program are the caller's); host bits beyond the
 // prefix are cleared and a v4-mapped IPv6 rule with prefix >= 96 becomes IPv4.
 bool parse_peer_rule(std::string_view text, PeerRule* out, std::string* error);
+
+// A value as it may appear in a message: its first kMessageValueBytes
+// bytes, then "..." if it was longer; '"' and '\' are backslash-escaped, tab,
+// newline and carriage return become \t \n \r, and every other byte outside
+// printable ASCII becomes \xHH, so that no value can write a terminal control
+// sequence. The result is printable ASCII, at most 4 * kMessageValueBytes + 3
+// bytes long.
+std::string message_text(std::string_view value);
 
 // Parses a size such as "65536", "64K", "1M", "64KiB" (binary units, any case,
 // optional trailing B/iB). No range check; false on junk or overflow.

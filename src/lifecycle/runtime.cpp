@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,19 +45,34 @@ std::vector<ConnectionState*> open_connections() {
   return out;
 }
 
-bool read_file(const char* path, std::string* out) {
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+// Reads the rule file whole. Only a regular file of at most
+// kMaxConfFileBytes: the open does not block and a FIFO or a device is
+// refused, so that RSOCK_CONF cannot hang the program in our constructor.
+// Returns false with *why set to what completes "cannot read <path>: ...".
+bool read_conf_file(const char* path, std::string* out, const char** why) {
+  int fd = ::open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) {
+    *why = strerrordesc_np(errno);
+    return false;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *why = "not a regular file";
+    real().close(fd);
+    return false;
+  }
   char buf[4096];
   for (;;) {
     ssize_t n = real().read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      if (n < 0) *why = strerrordesc_np(errno);
       real().close(fd);
       return n == 0;
     }
     out->append(buf, static_cast<size_t>(n));
-    if (out->size() > (1u << 20)) {  // a rule file is small; refuse anything huge
+    if (out->size() > kMaxConfFileBytes) {  // a rule file is small; refuse anything huge
+      *why = "larger than 1 MiB";
       real().close(fd);
       return false;
     }
@@ -105,10 +121,11 @@ void init() {
   std::vector<ConfigError> errors;
   const char* conf_path = getenv("RSOCK_CONF");
   std::string conf_text;
-  bool have_conf = conf_path && *conf_path && read_file(conf_path, &conf_text);
+  const char* conf_why = nullptr;
+  bool have_conf = conf_path && *conf_path && read_conf_file(conf_path, &conf_text, &conf_why);
   rt->config = parse_config(
       [](const char* name) -> const char* { return getenv(name); },
-      (conf_path && *conf_path) ? (have_conf ? &conf_text : nullptr) : nullptr, &errors);
+      (conf_path && *conf_path) ? (have_conf ? &conf_text : nullptr) : nullptr, &errors, conf_why);
   const char* prog = program_invocation_short_name ? program_invocation_short_name : "";
   strncpy(rt->program, prog, sizeof rt->program - 1);
   g_log_level = rt->config.log_level;

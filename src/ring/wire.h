@@ -73,11 +73,4 @@ inline constexpr size_t region_bytes_for(size_t ring_bytes) {
   return region_header_bytes() + 2 * ring_bytes;
 }
 
-struct WireAddr {  // an address as both ends name it: IPv4 stored as v4-mapped IPv6
-  uint8_t addr[16];
-  uint16_t port;  // host byte order
-  uint16_t pad;
-};
-static_assert(sizeof(WireAddr) == 20);
-
 }  // namespace rsock

@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <string>
 
+#include "common/append_file.h"
 #include "common/real.h"
+#include "config/config.h"
 
 namespace rsock {
 namespace {
@@ -119,8 +122,18 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
 }
 
 void stats_append(const char* path, const char* line, int len) {
-  int fd = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return;
+  const char* why = nullptr;
+  int fd = open_append_file(path, &why);
+  if (fd < 0) {
+    // Said once per process, however often the statistics are flushed.
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      const std::string msg = "librsock: RSOCK_STATS: cannot append to \"" + message_text(path) +
+                              "\": " + why + "; no statistics written\n";
+      real().write(2, msg.data(), msg.size());
+    }
+    return;
+  }
   char buf[4096];
   if (len > static_cast<int>(sizeof buf) - 1) len = sizeof buf - 1;
   __builtin_memcpy(buf, line, len);

@@ -68,7 +68,10 @@ uint64_t stats_rejects(Reject r);
 // open_sent/open_received add the bytes of connections still open.
 int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open_sent,
                  uint64_t open_received);
-// Appends one line to path (O_APPEND, one write).
+// Appends one line to path (O_APPEND, one write), opened with
+// open_append_file (no symbolic link, only a regular file of ours). A path
+// that cannot be used gives one warning line on stderr per process, naming
+// RSOCK_STATS, the path (cut if long) and the reason.
 void stats_append(const char* path, const char* line, int len);
 // Zeroes the counters (fork child: its parent reports what came before).
 void stats_reset();

@@ -1,7 +1,10 @@
 // Unit tests for src/config: peer rule and size syntax, every RSOCK_* variable
 // (valid values, invalid values that must disable librsock and name the
 // variable), the rule file format with its line-numbered errors, environment
-// over file precedence, and that the shipped conf/rsock.conf parses.
+// over file precedence, and that the shipped conf/rsock.conf parses; error
+// messages cut long values, escape non-printable bytes and report over-long
+// rule-file lines (with the inputs config_env_fuzz and config_file_fuzz
+// found, kept in test/fuzz/corpus/).
 
 #include "config/config.h"
 
@@ -540,7 +543,12 @@ TEST(ConfigFile, UnreadableFile) {
   EXPECT_EQ(c.conf_path, "/etc/rsock.conf");
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].source, "RSOCK_CONF");
-  EXPECT_EQ(errors[0].message, "cannot read /etc/rsock.conf");
+  EXPECT_EQ(errors[0].message, "cannot read \"/etc/rsock.conf\"");
+  // The reason, when the caller knows it.
+  errors.clear();
+  parse_config(lookup({{"RSOCK_CONF", "/etc/rsock.conf"}}), nullptr, &errors, "not a regular file");
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].message, "cannot read \"/etc/rsock.conf\": not a regular file");
 }
 
 TEST(ConfigFile, TextIgnoredWithoutRsockConf) {
@@ -757,6 +765,136 @@ TEST(ConfigFile, ShippedExamplesAreValidWhenUncommented) {
   // The first example is the tcp exclusion that must precede the broad rule.
   ASSERT_FALSE(c.rules.empty());
   EXPECT_EQ(c.rules[0].transport, TransportKind::kTcp);
+}
+
+// ---------------------------------------------------------------------------
+// Messages: values from a hostile environment or file stay short and printable
+
+// Every byte of a line that reaches stderr is printable ASCII.
+bool printable(const std::string& line) {
+  for (unsigned char c : line)
+    if (c < 0x20 || c >= 0x7f) return false;
+  return true;
+}
+
+TEST(ConfigMessages, MessageTextEscapesAndCuts) {
+  EXPECT_EQ(message_text("plain /path:80"), "plain /path:80");
+  EXPECT_EQ(message_text(""), "");
+  EXPECT_EQ(message_text("a\"b\\c"), "a\\\"b\\\\c");
+  EXPECT_EQ(message_text("\t\n\r"), "\\t\\n\\r");
+  EXPECT_EQ(message_text(std::string("\x1b[2J\x07\x7f\x9b\0", 8)), "\\x1b[2J\\x07\\x7f\\x9b\\x00");
+  EXPECT_EQ(message_text("caf\xc3\xa9"), "caf\\xc3\\xa9");
+  const std::string exact(kMessageValueBytes, 'a');
+  EXPECT_EQ(message_text(exact), exact);
+  EXPECT_EQ(message_text(exact + "b"), exact + "...");
+  // The worst case: every byte escaped.
+  const std::string worst(1000, '\x01');
+  EXPECT_EQ(message_text(worst).size(), 4 * kMessageValueBytes + 3);
+  EXPECT_TRUE(printable(message_text(worst)));
+}
+
+TEST(ConfigMessages, LongValueIsCut) {
+  const std::string value(300, '7');
+  std::vector<ConfigError> errors;
+  parse_env({{"RSOCK_SPIN_US", value}}, &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  const std::string line = errors[0].to_string();
+  EXPECT_NE(line.find("\"" + value.substr(0, kMessageValueBytes) + "\"..."), std::string::npos)
+      << line;
+  EXPECT_EQ(line.find(value.substr(0, kMessageValueBytes + 1)), std::string::npos) << line;
+  EXPECT_LT(line.size(), 250u) << line;
+}
+
+TEST(ConfigMessages, LongPeersRuleAndFilePathAreCut) {
+  const std::string rule = "10.0.0.1:" + std::string(500, '9');
+  const std::string path = "/etc/" + std::string(200, 'p') + ".conf";
+  const std::string text = "bogus\n";
+  std::vector<ConfigError> errors;
+  parse_env({{"RSOCK_PEERS", rule}, {"RSOCK_CONF", path}}, &errors, &text);
+  ASSERT_EQ(errors.size(), 2u) << join(errors);
+  EXPECT_EQ(errors[0].source, "RSOCK_PEERS");
+  EXPECT_EQ(errors[0].message.find(std::string(kMessageValueBytes + 1, '9')), std::string::npos)
+      << "the rule and the port in it are each cut: " << errors[0].message;
+  EXPECT_NE(errors[0].message.find(std::string(kMessageValueBytes, '9') + "\"..."),
+            std::string::npos)
+      << errors[0].message;
+  EXPECT_EQ(errors[1].source, path.substr(0, kMessageValueBytes) + "...:1");
+  for (const ConfigError& e : errors) EXPECT_LT(e.to_string().size(), 400u) << e.to_string();
+}
+
+TEST(ConfigMessages, ControlBytesAreEscaped) {
+  // A terminal escape in a value (clear screen, then a forged line).
+  const std::string evil = "\x1b[2J\rlibrsock: all good\x07";
+  std::vector<ConfigError> errors;
+  const std::string text = "rule auto any " + evil + "\nset log_level \x9b" + "31m\n";
+  parse_env({{"RSOCK_LOG_LEVEL", evil},
+             {"RSOCK_PEERS", evil},
+             {"RSOCK_CONF", "/etc/\x1b]0;title\x07.conf"}},
+            &errors, &text);
+  ASSERT_EQ(errors.size(), 4u) << join(errors);
+  for (const ConfigError& e : errors) EXPECT_TRUE(printable(e.to_string())) << e.to_string();
+  EXPECT_NE(errors[0].message.find("\"\\x1b[2J\\rlibrsock: all good\\x07\""), std::string::npos)
+      << errors[0].message;
+  EXPECT_EQ(errors[2].source, "/etc/\\x1b]0;title\\x07.conf:1");
+  const std::string csi = "\"\\x9b31m\"";  // 0x9b: the one-byte CSI of 8-bit terminals
+  EXPECT_NE(errors[3].message.find(csi), std::string::npos) << errors[3].message;
+}
+
+TEST(ConfigMessages, UnreadableConfPathIsEscaped) {
+  std::vector<ConfigError> errors;
+  parse_env({{"RSOCK_CONF", "/tmp/\x1b[31m" + std::string(100, 'x')}}, &errors, nullptr);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_TRUE(printable(errors[0].to_string())) << errors[0].to_string();
+  EXPECT_NE(errors[0].message.find("\"/tmp/\\x1b[31mxxx"), std::string::npos) << errors[0].message;
+  EXPECT_NE(errors[0].message.find("\"..."), std::string::npos) << errors[0].message;
+}
+
+TEST(ConfigFile, OverlongLineIsReportedAsSuch) {
+  const std::string long_rule = "rule auto any 10.0.0.1:80 program=" + std::string(2000, 'x');
+  const std::string max_comment = "#" + std::string(kMaxConfLineBytes - 1, 'c');
+  const std::string text = "rule auto any 10.0.0.2:81\n" + long_rule + "\n" + max_comment + "\n" +
+                           max_comment + "c\r\nrule auto any 10.0.0.3:82\n";
+  std::vector<ConfigError> errors;
+  const Config c = parse_env({{"RSOCK_CONF", "r.conf"}}, &errors, &text);
+  EXPECT_TRUE(c.disabled);
+  ASSERT_EQ(errors.size(), 2u) << join(errors);
+  EXPECT_EQ(errors[0].source, "r.conf:2");
+  EXPECT_EQ(errors[0].message,
+            "line is " + std::to_string(long_rule.size()) + " bytes long; the limit is 1024 bytes");
+  // A line of exactly the limit is fine; one more byte (the CR counts) is not.
+  EXPECT_EQ(errors[1].source, "r.conf:4");
+  EXPECT_NE(errors[1].message.find("line is 1026 bytes long"), std::string::npos);
+  // The lines around them still parse; the long one added no rule.
+  ASSERT_EQ(c.rules.size(), 2u);
+  EXPECT_EQ(c.rules[1].port_lo, 82);
+}
+
+// Inputs the fuzz targets found (test/fuzz/corpus/, named regress-*), fed
+// the way the target reads them: every error line must be printable.
+TEST(ConfigFuzzRegression, ControlByteInPeers) {
+  // config_env_fuzz: RSOCK_PEERS="1\v7.0.0.1:6379" (the input up to its first NUL).
+  bool ok = false;
+  const std::string input = read_file("test/fuzz/corpus/config_env/regress-control-byte", &ok);
+  ASSERT_TRUE(ok) << "run the tests from the repository root";
+  const std::string peers = input.substr(0, input.find('\0'));
+  ASSERT_NE(peers.find('\v'), std::string::npos);
+  std::vector<ConfigError> errors;
+  parse_env({{"RSOCK_PEERS", peers}}, &errors);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_TRUE(printable(errors[0].to_string())) << errors[0].to_string();
+  EXPECT_NE(errors[0].message.find("\\x0b"), std::string::npos) << errors[0].message;
+}
+
+TEST(ConfigFuzzRegression, NonAsciiByteInRuleFile) {
+  // config_file_fuzz: the example file with one address byte turned into 0xb0.
+  bool ok = false;
+  const std::string text = read_file("test/fuzz/corpus/config_file/regress-non-ascii", &ok);
+  ASSERT_TRUE(ok) << "run the tests from the repository root";
+  std::vector<ConfigError> errors;
+  parse_env({{"RSOCK_CONF", "/etc/rsock.conf"}}, &errors, &text);
+  ASSERT_FALSE(errors.empty());
+  for (const ConfigError& e : errors) EXPECT_TRUE(printable(e.to_string())) << e.to_string();
+  EXPECT_NE(errors[0].message.find("\\xb0"), std::string::npos) << errors[0].message;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <new>
 
 #include "common/real.h"
+#include "ring/region.h"
 #include "ring/ring.h"
 #include "transport/addr.h"
 
@@ -52,8 +53,9 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
 
 int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,
                       void** map) {
-  if (!is_power_of_two(ring_bytes) || region_bytes != region_bytes_for(ring_bytes))
-    return -EPROTO;
+  // The header is checked twice over: the sizes before anything is mapped,
+  // the whole header (region_header_check, pure) once it is.
+  if (!region_params_valid(region_bytes, ring_bytes)) return -EPROTO;
   // The seals prove the creator can no longer resize the region.
   int seals = fcntl(memfd, F_GET_SEALS);
   struct stat st;
@@ -62,11 +64,7 @@ int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t rin
     return -EPROTO;
   void* p = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   if (p == MAP_FAILED) return -errno;
-  auto* h = static_cast<RegionHeader*>(p);
-  if (h->magic != kRegionMagic || h->version != kProtocolVersion || h->nonce != nonce ||
-      h->ring_bytes != ring_bytes || h->region_bytes != region_bytes ||
-      h->ring_offset[kServerToClient] != region_header_bytes() ||
-      h->ring_offset[kClientToServer] != region_header_bytes() + ring_bytes) {
+  if (region_header_check(p, region_bytes, region_bytes, nonce, ring_bytes) != 0) {
     munmap(p, region_bytes);
     return -EPROTO;
   }
