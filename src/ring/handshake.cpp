@@ -58,6 +58,7 @@ static_assert(8 + 1 + 3 + 4 + kProofKeyBytes + 8 == kServerProofBytes);
 // Classifies a prefix of a proof: its magic decides (application data that
 // starts with these 8 bytes is not a concern: 2^-64).
 ProofScan scan_magic(const uint8_t* p, size_t len, const uint8_t (&magic)[8], size_t full) {
+  if (len == 0) return ProofScan::kNeedMore;
   const size_t n = len < 8 ? len : 8;
   if (memcmp(p, magic, n) != 0) return ProofScan::kNotProof;
   return len < full ? ProofScan::kNeedMore : ProofScan::kProof;
@@ -190,9 +191,8 @@ ProofScan scan_server_proof(const void* buf, size_t len, ServerProof* out) {
   if (p[8] > 1 || p[9] != 0 || p[10] != 0 || p[11] != 0) return ProofScan::kNotProof;
   ServerProof r;
   r.accept = p[8] == 1;
-  r.ring.rkey = get32(p + 12);
   memcpy(r.key, p + 16, kProofKeyBytes);
-  r.ring.addr = get64(p + 32);
+  if (r.accept) r.ring = {get32(p + 12), get64(p + 32)};  // a decline announces no ring
   *out = r;
   return s;
 }
