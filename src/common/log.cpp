@@ -15,6 +15,7 @@
 namespace rsock {
 
 int g_log_level = kDefaultLogLevel;
+bool (*g_log_fd_is_stream)(int fd) = nullptr;
 static int g_log_fd = 2;
 
 void log_open(const char* path) {
@@ -44,7 +45,11 @@ void log_write(int level, const char* fmt, ...) {
   size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
   if (len > sizeof buf - 2) len = sizeof buf - 2;
   buf[len++] = '\n';
-  if (real().write) real().write(g_log_fd, buf, len);
+  // An inetd-style service has its connection on 0, 1 and 2: a line
+  // written to an accelerated socket's kernel side would break the stream
+  // (its peer never reads it there). Such a line is dropped.
+  const bool into_stream = g_log_fd_is_stream && g_log_fd_is_stream(g_log_fd);
+  if (real().write && !into_stream) real().write(g_log_fd, buf, len);
   errno = saved_errno;
 }
 

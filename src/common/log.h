@@ -12,6 +12,9 @@
 namespace rsock {
 
 extern int g_log_level;  // set by the runtime from Config::log_level
+// Set by the runtime: true when fd carries librsock state (an accelerated
+// stream), so that a log line is never written into one.
+extern bool (*g_log_fd_is_stream)(int fd);
 // Sends the log to `path` (nullptr/empty: stderr), opened with
 // open_append_file; a path that cannot be used gives one warning line on
 // stderr naming RSOCK_LOG_FILE, the path and the reason, and the log stays

@@ -129,6 +129,7 @@ void init() {
   const char* prog = program_invocation_short_name ? program_invocation_short_name : "";
   strncpy(rt->program, prog, sizeof rt->program - 1);
   g_log_level = rt->config.log_level;
+  g_log_fd_is_stream = [](int fd) { return fd_table().has(fd); };
   log_open(rt->config.log_file.c_str());
   if (!errors.empty()) {
     // One clear line; the program runs on plain TCP.
