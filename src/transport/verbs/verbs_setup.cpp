@@ -175,6 +175,16 @@ rdma_conn_param conn_param(const void* priv, size_t len) {
   return cp;
 }
 
+// Sends the connect request `req` on ch's id. false (logged) on failure.
+bool send_request(VerbsChannel& ch, const ConnectInfo& req) {
+  uint8_t priv[kConnectPrivBytes];
+  encode_connect_priv(req, priv);
+  rdma_conn_param cp = conn_param(priv, sizeof priv);
+  if (rdma_connect(ch.id(), &cp) == 0) return true;
+  LOG_INFO("rdma: rdma_connect: %s", strerror(errno));
+  return false;
+}
+
 // The active side of one attempt: an rdma_cm id of its own, resolved from
 // local's address to peer, and a channel (queue pair, ring) on it. nullptr
 // with *why: kNotSameHost (no RDMA route), kPairTimeout, kResources.
@@ -485,13 +495,7 @@ class VerbsClientPairing final : public Pairing {
       req.flags = rdv_ ? kPrivClientListens : 0;
       req.client = local_;
       req.server = peer_;
-      uint8_t priv[kConnectPrivBytes];
-      encode_connect_priv(req, priv);
-      rdma_conn_param cp = conn_param(priv, sizeof priv);
-      if (rdma_connect(ch->id(), &cp) != 0) {
-        LOG_INFO("rdma: rdma_connect: %s", strerror(errno));
-        return Fallback::kPairFailed;
-      }
+      if (!send_request(*ch, req)) return Fallback::kPairFailed;
       // The answer comes on our request (a server that reads its listener),
       // or as the server's own request at our rendezvous (a forked worker).
       rdma_event_channel* own = ch->id()->channel;
@@ -1078,13 +1082,7 @@ class VerbsReversePairing final : public ServerSide {
     req.client = peer_;  // the 4-tuple as the client sees it: we are its server
     req.server = local_;
     req.challenge = challenge_;
-    uint8_t priv[kConnectPrivBytes];
-    encode_connect_priv(req, priv);
-    rdma_conn_param cp = conn_param(priv, sizeof priv);
-    if (rdma_connect(active_->id(), &cp) != 0) {
-      LOG_INFO("rdma: rdma_connect (reverse): %s", strerror(errno));
-      return finish(Fallback::kPairFailed), false;
-    }
+    if (!send_request(*active_, req)) return finish(Fallback::kPairFailed), false;
     return true;
   }
 
