@@ -8,6 +8,9 @@ OPT      ?= -O2
 CXXFLAGS += -std=c++20 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter \
             -fvisibility=hidden -fno-plt -pthread -Iinclude -Isrc
 LDLIBS_SO = -ldl -libverbs -lrdmacm -pthread
+# The test programs and test libraries: standalone, without the library's
+# include paths and visibility.
+PROG_CXXFLAGS = -std=c++20 $(OPT) -g -Wall -Wextra -pthread
 
 # Everything under src/ except the exported wrappers forms the core, which the
 # unit tests link directly (linking the wrappers would interpose the tests' own
@@ -35,22 +38,22 @@ $(BUILD)/librsock.a: $(CORE_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/librsock.so: $(SHIM_OBJS) $(BUILD)/librsock.a src/interpose/exports.map
-	$(CXX) -shared -o $@ $(SHIM_OBJS) -Wl,--whole-archive $(BUILD)/librsock.a -Wl,--no-whole-archive \
+	$(CXX) -shared $(LDFLAGS) -o $@ $(SHIM_OBJS) -Wl,--whole-archive $(BUILD)/librsock.a -Wl,--no-whole-archive \
 	  -Wl,--version-script=src/interpose/exports.map -Wl,-z,now -Wl,-z,relro $(LDLIBS_SO)
 
 $(BUILD)/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/librsock.a
-	$(CXX) -o $@ $^ $(GTEST_LIBS) $(LDLIBS_SO)
+	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS) $(LDLIBS_SO)
 
 $(BUILD)/preload_tests: $(PRELOAD_SRCS:%.cpp=$(BUILD)/obj/%.o)
-	$(CXX) -o $@ $^ $(GTEST_LIBS)
+	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS)
 
 $(BUILD)/progs/%: test/progs/%.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -pthread -o $@ $<
+	$(CXX) $(PROG_CXXFLAGS) $(LDFLAGS) -o $@ $<
 
 $(BUILD)/progs/lib%.so: test/libs/%.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -shared -fPIC -o $@ $<
+	$(CXX) $(PROG_CXXFLAGS) -shared -fPIC $(LDFLAGS) -o $@ $<
 
 deps:
 	@bash .ci/deps.sh
