@@ -10,7 +10,7 @@ namespace {
 class LifecycleTest : public PreloadTest, public ::testing::WithParamInterface<bool> {};
 
 TEST_P(LifecycleTest, AnotherConstructorUsesSocketsFirst) {
-  const std::string early = "build/progs/libearly_ctor.so";
+  const std::string early = progs() + "/libearly_ctor.so";
   ASSERT_TRUE(file_exists(early)) << "run make first";
   Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:*"}, {"RSOCK_CONNECT_TIMEOUT_MS", "200"}});
   // Both load orders: constructors of independent preloads run in reverse

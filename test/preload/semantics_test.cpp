@@ -1,4 +1,4 @@
-// POSIX socket semantics on accelerated fds: each case runs build/progs/rs_sem
+// POSIX socket semantics on accelerated fds: each case runs BUILD/progs/rs_sem
 // as a server and a client, both preloaded, with the connection under test
 // named by RSOCK_PEERS (64 KiB rings) and a second, plain TCP control
 // connection. The client checks the semantics itself (see rs_sem.cpp for each
