@@ -86,7 +86,7 @@ std::atomic<int> g_pid{0};  // this process's pid, as of init or its fork
 // right after fork() (fork per connection) could be seen as the last holder
 // first and tell the peer the connection closed.
 void before_fork() {
-  pending_before_fork();
+  pending_fork_prepare();
   for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
 }
 
@@ -149,7 +149,7 @@ void init() {
     return;
   }
   g_runtime = rt;
-  pthread_atfork(before_fork, nullptr, after_fork_child);
+  pthread_atfork(before_fork, pending_after_fork_parent, after_fork_child);
   g_state.store(kReady, std::memory_order_release);
   LOG_INFO("active: %zu rule(s), ring %zu bytes, spin %u us", rt->config.rules.size(),
            rt->config.ring_bytes, rt->config.spin_us);

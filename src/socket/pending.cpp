@@ -275,19 +275,42 @@ FdRef pending_settle(int fd, FdRef r) {
   return out;
 }
 
-void pending_before_fork() {
+namespace {
+
+// Waits (bounded) until no pairing is in flight; lock holds g_flight_mu.
+void wait_in_flight(std::unique_lock<std::mutex>& lock) {
   const Runtime* rt = runtime();
   if (!rt) return;
   // The TCP handshake and the pairing are each bounded by the timeout.
   const auto bound = std::chrono::milliseconds(2 * rt->config.connect_timeout_ms + 1000);
-  std::unique_lock<std::mutex> lock(g_flight_mu);
   if (!flight_cv().wait_for(lock, bound, [] { return g_in_flight == 0; }))
     LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);
 }
 
+}  // namespace
+
+void pending_before_fork() {
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  wait_in_flight(lock);
+}
+
+// For a fork, g_flight_mu stays held from the wait until the fork is done,
+// in both processes: no pairing can start between the wait and the fork
+// (another thread's connect()), and the child's copy of the mutex is never
+// one that a thread which does not exist there had locked (it would stay
+// locked, and the child's next nonblocking connect would hang).
+void pending_fork_prepare() {
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  wait_in_flight(lock);
+  lock.release();  // unlocked by pending_after_fork_parent / _child
+}
+
+void pending_after_fork_parent() { g_flight_mu.unlock(); }
+
 void pending_after_fork_child() {
   // No worker exists in the child: what was in flight stays plain TCP here.
   g_in_flight = 0;
+  g_flight_mu.unlock();
   std::vector<std::pair<int, FdState*>> stuck;
   fd_table().for_each([&](int fd, FdState* s) {
     if (s->kind() == FdState::Kind::kPending && !static_cast<PendingState*>(s)->resolved())
