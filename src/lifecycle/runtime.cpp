@@ -91,6 +91,7 @@ void before_fork() {
 }
 
 void after_fork_child() {
+  fd_table().after_fork_child();
   g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
