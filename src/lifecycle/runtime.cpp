@@ -87,7 +87,18 @@ std::atomic<int> g_pid{0};  // this process's pid, as of init or its fork
 // first and tell the peer the connection closed.
 void before_fork() {
   pending_fork_prepare();
-  for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
+  // The application's other threads run on and may close a connection
+  // meanwhile: each is counted through a reference, never through the
+  // table's bare pointers, as open_connections() does.
+  std::vector<FdRef> conns;
+  fd_table().for_each([&](int fd, FdState*) {
+    FdRef r = fd_table().get(fd);
+    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
+    for (const FdRef& c : conns)
+      if (c.get() == r.get()) return;  // a dup of one already counted
+    conns.push_back(std::move(r));
+  });
+  for (const FdRef& c : conns) c.as<ConnectionState>()->stream().channel().add_holder();
 }
 
 void after_fork_child() {
