@@ -4,6 +4,10 @@
 #include <sched.h>
 #include <sys/mman.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace rsock {
 
 // Constant-initialised and trivially destructible: usable before any
@@ -27,6 +31,12 @@ FdTable::Slot* FdTable::slot(int fd, bool create) const {
       munmap(p, sizeof(Slot) * kChunkSlots);
     } else {
       chunk = fresh;
+#if defined(__SANITIZE_ADDRESS__)
+      // LeakSanitizer does not scan mmap'd memory: without this, every
+      // state that only the table holds (any socket open at exit) would be
+      // reported as leaked.
+      __lsan_register_root_region(fresh, sizeof(Slot) * kChunkSlots);
+#endif
     }
   }
   return &chunk[fd & (kChunkSlots - 1)];
