@@ -514,6 +514,11 @@ struct Sanitizers {
   // no place.
   std::string preload_first;
   std::vector<std::string> option_vars;  // ASAN_OPTIONS, ... of the loaded runtimes
+  // How much slower instrumented programs run: the harness's waits are
+  // upper bounds against hangs, stretched by this much (TSan moves the 1 GiB
+  // transfer in 70 to 120 s on a loaded 2-core machine, against 1 to 3 s
+  // plain). The plain build keeps the bounds the tests state.
+  int slowdown = 1;
 };
 
 inline Sanitizers loaded_sanitizers() {
@@ -528,9 +533,11 @@ inline Sanitizers loaded_sanitizers() {
         const bool asan = strncmp(base, "libasan.so", 10) == 0;
         const bool tsan = strncmp(base, "libtsan.so", 10) == 0;
         if (asan) f->preload_first = name;
+        const bool ubsan = strncmp(base, "libubsan.so", 11) == 0;
         if (asan) f->option_vars.push_back("ASAN_OPTIONS");
         if (tsan) f->option_vars.push_back("TSAN_OPTIONS");
-        if (strncmp(base, "libubsan.so", 11) == 0) f->option_vars.push_back("UBSAN_OPTIONS");
+        if (ubsan) f->option_vars.push_back("UBSAN_OPTIONS");
+        f->slowdown = std::max(f->slowdown, tsan ? 5 : asan ? 3 : ubsan ? 2 : 1);
         return 0;
       },
       &found);
@@ -733,9 +740,10 @@ class PreloadTest : public ::testing::Test {
     return *procs_.back();
   }
 
-  // Waits (bounded) for p to exit; false on timeout (p keeps running).
+  // Waits (bounded; the bound stretched under a sanitizer) for p to exit;
+  // false on timeout (p keeps running).
   bool wait_exit(Proc& p, int timeout_ms) {
-    const int64_t end = now_ms() + timeout_ms;
+    const int64_t end = now_ms() + int64_t{timeout_ms} * san_.slowdown;
     for (;;) {
       if (p.reaped) return true;
       int st = 0;
@@ -751,10 +759,10 @@ class PreloadTest : public ::testing::Test {
     }
   }
 
-  // Waits (bounded) until p's stdout has a line starting with `prefix`;
-  // false when p exits first or on timeout.
+  // Waits (bounded, as wait_exit) until p's stdout has a line starting with
+  // `prefix`; false when p exits first or on timeout.
   bool wait_line(Proc& p, const std::string& prefix, int timeout_ms) {
-    const int64_t end = now_ms() + timeout_ms;
+    const int64_t end = now_ms() + int64_t{timeout_ms} * san_.slowdown;
     for (;;) {
       for (const std::string& line : split_lines(p.out()))
         if (line.rfind(prefix, 0) == 0) return true;
