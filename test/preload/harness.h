@@ -829,10 +829,22 @@ class PreloadTest : public ::testing::Test {
   }
 
   // Fails the test for every sanitizer report a spawned process wrote.
+  // One notice is not a report: LeakSanitizer in the child of a fork made
+  // while another thread was still running (a pairing thread on its way
+  // out) names that thread, which does not exist in the child, as "not
+  // suspended" before it checks. Any leak it then finds is written below
+  // the notice and still fails the test.
   void expect_no_sanitizer_reports() const {
-    for (const std::string& path : sanitizer_reports())
-      ADD_FAILURE() << "sanitizer report from a spawned process (" << path << "):\n"
-                    << read_file(path);
+    for (const std::string& path : sanitizer_reports()) {
+      const std::string text = read_file(path);
+      bool report = false;
+      for (const std::string& line : split_lines(text))
+        if (!line.empty() &&
+            line.find("was not suspended. False leaks are possible.") == std::string::npos)
+          report = true;
+      if (report)
+        ADD_FAILURE() << "sanitizer report from a spawned process (" << path << "):\n" << text;
+    }
   }
 
   const Sanitizers& sanitizers() const { return san_; }
