@@ -592,6 +592,7 @@ struct Proc {
   std::string err_path;
   bool reaped = false;
   int status = 0;
+  bool sanitizer_to_stderr = false;  // its sanitizer reports go to err_path
 
   std::string out() const { return read_file(out_path); }
   std::string err() const { return read_file(err_path); }
@@ -698,12 +699,16 @@ class PreloadTest : public ::testing::Test {
     // a report must fail the test even from a process killed on purpose or
     // whose exit status the test does not look at. The sanitizer's own exit
     // status (66) makes exited_ok() fail too. A later option overrides an
-    // earlier one: this process's options, then the test's, then ours.
+    // earlier one: this process's options, then the test's, then ours. A
+    // program run as another user cannot create files in the (private)
+    // scratch directory: its reports go to its stderr, which TearDown reads.
+    p->sanitizer_to_stderr = as_user >= 0;
     for (const std::string& var : san_.option_vars) {
       const char* base = getenv(var.c_str());
       std::string kv = var + "=" + (base ? base : "");
       if (env.count(var)) kv += ":" + env.at(var);
-      kv += ":log_path=" + dir_ + "/" + kSanitizerLog + ":exitcode=66";
+      if (!p->sanitizer_to_stderr) kv += ":log_path=" + dir_ + "/" + kSanitizerLog;
+      kv += ":exitcode=66";
       std::erase_if(env_s, [&](const std::string& e) { return e.rfind(var + "=", 0) == 0; });
       env_s.push_back(kv);
     }
@@ -844,6 +849,14 @@ class PreloadTest : public ::testing::Test {
           report = true;
       if (report)
         ADD_FAILURE() << "sanitizer report from a spawned process (" << path << "):\n" << text;
+    }
+    for (const auto& p : procs_) {
+      if (!p->sanitizer_to_stderr) continue;
+      const std::string text = p->err();
+      if (text.find("Sanitizer") != std::string::npos ||
+          text.find(" runtime error: ") != std::string::npos)
+        ADD_FAILURE() << "sanitizer report from " << p->name << " (pid " << p->pid << "):\n"
+                      << text;
     }
   }
 
