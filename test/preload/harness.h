@@ -712,6 +712,13 @@ class PreloadTest : public ::testing::Test {
       std::erase_if(env_s, [&](const std::string& e) { return e.rfind(var + "=", 0) == 0; });
       env_s.push_back(kv);
     }
+    // Test programs that wait on purpose (rs_sem's nb_* cases) stretch their
+    // windows by the same factor as the harness's bounds.
+    if (san_.slowdown > 1 && !env.count("RS_TEST_SLOWDOWN")) {
+      std::erase_if(env_s,
+                    [](const std::string& e) { return e.rfind("RS_TEST_SLOWDOWN=", 0) == 0; });
+      env_s.push_back("RS_TEST_SLOWDOWN=" + std::to_string(san_.slowdown));
+    }
     std::vector<char*> argv, envp;
     for (auto& s : argv_s) argv.push_back(s.data());
     argv.push_back(nullptr);
