@@ -85,12 +85,45 @@ std::atomic<int> g_pid{0};  // this process's pid, as of init or its fork
 // fork, in the parent: counted in the child, a parent that closes its copy
 // right after fork() (fork per connection) could be seen as the last holder
 // first and tell the peer the connection closed.
+// Each open connection once, through a reference: the application's other
+// threads run on and may close one meanwhile (open_connections() only
+// looks at the table's bare pointers).
+std::vector<FdRef> connection_refs() {
+  std::vector<FdRef> conns;
+  fd_table().for_each([&](int fd, FdState*) {
+    FdRef r = fd_table().get(fd);
+    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
+    for (const FdRef& c : conns)
+      if (c.get() == r.get()) return;  // a dup of one already counted
+    conns.push_back(std::move(r));
+  });
+  return conns;
+}
+
 void before_fork() {
-  pending_before_fork();
-  for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
+  pending_fork_prepare();
+  for (const FdRef& c : connection_refs()) c.as<ConnectionState>()->stream().channel().add_holder();
+}
+
+// Exit closes every fd without a close() of ours. Like close(), each shared-
+// memory connection this process was the last holder of tells its peer, or
+// the peer learns of the exit from the kernel socket only: one that resets
+// because our doorbell bytes were left unread in it gives the peer
+// ECONNRESET where TCP, the application having read everything, gives EOF
+// (an inetd service that exits when its input ends). Only the flag is sent:
+// threads of ours still running until the exit is done see nothing change.
+// RDMA connections are left as they were (their queue pairs go with the
+// process).
+void release_connections_at_exit() {
+  if (g_state.load(std::memory_order_acquire) != kReady) return;
+  for (const FdRef& c : connection_refs()) {
+    Channel& ch = c.as<ConnectionState>()->stream().channel();
+    if (strcmp(ch.name(), "shm") == 0 && ch.drop_holder()) ch.signal(kSendClosed);
+  }
 }
 
 void after_fork_child() {
+  fd_table().after_fork_child();
   g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
@@ -149,7 +182,7 @@ void init() {
     return;
   }
   g_runtime = rt;
-  pthread_atfork(before_fork, nullptr, after_fork_child);
+  pthread_atfork(before_fork, pending_after_fork_parent, after_fork_child);
   g_state.store(kReady, std::memory_order_release);
   LOG_INFO("active: %zu rule(s), ring %zu bytes, spin %u us", rt->config.rules.size(),
            rt->config.ring_bytes, rt->config.spin_us);
@@ -161,7 +194,10 @@ __attribute__((constructor)) void rsock_constructor() {
   runtime();
 }
 
-__attribute__((destructor)) void rsock_destructor() { flush_stats(); }
+__attribute__((destructor)) void rsock_destructor() {
+  flush_stats();
+  release_connections_at_exit();
+}
 
 }  // namespace
 

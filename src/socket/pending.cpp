@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include <chrono>
+#include <new>
 #include <vector>
 
 #include "common/log.h"
@@ -27,10 +28,19 @@
 namespace rsock {
 namespace {
 
-// Pairings in flight, for fork.
+// Pairings in flight, for fork. The worker threads are detached, so one may
+// still signal the condition variable while the process exits and runs the
+// static destructors: it is built in static storage on first use and never
+// destroyed. (std::mutex is constant-initialised and trivially destructible:
+// nothing to fear at exit.)
 std::mutex g_flight_mu;
-std::condition_variable g_flight_cv;
-int g_in_flight = 0;
+int g_in_flight = 0;  // under g_flight_mu
+
+std::condition_variable& flight_cv() {
+  alignas(std::condition_variable) static unsigned char storage[sizeof(std::condition_variable)];
+  static auto* cv = new (storage) std::condition_variable;
+  return *cv;
+}
 
 struct Work {
   PendingState* pending;  // one reference, released at the end
@@ -149,7 +159,7 @@ void* worker_main(void* arg) {
   delete w;
   std::lock_guard<std::mutex> lock(g_flight_mu);
   --g_in_flight;
-  g_flight_cv.notify_all();
+  flight_cv().notify_all();
   return nullptr;
 }
 
@@ -265,19 +275,42 @@ FdRef pending_settle(int fd, FdRef r) {
   return out;
 }
 
-void pending_before_fork() {
+namespace {
+
+// Waits (bounded) until no pairing is in flight; lock holds g_flight_mu.
+void wait_in_flight(std::unique_lock<std::mutex>& lock) {
   const Runtime* rt = runtime();
   if (!rt) return;
   // The TCP handshake and the pairing are each bounded by the timeout.
   const auto bound = std::chrono::milliseconds(2 * rt->config.connect_timeout_ms + 1000);
-  std::unique_lock<std::mutex> lock(g_flight_mu);
-  if (!g_flight_cv.wait_for(lock, bound, [] { return g_in_flight == 0; }))
+  if (!flight_cv().wait_for(lock, bound, [] { return g_in_flight == 0; }))
     LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);
 }
+
+}  // namespace
+
+void pending_before_fork() {
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  wait_in_flight(lock);
+}
+
+// For a fork, g_flight_mu stays held from the wait until the fork is done,
+// in both processes: no pairing can start between the wait and the fork
+// (another thread's connect()), and the child's copy of the mutex is never
+// one that a thread which does not exist there had locked (it would stay
+// locked, and the child's next nonblocking connect would hang).
+void pending_fork_prepare() {
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  wait_in_flight(lock);
+  lock.release();  // unlocked by pending_after_fork_parent / _child
+}
+
+void pending_after_fork_parent() { g_flight_mu.unlock(); }
 
 void pending_after_fork_child() {
   // No worker exists in the child: what was in flight stays plain TCP here.
   g_in_flight = 0;
+  g_flight_mu.unlock();
   std::vector<std::pair<int, FdState*>> stuck;
   fd_table().for_each([&](int fd, FdState* s) {
     if (s->kind() == FdState::Kind::kPending && !static_cast<PendingState*>(s)->resolved())

@@ -96,8 +96,12 @@ int pending_start(PairJob& job, const Config& cfg);
 // place of its PendingState (fixing fd's slot); anything else unchanged.
 FdRef pending_settle(int fd, FdRef r);
 
-// Fork: waits (bounded) for every pairing in flight.
+// Waits (bounded) for every pairing in flight (exec).
 void pending_before_fork();
+// Fork's prepare handler: the same wait, then no pairing can start until
+// the fork is done (pending_after_fork_parent or _child must follow).
+void pending_fork_prepare();
+void pending_after_fork_parent();
 // Fork, in the child: pairings that were still in flight stay plain TCP.
 void pending_after_fork_child();
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/real.h"
 #include "socket/socket.h"
@@ -107,7 +108,9 @@ ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count
     if (pos < 0) pos = 0;  // not seekable: the checks below refuse it
   }
   if (static_cast<ssize_t>(count) < 0 || pos < 0) return -EINVAL;
-  if (static_cast<off_t>(pos + static_cast<off_t>(std::min(count, kMaxRwCount))) < 0)
+  // pos + count past the largest offset: EINVAL, as the kernel's. Checked
+  // without computing the sum, whose overflow would be undefined.
+  if (static_cast<off_t>(std::min(count, kMaxRwCount)) > std::numeric_limits<off_t>::max() - pos)
     return -EINVAL;
   count = std::min(count, kMaxRwCount);
   // Only a regular file or a block device can be the source (the kernel

@@ -36,7 +36,7 @@ class AttackTest : public PreloadTest {
     pub_ = tmpl;
     ASSERT_EQ(chmod(pub_.c_str(), 0755), 0);
     attacker_ = pub_ + "/rs_attack";
-    const std::string bin = read_file("build/progs/rs_attack");
+    const std::string bin = read_file(progs() + "/rs_attack");
     ASSERT_FALSE(bin.empty());
     {
       std::ofstream out(attacker_, std::ios::binary);
