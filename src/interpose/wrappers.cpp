@@ -53,20 +53,43 @@ FdRef conn_ref(int fd) {
   return conn_of(r) ? std::move(r) : FdRef();
 }
 
-// The connection behind fd for a data call (or shutdown). On a socket still
-// pairing, a nonblocking call (O_NONBLOCK or MSG_DONTWAIT, when may_again)
-// sets *again: EAGAIN, as on a socket still connecting; a blocking one
-// waits for the outcome.
-FdRef io_ref(int fd, int flags, bool* again, bool may_again = true) {
+// Which of the socket's timeouts governs a call that waits: it decides how
+// the call answers a signal handler (socket/interruptible.h).
+enum class Waits { kReceive, kSend, kNever };
+
+// How a call blocked on a socket still pairing answers a signal handler: a
+// data call as it would on a socket still connecting (restartable unless
+// SO_RCVTIMEO/SO_SNDTIMEO is set), shutdown never.
+OnSignal pending_on_signal(int fd, Waits waits) {
+  if (waits == Waits::kNever) return OnSignal::kContinue;
+  timeval tv = {};
+  socklen_t len = sizeof tv;
+  const int opt = waits == Waits::kReceive ? SO_RCVTIMEO : SO_SNDTIMEO;
+  if (real().getsockopt(fd, SOL_SOCKET, opt, &tv, &len) == 0 && (tv.tv_sec || tv.tv_usec))
+    return OnSignal::kInterrupt;
+  return OnSignal::kRestartable;
+}
+
+// The connection behind fd for a data call (or shutdown: kNever). On a
+// socket still pairing, a nonblocking data call (O_NONBLOCK or
+// MSG_DONTWAIT) sets *err = -EAGAIN, as on a socket still connecting; a
+// blocking one waits for the outcome, and *err = -EINTR when a signal
+// handler ends that wait.
+FdRef io_ref(int fd, int flags, int* err, Waits waits) {
   if (!fd_table().has(fd)) return FdRef();
   FdRef r = pending_settle(fd, fd_table().get(fd));
   if (r && r.get()->kind() == FdState::Kind::kPending) {
     int fl = real().fcntl(fd, F_GETFL);
-    if (may_again && ((flags & MSG_DONTWAIT) || (fl >= 0 && (fl & O_NONBLOCK)))) {
-      *again = true;
+    if (waits != Waits::kNever && ((flags & MSG_DONTWAIT) || (fl >= 0 && (fl & O_NONBLOCK)))) {
+      *err = -EAGAIN;
       return FdRef();
     }
-    r = r.as<PendingState>()->wait();
+    FdRef outcome;
+    if (int rc = r.as<PendingState>()->wait(pending_on_signal(fd, waits), &outcome); rc < 0) {
+      *err = rc;
+      return FdRef();
+    }
+    r = std::move(outcome);
   }
   return conn_of(r) ? std::move(r) : FdRef();
 }
@@ -178,8 +201,8 @@ EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
 }
 
 EXPORT int shutdown(int fd, int how) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again, false)) return finish(conn_shutdown(*conn_of(r), how));
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kNever)) return finish(conn_shutdown(*conn_of(r), how));
   return real().shutdown(fd, how);
 }
 
@@ -191,61 +214,62 @@ EXPORT int close(int fd) {
 // ---- data ------------------------------------------------------------------
 
 EXPORT ssize_t read(int fd, void* buf, size_t len) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) return do_recv(conn_of(r), buf, len, 0);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kReceive)) return do_recv(conn_of(r), buf, len, 0);
+  if (err) return finish<ssize_t>(err);
   return real().read(fd, buf, len);
 }
 
 EXPORT ssize_t write(int fd, const void* buf, size_t len) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) return do_send(conn_of(r), buf, len, 0);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kSend)) return do_send(conn_of(r), buf, len, 0);
+  if (err) return finish<ssize_t>(err);
   return real().write(fd, buf, len);
 }
 
 EXPORT ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kReceive)) {
     if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
     return finish(conn_recv(*conn_of(r), iov, iovcnt, 0));
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().readv(fd, iov, iovcnt);
 }
 
 EXPORT ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kSend)) {
     if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
     return send_result(conn_send(*conn_of(r), iov, iovcnt, 0), 0);
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().writev(fd, iov, iovcnt);
 }
 
 EXPORT ssize_t recv(int fd, void* buf, size_t len, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) return do_recv(conn_of(r), buf, len, flags);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kReceive))
+    return do_recv(conn_of(r), buf, len, flags);
+  if (err) return finish<ssize_t>(err);
   return real().recv(fd, buf, len, flags);
 }
 
 EXPORT ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr,
                         socklen_t* addrlen) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kReceive)) {
     ssize_t n = do_recv(conn_of(r), buf, len, flags);
     if (n >= 0 && addr && addrlen) *addrlen = 0;  // as Linux TCP: no source address
     return n;
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().recvfrom(fd, buf, len, flags, addr, addrlen);
 }
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kReceive)) {
     if (msg->msg_iovlen > IOV_MAX) return finish<ssize_t>(-EMSGSIZE);
     ssize_t n = conn_recv(*conn_of(r), msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
     if (n >= 0) {
@@ -255,14 +279,14 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
     }
     return finish(n);
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().recvmsg(fd, msg, flags);
 }
 
 EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) return do_send(conn_of(r), buf, len, flags);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kSend)) return do_send(conn_of(r), buf, len, flags);
+  if (err) return finish<ssize_t>(err);
   return real().send(fd, buf, len, flags);
 }
 
@@ -270,20 +294,20 @@ EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
 // TCP ignores it (rsocket returns EISCONN here and breaks sockperf).
 EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
                       socklen_t addrlen) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) return do_send(conn_of(r), buf, len, flags);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kSend)) return do_send(conn_of(r), buf, len, flags);
+  if (err) return finish<ssize_t>(err);
   return real().sendto(fd, buf, len, flags, addr, addrlen);
 }
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kSend)) {
     if (msg->msg_iovlen > IOV_MAX) return finish<ssize_t>(-EMSGSIZE);
     return send_result(
         conn_send(*conn_of(r), msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags), flags);
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().sendmsg(fd, msg, flags);
 }
 
