@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/select.h>
@@ -17,6 +18,8 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "common/real.h"
 #include "fdtable/fdtable.h"
@@ -408,15 +411,34 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 
 EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
   if (level == SOL_SOCKET && name == SO_ERROR && val && len && *len >= sizeof(int)) {
+    // The stream's pending error, reported once as the kernel's sk_err is;
+    // never the kernel socket's own, which only says what the doorbells
+    // met.
     if (FdRef r = conn_ref(fd)) {
-      if (conn_of(r)->stream().events().error) {
-        *static_cast<int*>(val) = ECONNRESET;
-        *len = sizeof(int);
-        return 0;
-      }
+      *static_cast<int*>(val) = conn_of(r)->stream().take_error();
+      *len = sizeof(int);
+      return 0;
     }
   }
   return real().getsockopt(fd, level, name, val, len);
+}
+
+// The kernel answers ENOTCONN once a TCP socket is in TCP_CLOSE (after a
+// reset, or once both FINs were exchanged), which an accelerated stream
+// reaches without its kernel socket (whose state only follows the
+// doorbells): both the error and the address come from the stream.
+EXPORT int getpeername(int fd, struct sockaddr* addr, socklen_t* len) {
+  if (FdRef r = conn_ref(fd)) {
+    ConnectionState* c = conn_of(r);
+    if (c->peer_len > 0) {
+      if (c->stream().closed()) return finish(-ENOTCONN);
+      if (!addr || !len) return finish(-EFAULT);
+      memcpy(addr, &c->peer_addr, std::min<socklen_t>(*len, c->peer_len));
+      *len = c->peer_len;
+      return 0;
+    }
+  }
+  return real().getpeername(fd, addr, len);
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {

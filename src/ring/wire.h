@@ -12,7 +12,7 @@
 namespace rsock {
 
 inline constexpr uint64_t kRegionMagic = 0x31726b636f737272ull;  // "rrsockr1"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kCacheLine = 64;
 
 // Control words of one direction. The producer writes `head`,
@@ -35,6 +35,21 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 // Direction 0 carries server -> client bytes, direction 1 client -> server.
 enum Direction : int { kServerToClient = 0, kClientToServer = 1 };
 
+// What one end (side 0 server, 1 client) tells the other off the data path,
+// on a line of its own: only that end writes it (all of its processes,
+// after fork), and the other end reads it only once this end is gone, so
+// the line costs the data path one store to a line nobody else touches.
+struct EndpointControl {
+  // Bytes this end's application has read from its receive ring, exactly
+  // (the credits in DirectionControl::consumed may lag). Once this end has
+  // closed or died, the other end compares it with what it sent: any unread
+  // byte makes the end a reset, as the kernel resets a socket closed with
+  // unread data.
+  alignas(kCacheLine) std::atomic<uint64_t> read;
+};
+static_assert(sizeof(EndpointControl) == kCacheLine);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
 // The start of the shared region (a memfd created by the accepting side).
 // Ring data follows at ring_offset[d], page-aligned, ring_bytes long each.
 struct RegionHeader {
@@ -47,8 +62,11 @@ struct RegionHeader {
   uint64_t region_bytes;
   std::atomic<uint32_t> holders[2];  // processes holding the server (0) / client (1) end
   alignas(kCacheLine) DirectionControl dir[2];
+  EndpointControl end[2];  // indexed by side: 0 server, 1 client (version 2)
 };
 static_assert(offsetof(RegionHeader, dir) % kCacheLine == 0);
+static_assert(offsetof(RegionHeader, end) % kCacheLine == 0);
+static_assert(sizeof(RegionHeader) <= 4096, "the header fits its page");
 
 inline constexpr size_t kPageBytes = 4096;
 inline constexpr size_t region_header_bytes() {

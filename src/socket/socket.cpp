@@ -103,6 +103,9 @@ uint32_t spin_ns() {
 ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path) {
   auto* c = new ConnectionState(std::move(ch), path, sock_fd);
   connection_options_from(sock_fd, c);
+  c->peer_len = sizeof c->peer_addr;
+  if (real().getpeername(sock_fd, reinterpret_cast<sockaddr*>(&c->peer_addr), &c->peer_len) != 0)
+    c->peer_len = 0;
   stats_connection(path);
   return c;
 }
@@ -144,7 +147,15 @@ ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, in
 ConnectionState::~ConnectionState() = default;
 
 void ConnectionState::on_last_close() {
-  stream_.close();
+  // SO_LINGER {1, 0}: the application asks for a reset, not a FIN.
+  bool abort = false;
+  if (const int ks = stream_.channel().kernel_socket(); ks >= 0) {
+    linger l = {};
+    socklen_t len = sizeof l;
+    abort =
+        real().getsockopt(ks, SOL_SOCKET, SO_LINGER, &l, &len) == 0 && l.l_onoff && l.l_linger == 0;
+  }
+  stream_.close(abort);
   stats_bytes(stream_.bytes_sent(), stream_.bytes_received());
 }
 
@@ -294,7 +305,8 @@ int conn_shutdown(ConnectionState& c, int how) {
   // The kernel socket is left open in both directions: it carries the
   // doorbells and liveness until close().
   c.stream().shutdown(how != SHUT_WR, how != SHUT_RD);
-  return 0;
+  // As inet_shutdown() on a socket in TCP_CLOSE: applied, but ENOTCONN.
+  return c.stream().reset() ? -ENOTCONN : 0;
 }
 
 namespace {

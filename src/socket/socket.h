@@ -55,6 +55,12 @@ class ConnectionState final : public FdState {
   Stream& stream() { return stream_; }
   Path path() const { return path_; }
 
+  // The peer's address, as getpeername() gave it at the switch: the kernel
+  // socket's own state after that says what the doorbells met, not what
+  // the application would see (see the getpeername wrapper).
+  sockaddr_storage peer_addr = {};
+  socklen_t peer_len = 0;
+
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};  // SO_RCVTIMEO, 0 = none
   std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO

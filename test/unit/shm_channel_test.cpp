@@ -268,8 +268,10 @@ TEST(ShmChannel, FlagsReachThePeer) {
   p.server->signal(kSendClosed);
   EXPECT_EQ(p.client->poll().flags, uint32_t{kPeerFin | kPeerClosed});
   EXPECT_EQ(p.server->poll().flags, 0u);
-  p.client->signal(kSendClosed);  // closed implies FIN
-  EXPECT_EQ(p.server->poll().flags, uint32_t{kPeerFin | kPeerClosed});
+  // A close is not a FIN by itself (the stream decides FIN or reset), and
+  // an abortive one says so.
+  p.client->signal(kSendClosed | kSendReset);
+  EXPECT_EQ(p.server->poll().flags, uint32_t{kPeerClosed | kPeerReset});
 }
 
 TEST(ShmChannel, StalledPeerIsReported) {
@@ -333,7 +335,7 @@ TEST(ShmChannel, DoorbellRingsOnlyForAnArmedPeer) {
   EXPECT_EQ(queued_bytes(cfd), 0);
 }
 
-TEST(ShmChannel, PeerSocketCloseIsFinAndClosed) {
+TEST(ShmChannel, PeerSocketCloseIsPeerGone) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);
   const int cfd = p.client->wait_fd();
@@ -342,36 +344,36 @@ TEST(ShmChannel, PeerSocketCloseIsFinAndClosed) {
   EXPECT_TRUE(fd_readable(cfd));
   p.client->drain_wakeups();
   const uint32_t flags = p.client->poll().flags;
-  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerFin | kPeerClosed});
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
   EXPECT_FALSE(flags & kTransportError);
 }
 
-TEST(ShmChannel, PeerSocketResetIsTransportError) {
+TEST(ShmChannel, PeerSocketResetIsPeerGoneNotAnError) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);
   // A doorbell the server never reads: closing a unix socket with unread data
-  // resets the connection (the client's recv fails with ECONNRESET).
+  // resets the connection (the client's recv fails with ECONNRESET). Only
+  // doorbells sat there: the peer is gone, and the stream decides from the
+  // ring whether that is a FIN or a reset.
   p.client->signal(kSendFin);
   ASSERT_EQ(queued_bytes(p.server->wait_fd()), 1);
   p.server.reset();
   p.client->drain_wakeups();
-  EXPECT_EQ(p.client->poll().flags & (kTransportError | kPeerFin | kPeerClosed),
-            uint32_t{kTransportError | kPeerFin | kPeerClosed});
+  const uint32_t flags = p.client->poll().flags;
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
+  EXPECT_FALSE(flags & kTransportError);
 }
 
 TEST(ShmChannel, ResetAfterACleanCloseIsNotAnError) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);
-  // The client's doorbell stays unread in the server's socket, so closing it
-  // resets the connection; but the server had set CLOSED first (a clean
-  // close), so the client reads EOF, not ECONNRESET.
   p.client->signal(kSendFin);
   ASSERT_EQ(queued_bytes(p.server->wait_fd()), 1);
   p.server->signal(kSendClosed);
   p.server.reset();
   p.client->drain_wakeups();
   const uint32_t flags = p.client->poll().flags;
-  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerFin | kPeerClosed});
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
   EXPECT_FALSE(flags & kTransportError);
 }
 
@@ -391,7 +393,49 @@ TEST(ShmStream, PeerThatDiesLeavesDataThenEof) {
   EXPECT_EQ(memcmp(buf, "last", 4), 0);
   EXPECT_EQ(client.recv(&in, 1, false), -EAGAIN);  // the death is seen on the socket
   client.channel().drain_wakeups();
+  // It had read everything: a FIN. Our first write goes and draws the
+  // reset of a closed socket (EPIPE pending, as in CLOSE_WAIT).
   EXPECT_EQ(client.recv(&in, 1, false), 0);
+  EXPECT_FALSE(client.events().hup);
+  EXPECT_EQ(client.send(&v, 1), 4);
+  EXPECT_TRUE(client.events().hup);
+  EXPECT_EQ(client.send(&v, 1), -EPIPE);
+  EXPECT_EQ(client.send(&v, 1), -EPIPE);
+}
+
+TEST(ShmStream, PeerThatDiesHavingReadEverythingIsAFinEvenWithoutCredits) {
+  ShmPair p = make_shm_pair(1 << 16);
+  ASSERT_TRUE(p.server && p.client);
+  auto server = std::make_unique<Stream>(std::move(p.server));
+  Stream client(std::move(p.client));
+  iovec v = {const_cast<char*>("request"), 7};
+  ASSERT_EQ(client.send(&v, 1), 7);
+  char buf[16];
+  iovec in = {buf, sizeof buf};
+  ASSERT_EQ(server->recv(&in, 1, false), 7);  // too little to return credits
+  server.reset();                             // dies without close()
+  client.channel().drain_wakeups();
+  char rb[16];
+  iovec rin = {rb, sizeof rb};
+  EXPECT_EQ(client.recv(&rin, 1, false), 0);
+  EXPECT_EQ(client.take_error(), 0);
+}
+
+TEST(ShmStream, PeerThatDiesWithUnreadBytesIsAReset) {
+  ShmPair p = make_shm_pair(1 << 16);
+  ASSERT_TRUE(p.server && p.client);
+  auto server = std::make_unique<Stream>(std::move(p.server));
+  Stream client(std::move(p.client));
+  iovec v = {const_cast<char*>("request"), 7};
+  ASSERT_EQ(client.send(&v, 1), 7);
+  server.reset();
+  client.channel().drain_wakeups();
+  StreamEvents ev = client.events();
+  EXPECT_TRUE(ev.error && ev.hup && ev.rdhup);
+  char rb[16];
+  iovec rin = {rb, sizeof rb};
+  EXPECT_EQ(client.recv(&rin, 1, false), -ECONNRESET);
+  EXPECT_EQ(client.recv(&rin, 1, false), 0);
   EXPECT_EQ(client.send(&v, 1), -EPIPE);
 }
 
@@ -412,6 +456,10 @@ TEST(ShmStream, CloseAndShutdown) {
   EXPECT_EQ(client.recv(&in, 1, false), 4);
   EXPECT_EQ(memcmp(buf, "pong", 4), 0);
   client.close();
+  // The client read everything: a FIN (the server's first write goes and
+  // draws the reset, the next fails).
+  EXPECT_FALSE(server.events().hup);
+  EXPECT_EQ(server.send(&v, 1), 4);
   EXPECT_EQ(server.send(&v, 1), -EPIPE);
   EXPECT_TRUE(server.events().hup);
 }

@@ -10,10 +10,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <new>
 
 #include "common/real.h"
 #include "ring/ring.h"
+#include "transport/carrier.h"
 
 namespace rsock {
 
@@ -84,6 +86,8 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   holders_->store(1, std::memory_order_relaxed);
   tx_ = &h->dir[tx_dir];
   rx_ = &h->dir[rx_dir];
+  me_ = &h->end[is_server ? 0 : 1];
+  peer_ = &h->end[is_server ? 1 : 0];
   tx_ring_ = base + h->ring_offset[tx_dir];
   rx_ring_ = base + h->ring_offset[rx_dir];
   // The kernel socket now carries only doorbells. A doorbell held back by
@@ -106,10 +110,19 @@ int ShmChannel::write(size_t offset, const void* src, size_t len) {
 }
 
 void ShmChannel::ring_doorbell() {
+  // No peer to wake once its end is gone; a byte now would only make its
+  // kernel answer with a reset.
+  if (carrier_flags_.load(std::memory_order_relaxed) & kPeerClosed) return;
   // One byte on the kernel socket wakes a peer asleep in poll/epoll on it.
-  // A full socket buffer means wakeups are already pending: ignore EAGAIN.
+  // A full socket buffer means wakeups are already pending: EAGAIN is fine.
   static const char kByte = 1;
-  real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) return;
+  // The peer's kernel reset the connection: its end is gone.
+  if (errno == EPIPE || errno == ECONNRESET) peer_gone(kPeerClosed);
+}
+
+void ShmChannel::peer_gone(uint32_t flags) {
+  carrier_flags_.fetch_or(flags, std::memory_order_release);
 }
 
 // The seq_cst fence between our store and the load of the peer's waiting
@@ -130,7 +143,6 @@ int ShmChannel::grant(uint64_t consumed) {
 }
 
 void ShmChannel::signal(uint32_t flags) {
-  if (flags & kSendClosed) flags |= kSendFin;
   tx_->producer_flags.fetch_or(flags, std::memory_order_seq_cst);
   if (flags & kSendClosed) rx_->consumer_flags.fetch_or(kSendClosed, std::memory_order_seq_cst);
   ring_doorbell();
@@ -149,6 +161,7 @@ PeerState ShmChannel::poll() {
   s.consumed = tx_->consumed.load(std::memory_order_acquire);
   if (producer & kSendFin) s.flags |= kPeerFin;
   if ((producer | consumer) & kSendClosed) s.flags |= kPeerClosed;
+  if (producer & kSendReset) s.flags |= kPeerReset;
   if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) s.flags |= kPeerStalled;
   s.flags |= carrier;
   return s;
@@ -171,25 +184,39 @@ bool ShmChannel::drop_holder() { return holders_->fetch_sub(1, std::memory_order
 
 void ShmChannel::drain_wakeups() {
   char buf[256];
+  int err = 0;
+  bool eof = false;
   for (;;) {
     ssize_t n = real().recv(doorbell_fd_, buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0) continue;
-    if (n == 0) {
-      // The peer's kernel socket closed. A peer that closed cleanly set its
-      // flags first; one that died did not. Either way no more bytes will
-      // come: what is in the ring is delivered, then EOF.
-      carrier_flags_.fetch_or(kPeerFin | kPeerClosed, std::memory_order_release);
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      // A peer that closed cleanly set kSendClosed before its close(); its
-      // kernel then resets the connection if our doorbell bytes were still
-      // unread there. That reset is a close, not a failure: EOF, not ECONNRESET.
-      uint32_t f = kPeerFin | kPeerClosed;
-      if (!(rx_->producer_flags.load(std::memory_order_acquire) & kSendClosed))
-        f |= kTransportError;
-      carrier_flags_.fetch_or(f, std::memory_order_release);
-    }
-    return;
+    if (n == 0)
+      eof = true;
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      err = errno;
+    break;
   }
+  // The peer's kernel socket closed (EOF), or reset us: its doorbell bytes
+  // or ours sat unread there, or it asked for a reset, or it died. Which of
+  // those the application sees (a FIN or a reset) the stream decides from
+  // the peer's flags and its unread bytes; any other error breaks the
+  // carrier.
+  if (eof || err == ECONNRESET || err == EPIPE)
+    peer_gone(kPeerClosed);
+  else if (err != 0)
+    peer_gone(kPeerClosed | kTransportError);
 }
+
+void ShmChannel::probe() {
+  CarrierInfo ci;
+  if (carrier_info(doorbell_fd_, &ci) != 0) return;
+  if (!ci.open) peer_gone(kPeerClosed);
+}
+
+uint64_t ShmChannel::peer_read_total() {
+  return std::max(peer_->read.load(std::memory_order_acquire),
+                  tx_->consumed.load(std::memory_order_acquire));
+}
+
+void ShmChannel::note_read(uint64_t total) { me_->read.store(total, std::memory_order_release); }
 
 }  // namespace rsock

@@ -45,11 +45,16 @@ class ShmChannel final : public Channel {
   void disarm(uint32_t want) override;
   int wait_fd() const override { return doorbell_fd_; }
   void drain_wakeups() override;
+  void probe() override;
+  uint64_t peer_read_total() override;
+  void note_read(uint64_t total) override;
+  int kernel_socket() const override { return doorbell_fd_; }
   void add_holder() override;
   bool drop_holder() override;
 
  private:
   void ring_doorbell();
+  void peer_gone(uint32_t flags);
 
   void* map_;
   size_t map_len_;
@@ -57,10 +62,12 @@ class ShmChannel final : public Channel {
   std::atomic<uint32_t>* holders_;  // processes holding our end
   DirectionControl* tx_;  // we produce
   DirectionControl* rx_;  // we consume
+  EndpointControl* me_;   // our end's own line
+  EndpointControl* peer_;
   uint8_t* tx_ring_;      // the peer's receive ring
   const uint8_t* rx_ring_;
   int doorbell_fd_;
-  std::atomic<uint32_t> carrier_flags_{0};  // kPeerFin/kTransportError seen on the TCP socket
+  std::atomic<uint32_t> carrier_flags_{0};  // kPeerClosed/kTransportError seen on the TCP socket
 };
 
 }  // namespace rsock
