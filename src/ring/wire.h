@@ -37,15 +37,22 @@ enum Direction : int { kServerToClient = 0, kClientToServer = 1 };
 
 // What one end (side 0 server, 1 client) tells the other off the data path,
 // on a line of its own: only that end writes it (all of its processes,
-// after fork), and the other end reads it only once this end is gone, so
-// the line costs the data path one store to a line nobody else touches.
+// after fork), and the other end reads it only on slow paths (draining its
+// doorbells, or once this end is gone), so the line costs the data path
+// nothing.
 struct EndpointControl {
+  // Doorbell bytes this end has put on the kernel TCP socket: counted
+  // before each send, taken back when the send fails. The other end drains
+  // its socket and counts what it took (`drained`, its own line): a drained
+  // total above this one is a byte that reached the socket behind librsock.
+  alignas(kCacheLine) std::atomic<uint64_t> doorbells;
+  std::atomic<uint64_t> drained;  // bytes this end has taken from its own kernel socket
   // Bytes this end's application has read from its receive ring, exactly
   // (the credits in DirectionControl::consumed may lag). Once this end has
   // closed or died, the other end compares it with what it sent: any unread
   // byte makes the end a reset, as the kernel resets a socket closed with
   // unread data.
-  alignas(kCacheLine) std::atomic<uint64_t> read;
+  std::atomic<uint64_t> read;
 };
 static_assert(sizeof(EndpointControl) == kCacheLine);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);

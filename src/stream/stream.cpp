@@ -35,7 +35,7 @@ void Stream::reset_with(int err) {
 }
 
 namespace {
-constexpr uint32_t kEndFlags = kPeerFin | kPeerClosed | kPeerReset | kTransportError;
+constexpr uint32_t kEndFlags = kPeerFin | kPeerClosed | kPeerReset | kTransportError | kKernelBytes;
 }  // namespace
 
 // The kernel decides FIN or reset when the peer's socket closes: a reset
@@ -52,7 +52,11 @@ void Stream::observe(uint32_t flags) {
   if (fresh == 0) return;
   // An explicit FIN (shutdown) came before whatever follows it.
   if (fresh & kPeerFin) fin_rcvd_.store(true, std::memory_order_release);
-  if (fresh & kTransportError) {
+  // Bytes behind our back: where they belonged in the stream nobody knows,
+  // so nothing more is delivered from the ring either (a loud reset, not a
+  // stream with a hole in it).
+  if (fresh & kKernelBytes) broken_.store(true, std::memory_order_release);
+  if (fresh & (kTransportError | kKernelBytes)) {
     reset_with(ECONNRESET);
   } else if ((fresh & kPeerClosed) && !reset_.load(std::memory_order_relaxed)) {
     // The channel loads the peer's flags before its totals, so what the
@@ -74,7 +78,7 @@ void Stream::observe(uint32_t flags) {
   observed_.fetch_or(fresh, std::memory_order_acq_rel);
 }
 
-bool Stream::maybe_probe() {
+bool Stream::maybe_probe(bool force) {
   if (reset_.load(std::memory_order_relaxed)) return false;
   // CLOCK_MONOTONIC_COARSE is a vDSO read of a few ns, ticking every few ms:
   // a caller that keeps asking pays one system call per tick at most.
@@ -82,7 +86,7 @@ bool Stream::maybe_probe() {
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   int64_t last = last_probe_.load(std::memory_order_relaxed);
-  if (last == now || !last_probe_.compare_exchange_strong(last, now)) return false;
+  if (!force && (last == now || !last_probe_.compare_exchange_strong(last, now))) return false;
   channel_->probe();
   return true;
 }
@@ -205,8 +209,16 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
     readable = window_.readable();
     if (readable > 0) break;
     // tcp_recvmsg with nothing queued: EOF after the peer's FIN, else the
-    // pending error (once), else EOF once receiving is shut down.
-    if (fin_rcvd_.load(std::memory_order_acquire)) return 0;
+    // pending error (once), else EOF once receiving is shut down. Before
+    // the first EOF, one look at the carrier: bytes that reached it behind
+    // our back must reset the stream, not end it quietly short.
+    if (fin_rcvd_.load(std::memory_order_acquire)) {
+      if (!eof_checked_.exchange(true)) {
+        maybe_probe(true);
+        continue;
+      }
+      return 0;
+    }
     if (const int e = sk_err_.exchange(0, std::memory_order_acq_rel)) return -e;
     if (shut_rd_.load(std::memory_order_relaxed) || reset_.load(std::memory_order_acquire))
       return 0;
@@ -299,6 +311,9 @@ void Stream::shutdown(bool rd, bool wr) {
 }
 
 void Stream::close(bool abort) {
+  // A last look: bytes left behind our back on the carrier are reported
+  // (and the peer told) rather than closed over.
+  maybe_probe(true);
   shut_rd_.store(true, std::memory_order_relaxed);
   shut_wr_.store(true, std::memory_order_relaxed);
   {

@@ -88,8 +88,8 @@ class Stream {
   void reset_with(int err);  // the RST "arrived": both directions shut, err pending
   ssize_t carrier_failed();  // a channel call failed: reset, and what send returns
   // Looks at the carrier (Channel::probe) at most once per coarse clock
-  // tick. Returns whether it looked.
-  bool maybe_probe();
+  // tick, or now when forced. Returns whether it looked.
+  bool maybe_probe(bool force = false);
 
   std::unique_ptr<Channel> channel_;
   std::mutex tx_mu_;
@@ -102,12 +102,13 @@ class Stream {
   // The kernel's view of this end (see the opening comment). Each moves
   // one way only; observe() changes them under state_mu_.
   std::mutex state_mu_;
-  std::atomic<uint32_t> observed_{0};   // peer flags already followed
-  std::atomic<bool> fin_rcvd_{false};   // the peer's FIN is behind its last byte (SOCK_DONE)
-  std::atomic<bool> peer_gone_{false};  // its end is closed: our next send resets
-  std::atomic<bool> reset_{false};      // reset: both directions shut (TCP_CLOSE)
-  std::atomic<int> sk_err_{0};          // pending error, reported once
-  std::atomic<int64_t> last_probe_{0};  // coarse clock of the last Channel::probe
+  std::atomic<uint32_t> observed_{0};     // peer flags already followed
+  std::atomic<bool> fin_rcvd_{false};     // the peer's FIN is behind its last byte (SOCK_DONE)
+  std::atomic<bool> peer_gone_{false};    // its end is closed: our next send resets
+  std::atomic<bool> reset_{false};        // reset: both directions shut (TCP_CLOSE)
+  std::atomic<int> sk_err_{0};            // pending error, reported once
+  std::atomic<int64_t> last_probe_{0};    // coarse clock of the last Channel::probe
+  std::atomic<bool> eof_checked_{false};  // the carrier was looked at before the first EOF
   // Largest totals any poll() has reported. A poll made for one direction
   // also delivers the other direction's notifications, and a later stale one
   // may replace them in the channel's PeerState: without these, a fresh

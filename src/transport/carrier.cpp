@@ -1,13 +1,18 @@
 // The carrier TCP connection (see carrier.h).
 #include "transport/carrier.h"
 
+#include <linux/sockios.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstddef>
 
+#include "common/log.h"
 #include "common/real.h"
+#include "stats/stats.h"
 
 namespace rsock {
 
@@ -18,7 +23,36 @@ int carrier_info(int fd, CarrierInfo* out) {
   // We never shut the carrier down ourselves, so any state but ESTABLISHED
   // (1) means the peer's kernel sent a FIN (CLOSE_WAIT) or a reset (CLOSE).
   out->open = ti.tcpi_state == 1;
+  uint64_t received = len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received
+                          ? ti.tcpi_bytes_received
+                          : 0;
+  // A FIN advances rcv_nxt by one, and bytes_received with it. After a
+  // reset we cannot tell whether a FIN came first: assume it did (a foreign
+  // byte then goes unseen here, never a doorbell taken for one).
+  if (!out->open && received > 0) --received;
+  out->bytes_received = received;
   return 0;
+}
+
+uint64_t carrier_unread(int fd) {
+  int n = 0;
+  return real().ioctl(fd, SIOCINQ, &n) == 0 && n > 0 ? static_cast<uint64_t>(n) : 0;
+}
+
+void report_kernel_bytes(const char* transport, bool seen_here) {
+  stats_reset_connection(Reset::kKernelBytes);
+  if (seen_here)
+    LOG_ERROR(
+        "%s connection reset: bytes reached its kernel TCP socket behind librsock (the peer "
+        "wrote to the socket with a raw system call, io_uring, stdio, or from a program "
+        "without librsock)",
+        transport);
+  else
+    LOG_ERROR(
+        "%s connection reset by the peer: bytes written to this socket bypassed librsock "
+        "(a raw system call, io_uring, stdio on the fd, or an exec'd program without "
+        "librsock)",
+        transport);
 }
 
 }  // namespace rsock

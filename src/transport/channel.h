@@ -39,13 +39,17 @@ enum PeerFlag : uint32_t {
   // credits): a send must wait exactly as if the ring were full.
   kTxBlocked = 1u << 4,
   kPeerReset = 1u << 5,  // the peer closed with SO_LINGER {1, 0}: a reset, as the kernel sends
+  // Bytes reached a kernel socket of this connection behind librsock (seen
+  // here or by the peer): the connection is reset (Reset::kKernelBytes).
+  kKernelBytes = 1u << 6,
 };
 
 // Flags this side sends with Channel::signal().
 enum LocalFlag : uint32_t {
   kSendFin = 1u << 0,          // we shut down our sending direction
   kSendClosed = 1u << 1,       // we closed the socket (not a FIN by itself: see kPeerClosed)
-  kSendReset = 1u << 2,   // with kSendClosed: an abortive close (SO_LINGER {1, 0})
+  kSendReset = 1u << 2,        // with kSendClosed: an abortive close (SO_LINGER {1, 0})
+  kSendKernelBytes = 1u << 3,  // we reset the connection: bytes reached our kernel socket
 };
 
 // What a sleeper waits for, passed to arm()/disarm().
@@ -94,13 +98,14 @@ class Channel {
 
   // Consumes pending wakeups after wait_fd() was readable; notices a carrier
   // failure or a peer that is gone (reported from then on by poll() as
-  // kTransportError or kPeerClosed).
+  // kTransportError or kPeerClosed) and bytes that reached the kernel socket
+  // behind librsock (kKernelBytes).
   virtual void drain_wakeups() = 0;
 
   // Looks at the carrier without consuming anything (one system call): a
-  // peer that died shows in poll() from then on. For callers that would
-  // otherwise report "nothing yet" without sleeping (a sleeper learns it by
-  // itself).
+  // peer that died shows in poll() from then on, as do bytes that reached
+  // the kernel socket behind librsock. For callers that would otherwise
+  // report "nothing yet" without sleeping (a sleeper learns both by itself).
   virtual void probe() {}
 
   // Bytes of ours the peer's application has read, as exactly as this

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ring/wire.h"
+#include "stats/stats.h"
 #include "stream/stream.h"
 #include "stream_test_support.h"
 
@@ -52,6 +53,7 @@ RegionHeader* header(void* map) { return static_cast<RegionHeader*>(map); }
 struct ShmPair {
   std::unique_ptr<ShmChannel> server;
   std::unique_ptr<ShmChannel> client;
+  RegionHeader* region = nullptr;  // the server's mapping (valid while server lives)
 };
 
 ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce) {
@@ -68,6 +70,7 @@ ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce) {
   int sv[2];
   EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   p.server = std::make_unique<ShmChannel>(smap, len, true, sv[0]);
+  p.region = static_cast<RegionHeader*>(smap);
   if (rc == 0) p.client = std::make_unique<ShmChannel>(cmap, len, false, sv[1]);
   return p;
 }
@@ -345,7 +348,7 @@ TEST(ShmChannel, PeerSocketCloseIsPeerGone) {
   p.client->drain_wakeups();
   const uint32_t flags = p.client->poll().flags;
   EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
-  EXPECT_FALSE(flags & kTransportError);
+  EXPECT_FALSE(flags & (kTransportError | kKernelBytes));
 }
 
 TEST(ShmChannel, PeerSocketResetIsPeerGoneNotAnError) {
@@ -361,7 +364,7 @@ TEST(ShmChannel, PeerSocketResetIsPeerGoneNotAnError) {
   p.client->drain_wakeups();
   const uint32_t flags = p.client->poll().flags;
   EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
-  EXPECT_FALSE(flags & kTransportError);
+  EXPECT_FALSE(flags & (kTransportError | kKernelBytes));
 }
 
 TEST(ShmChannel, ResetAfterACleanCloseIsNotAnError) {
@@ -375,6 +378,65 @@ TEST(ShmChannel, ResetAfterACleanCloseIsNotAnError) {
   const uint32_t flags = p.client->poll().flags;
   EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
   EXPECT_FALSE(flags & kTransportError);
+}
+
+TEST(ShmChannel, DoorbellsAreCountedAndNeverForeign) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  RegionHeader* h = p.region;
+  const int cfd = p.client->wait_fd();
+  p.client->arm(kWantData);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(p.server->publish(static_cast<uint64_t>(i) + 1), 0);
+    if (i % 7 == 0) p.client->drain_wakeups();
+  }
+  p.client->drain_wakeups();
+  p.client->disarm(kWantData);
+  EXPECT_EQ(queued_bytes(cfd), 0);
+  EXPECT_EQ(h->end[0].doorbells.load(), 100u);  // the server is side 0
+  EXPECT_EQ(h->end[1].drained.load(), 100u);
+  EXPECT_FALSE(p.client->poll().flags & kKernelBytes);
+  EXPECT_FALSE(p.server->poll().flags & kKernelBytes);
+}
+
+TEST(ShmChannel, ADoorbellThatCannotBeSentIsTakenBack) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  RegionHeader* h = p.region;
+  // Fill the client's socket until the server's sends fail with EAGAIN.
+  const int cfd = p.client->wait_fd();
+  p.client->arm(kWantData);
+  int before = -1;
+  for (int i = 0; i < 1000000 && queued_bytes(cfd) != before; ++i) {
+    before = queued_bytes(cfd);
+    for (int k = 0; k < 64; ++k) ASSERT_EQ(p.server->publish(static_cast<uint64_t>(i) + 1), 0);
+  }
+  p.client->disarm(kWantData);
+  // Only the doorbells that went are counted.
+  EXPECT_EQ(h->end[0].doorbells.load(), static_cast<uint64_t>(queued_bytes(cfd)));
+  p.client->drain_wakeups();
+  EXPECT_FALSE(p.client->poll().flags & kKernelBytes);
+}
+
+TEST(ShmChannel, AForeignByteResetsBothEndsOnce) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  const uint64_t resets = stats_resets(Reset::kKernelBytes);
+  // A byte written to the client's socket behind librsock (the client's
+  // end of the socket pair is the server's peer).
+  p.client->arm(kWantData);
+  ASSERT_EQ(p.server->publish(1), 0);  // one honest doorbell
+  ASSERT_EQ(::send(p.server->wait_fd(), "x", 1, MSG_NOSIGNAL), 1);
+  p.client->drain_wakeups();
+  p.client->disarm(kWantData);
+  EXPECT_TRUE(p.client->poll().flags & kKernelBytes);
+  // The server is told (and woken): both ends reset, each counted once.
+  EXPECT_TRUE(fd_readable(p.server->wait_fd()));
+  EXPECT_TRUE(p.server->poll().flags & kKernelBytes);
+  p.client->drain_wakeups();
+  (void)p.client->poll();
+  (void)p.server->poll();
+  EXPECT_EQ(stats_resets(Reset::kKernelBytes), resets + 2);
 }
 
 // ------------------------------------------------------- Stream over shm

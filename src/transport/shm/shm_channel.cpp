@@ -97,6 +97,12 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   const int on = 1, off = 0;
   real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_CORK, &off, sizeof off);
   real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  // Bytes received and read before the switch are nobody's business; one
+  // still queued now would be drained as a doorbell, so it counts as foreign.
+  CarrierInfo ci;
+  if (carrier_info(doorbell_fd_, &ci) == 0)
+    received_before_ =
+        ci.bytes_received - std::min(ci.bytes_received, carrier_unread(doorbell_fd_));
 }
 
 ShmChannel::~ShmChannel() {
@@ -114,15 +120,33 @@ void ShmChannel::ring_doorbell() {
   // kernel answer with a reset.
   if (carrier_flags_.load(std::memory_order_relaxed) & kPeerClosed) return;
   // One byte on the kernel socket wakes a peer asleep in poll/epoll on it.
-  // A full socket buffer means wakeups are already pending: EAGAIN is fine.
+  // Counted before it is sent (the peer must never drain an uncounted
+  // doorbell), taken back if the send fails. A full socket buffer means
+  // wakeups are already pending: EAGAIN is fine.
   static const char kByte = 1;
+  me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
   if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) return;
+  const int err = errno;
+  me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
   // The peer's kernel reset the connection: its end is gone.
-  if (errno == EPIPE || errno == ECONNRESET) peer_gone(kPeerClosed);
+  if (err == EPIPE || err == ECONNRESET) peer_gone(kPeerClosed);
 }
 
 void ShmChannel::peer_gone(uint32_t flags) {
   carrier_flags_.fetch_or(flags, std::memory_order_release);
+}
+
+// Bytes reached our kernel socket behind librsock: the stream resets
+// (ECONNRESET), the peer is told (kSendKernelBytes, with a doorbell for a
+// sleeper), and the reset is reported once in this process.
+void ShmChannel::kernel_bytes_seen() {
+  if (carrier_flags_.fetch_or(kKernelBytes, std::memory_order_acq_rel) & kKernelBytes) return;
+  tx_->producer_flags.fetch_or(kSendKernelBytes, std::memory_order_seq_cst);
+  if (!kernel_bytes_reported_.exchange(true)) report_kernel_bytes("shm", true);
+  static const char kByte = 1;
+  me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
+  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1)
+    me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // The seq_cst fence between our store and the load of the peer's waiting
@@ -163,6 +187,10 @@ PeerState ShmChannel::poll() {
   if ((producer | consumer) & kSendClosed) s.flags |= kPeerClosed;
   if (producer & kSendReset) s.flags |= kPeerReset;
   if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) s.flags |= kPeerStalled;
+  if (__builtin_expect((producer & kSendKernelBytes) != 0, 0)) {
+    s.flags |= kKernelBytes;
+    if (!kernel_bytes_reported_.exchange(true)) report_kernel_bytes("shm", false);
+  }
   s.flags |= carrier;
   return s;
 }
@@ -184,16 +212,26 @@ bool ShmChannel::drop_holder() { return holders_->fetch_sub(1, std::memory_order
 
 void ShmChannel::drain_wakeups() {
   char buf[256];
+  uint64_t took = 0;
   int err = 0;
   bool eof = false;
   for (;;) {
     ssize_t n = real().recv(doorbell_fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) continue;
+    if (n > 0) {
+      took += static_cast<uint64_t>(n);
+      continue;
+    }
     if (n == 0)
       eof = true;
     else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       err = errno;
     break;
+  }
+  if (took > 0) {
+    // Every doorbell was counted before it was sent, so a total drained
+    // above the peer's count (loaded after our recv) is foreign.
+    const uint64_t drained = me_->drained.fetch_add(took, std::memory_order_acq_rel) + took;
+    if (drained > peer_->doorbells.load(std::memory_order_acquire)) kernel_bytes_seen();
   }
   // The peer's kernel socket closed (EOF), or reset us: its doorbell bytes
   // or ours sat unread there, or it asked for a reset, or it died. Which of
@@ -210,6 +248,11 @@ void ShmChannel::probe() {
   CarrierInfo ci;
   if (carrier_info(doorbell_fd_, &ci) != 0) return;
   if (!ci.open) peer_gone(kPeerClosed);
+  // Bytes that arrived after the switch, against the doorbells the peer
+  // counted before sending (loaded after, so every doorbell among them is
+  // in the count).
+  if (ci.bytes_received - received_before_ > peer_->doorbells.load(std::memory_order_acquire))
+    kernel_bytes_seen();
 }
 
 uint64_t ShmChannel::peer_read_total() {

@@ -3,7 +3,10 @@
 // sender's "DMA" is one memcpy into the peer's ring and a release store of
 // the head; a sleeping peer is woken by a one-byte doorbell on the kernel TCP
 // socket, which stays open under the application's fd and also carries
-// liveness (a peer that dies closes it). Thread-safety: as Channel.
+// liveness (a peer that dies closes it). Both ends count the doorbells they
+// send and the bytes they drain in the region, so that a byte that reached
+// the socket behind librsock is found and resets the connection instead of
+// being drained as a doorbell. Thread-safety: as Channel.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +58,7 @@ class ShmChannel final : public Channel {
  private:
   void ring_doorbell();
   void peer_gone(uint32_t flags);
+  void kernel_bytes_seen();
 
   void* map_;
   size_t map_len_;
@@ -67,7 +71,12 @@ class ShmChannel final : public Channel {
   uint8_t* tx_ring_;      // the peer's receive ring
   const uint8_t* rx_ring_;
   int doorbell_fd_;
-  std::atomic<uint32_t> carrier_flags_{0};  // kPeerClosed/kTransportError seen on the TCP socket
+  // kPeerClosed/kTransportError/kKernelBytes seen on the TCP socket.
+  std::atomic<uint32_t> carrier_flags_{0};
+  // Bytes the kernel socket had received before the switch and someone
+  // read (the pairing's, if any): not doorbells, not foreign.
+  uint64_t received_before_ = 0;
+  std::atomic<bool> kernel_bytes_reported_{false};
 };
 
 }  // namespace rsock

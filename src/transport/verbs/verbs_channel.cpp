@@ -168,6 +168,9 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   remote_rkey_ = remote_rkey;
   tcp_fd_ = real().fcntl(tcp_fd, F_DUPFD_CLOEXEC, 0);
   if (tcp_fd_ < 0) return -errno;
+  CarrierInfo ci;
+  if (carrier_info(tcp_fd_, &ci) == 0)
+    tcp_received_before_ = ci.bytes_received - std::min(ci.bytes_received, carrier_unread(tcp_fd_));
   epoll_fd_ = real().epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) return -errno;
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -314,6 +317,11 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
       if (v & verbs_imm::kClosed) peer_flags_ |= kPeerClosed;
       if (v & verbs_imm::kReset) peer_flags_ |= kPeerReset;
       if (v & verbs_imm::kStalled) peer_stalled_ = true;
+      if ((v & verbs_imm::kKernelBytes) && !(peer_flags_ & kKernelBytes)) {
+        peer_flags_ |= kKernelBytes;
+        if (!kernel_bytes_reported_) report_kernel_bytes("rdma", false);
+        kernel_bytes_reported_ = true;
+      }
       break;
     case verbs_imm::kAck:
       peer_acked_ = verbs_imm::extend(peer_acked_, v);
@@ -502,6 +510,7 @@ void VerbsChannel::signal(uint32_t flags) {
   if (flags & kSendFin) bits |= verbs_imm::kFin;
   if (flags & kSendClosed) bits |= verbs_imm::kClosed;
   if (flags & kSendReset) bits |= verbs_imm::kReset;
+  if (flags & kSendKernelBytes) bits |= verbs_imm::kKernelBytes;
   if ((bits & ~flags_sent_) == 0) return;
   flags_sent_ |= bits;
   // Posted after every publication so far: the peer sees FIN after the
@@ -632,33 +641,53 @@ void VerbsChannel::drain_wakeups() {
 }
 
 // The kernel TCP connection: nothing is sent on it after the switch, so
-// readable means EOF (the peer's end is gone) or an error. drain: read it
-// (after a wakeup); else only look (TCP_INFO), consuming nothing.
+// readable means EOF (the peer's end is gone), an error, or bytes that
+// reached it behind librsock. drain: read it (after a wakeup); else only
+// look (TCP_INFO), consuming nothing.
 void VerbsChannel::look_at_tcp_locked(bool drain) {
   if (tcp_fd_ < 0) return;
   uint32_t lost = 0;
+  bool foreign = false;
   if (drain) {
     char buf[256];
-    for (;;) {
-      ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
-      if (n > 0) continue;
-      if (n == 0 || errno == ECONNRESET || errno == EPIPE)
-        lost = kPeerClosed;
-      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        lost = kTransportError | kPeerClosed;
-      break;
-    }
+    ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0)
+      foreign = true;
+    else if (n == 0 || errno == ECONNRESET || errno == EPIPE)
+      lost = kPeerClosed;
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      lost = kTransportError | kPeerClosed;
   } else {
     CarrierInfo ci;
     if (carrier_info(tcp_fd_, &ci) != 0) return;
     if (!ci.open) lost = kPeerClosed;
+    foreign = ci.bytes_received > tcp_received_before_;
   }
+  if (foreign) kernel_bytes_seen_locked();
   if (lost) {
     poll_cq_locked();  // the peer's last immediates precede its TCP FIN
     carrier_lost(lost);
-    // Level-triggered EOF would keep wait_fd readable for ever.
+  }
+  if (lost || foreign) {
+    // Level-triggered EOF (or bytes left unread) would keep wait_fd
+    // readable for ever.
     real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
   }
+}
+
+// Bytes reached our TCP socket behind librsock: the connection resets here
+// (ECONNRESET), the peer is told (FLAGS KERNEL_BYTES), and the reset is
+// reported once in this process.
+void VerbsChannel::kernel_bytes_seen_locked() {
+  if (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes) return;
+  if (!kernel_bytes_reported_) report_kernel_bytes("rdma", true);
+  kernel_bytes_reported_ = true;
+  if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
+      wr_posted_ - wr_done_ + 1 <= kVerbsSendDepth) {
+    flags_sent_ |= verbs_imm::kKernelBytes;
+    (void)post_imm_locked(verbs_imm::kFlags, flags_sent_);
+  }
+  carrier_lost(kKernelBytes);
 }
 
 void VerbsChannel::probe() {
