@@ -248,7 +248,7 @@ ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
-    ssize_t n = c.stream().send(cur.data(), cur.count());
+    ssize_t n = c.stream().send(cur.data(), cur.count(), done > 0);
     if (n > 0) {
       done += static_cast<size_t>(n);
       if (done == total || nonblock) return static_cast<ssize_t>(done);
@@ -280,7 +280,7 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
-    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek);
+    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0);
     if (n > 0) {
       done += static_cast<size_t>(n);
       if (!waitall || done == total) return static_cast<ssize_t>(done);

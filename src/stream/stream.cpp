@@ -74,6 +74,11 @@ void Stream::observe(uint32_t flags) {
       fin_rcvd_.store(true, std::memory_order_release);
       peer_gone_.store(true, std::memory_order_release);
     }
+  } else if ((fresh & kPeerReset) && peer_gone_.load(std::memory_order_relaxed) &&
+             !reset_.load(std::memory_order_relaxed)) {
+    // A reset after the close (verbs: the TCP connection's, sent by a
+    // peer whose queue pair failed): the kernel would be in CLOSE_WAIT.
+    reset_with(shut_wr_.load(std::memory_order_relaxed) ? ECONNRESET : EPIPE);
   }
   observed_.fetch_or(fresh, std::memory_order_acq_rel);
 }
@@ -94,14 +99,22 @@ bool Stream::maybe_probe(bool force) {
 // A channel call failed: the carrier broke (the channel reports it from now
 // on). The send fails the way a send after a reset does: with the pending
 // error, once, whichever call takes it first.
-ssize_t Stream::carrier_failed() {
+ssize_t Stream::carrier_failed(bool moved) {
   observe(poll_peer().flags);
   if (!reset_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state_mu_);
     reset_with(ECONNRESET);
   }
-  const int e = sk_err_.exchange(0, std::memory_order_acq_rel);
+  const int e = take_pending(moved);
   return e ? -e : -EPIPE;
+}
+
+// tcp_sendmsg and tcp_recvmsg take the pending error only in a call that
+// has moved nothing yet; one that has returns its count and leaves the
+// error for the next call.
+int Stream::take_pending(bool moved) {
+  return moved ? sk_err_.load(std::memory_order_acquire)
+               : sk_err_.exchange(0, std::memory_order_acq_rel);
 }
 
 int Stream::take_error() {
@@ -142,7 +155,7 @@ PeerState Stream::poll_peer() {
   return s;
 }
 
-ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
+ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   std::lock_guard<std::mutex> lock(tx_mu_);
   // A peer that died without a word: the kernel would know by now.
   maybe_probe();
@@ -150,7 +163,7 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
   if (!ledger_.on_credit(s.consumed)) fail();
   // tcp_sendmsg: a pending error first (reported once), then EPIPE.
   if (reset_.load(std::memory_order_acquire) || shut_wr_.load(std::memory_order_relaxed)) {
-    const int e = sk_err_.exchange(0, std::memory_order_acq_rel);
+    const int e = take_pending(moved);
     return e ? -e : -EPIPE;
   }
   size_t want = 0;
@@ -179,13 +192,13 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
     for (int k = 0; k < n; ++k) {
       // A channel error is a carrier failure, which poll() reports from now
       // on; it is not a violation, so the receive side still drains the ring.
-      if (channel_->write(spans[k].offset, src, spans[k].len) < 0) return carrier_failed();
+      if (channel_->write(spans[k].offset, src, spans[k].len) < 0) return carrier_failed(moved);
       src += spans[k].len;
     }
     done += len;
   }
   ledger_.on_sent(done);
-  if (channel_->publish(ledger_.sent()) < 0) return carrier_failed();
+  if (channel_->publish(ledger_.sent()) < 0) return carrier_failed(moved);
   bytes_sent_.fetch_add(done, std::memory_order_release);
   return static_cast<ssize_t>(done);
 }
@@ -194,7 +207,7 @@ void Stream::refresh_rx(const PeerState& s) {
   if (!window_.on_arrival(s.head)) fail();
 }
 
-ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
+ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved) {
   std::lock_guard<std::mutex> lock(rx_mu_);
   bool probed = false;
   size_t readable = 0;
@@ -203,7 +216,7 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
     s = poll_peer();
     refresh_rx(s);
     if (broken_.load(std::memory_order_acquire)) {
-      const int e = sk_err_.exchange(0, std::memory_order_acq_rel);
+      const int e = take_pending(moved);
       return e ? -e : 0;
     }
     readable = window_.readable();
@@ -219,7 +232,7 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
       }
       return 0;
     }
-    if (const int e = sk_err_.exchange(0, std::memory_order_acq_rel)) return -e;
+    if (const int e = take_pending(moved)) return -e;
     if (shut_rd_.load(std::memory_order_relaxed) || reset_.load(std::memory_order_acquire))
       return 0;
     // Nothing yet: unless the peer died without a word.

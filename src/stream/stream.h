@@ -48,13 +48,16 @@ class Stream {
   // Copies as much of iov as fits. Returns the bytes copied (> 0), -EAGAIN
   // when the ring is full, the pending error after a reset, else -EPIPE
   // after shutdown(SHUT_WR) or a reset. Once the peer's end is gone, takes
-  // everything (nobody reads it) and resets the stream.
-  ssize_t send(const struct iovec* iov, int iovcnt);
+  // everything (nobody reads it) and resets the stream. moved: the caller's
+  // socket call has moved bytes already (it will return those): the
+  // pending error is then left for the next call, as the kernel leaves it.
+  ssize_t send(const struct iovec* iov, int iovcnt, bool moved = false);
 
   // Copies up to the readable bytes. Returns the count (> 0), 0 at end of
   // stream, -EAGAIN when nothing is readable yet, the pending error after a
-  // reset (once the ring is drained; then 0). With peek, nothing is consumed.
-  ssize_t recv(const struct iovec* iov, int iovcnt, bool peek);
+  // reset (once the ring is drained; then 0). With peek, nothing is
+  // consumed. moved: as for send.
+  ssize_t recv(const struct iovec* iov, int iovcnt, bool peek, bool moved = false);
 
   // SO_ERROR: the pending error (a positive errno), cleared; or 0.
   int take_error();
@@ -85,8 +88,9 @@ class Stream {
   void fail();                          // protocol violation: reset
   // Follows the peer's end (FIN, gone, reset) into our emulated TCP state.
   void observe(uint32_t flags);
-  void reset_with(int err);  // the RST "arrived": both directions shut, err pending
-  ssize_t carrier_failed();  // a channel call failed: reset, and what send returns
+  void reset_with(int err);            // the RST "arrived": both directions shut, err pending
+  ssize_t carrier_failed(bool moved);  // a channel call failed: reset; what send returns
+  int take_pending(bool moved);        // the pending error: taken, or only read when moved
   // Looks at the carrier (Channel::probe) at most once per coarse clock
   // tick, or now when forced. Returns whether it looked.
   bool maybe_probe(bool force = false);

@@ -23,6 +23,7 @@ int carrier_info(int fd, CarrierInfo* out) {
   // We never shut the carrier down ourselves, so any state but ESTABLISHED
   // (1) means the peer's kernel sent a FIN (CLOSE_WAIT) or a reset (CLOSE).
   out->open = ti.tcpi_state == 1;
+  out->reset = ti.tcpi_state == 7;
   uint64_t received = len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received
                           ? ti.tcpi_bytes_received
                           : 0;

@@ -10,7 +10,8 @@
 namespace rsock {
 
 struct CarrierInfo {
-  bool open = true;  // no FIN and no reset from the peer's kernel yet
+  bool open = true;    // no FIN and no reset from the peer's kernel yet
+  bool reset = false;  // the peer's kernel reset the connection (TCP_CLOSE)
   // Every byte the socket ever received (read or not), without the
   // sequence number a FIN takes (which tcpi_bytes_received counts).
   uint64_t bytes_received = 0;

@@ -306,6 +306,23 @@ TEST(StreamFake, ResetAfterTheFinLeavesEpipe) {
   EXPECT_EQ(send_str(*p.b, "x"), -EPIPE);
 }
 
+TEST(StreamFake, ACallThatMovedBytesLeavesTheErrorForTheNext) {
+  StreamPair p = make_pair(4096);
+  p.link->fail();
+  // As tcp_sendmsg/tcp_recvmsg: a call that has moved bytes returns them
+  // and leaves the pending error for the next call.
+  iovec v = {const_cast<char*>("x"), 1};
+  EXPECT_EQ(p.a->send(&v, 1, true), -ECONNRESET);  // ignored by its caller
+  EXPECT_EQ(p.a->send(&v, 1, true), -ECONNRESET);
+  EXPECT_EQ(p.a->send(&v, 1), -ECONNRESET);  // taken now
+  EXPECT_EQ(p.a->send(&v, 1), -EPIPE);
+  char buf[8];
+  iovec in = {buf, sizeof buf};
+  EXPECT_EQ(p.b->recv(&in, 1, false, true), -ECONNRESET);
+  EXPECT_EQ(p.b->recv(&in, 1, false), -ECONNRESET);  // still pending: now taken
+  EXPECT_EQ(p.b->recv(&in, 1, false), 0);
+}
+
 TEST(StreamFake, CloseAfterBothFinsIsSilent) {
   StreamPair p = make_pair(4096);
   ASSERT_EQ(send_str(*p.b, "unread"), 6);

@@ -643,7 +643,10 @@ void VerbsChannel::drain_wakeups() {
 // The kernel TCP connection: nothing is sent on it after the switch, so
 // readable means EOF (the peer's end is gone), an error, or bytes that
 // reached it behind librsock. drain: read it (after a wakeup); else only
-// look (TCP_INFO), consuming nothing.
+// look (TCP_INFO), consuming nothing. No doorbell ever sits unread in the
+// peer's socket here, so a reset from its kernel is meant: an abortive
+// close (SO_LINGER 0), or a peer whose queue pair failed and whose bytes
+// may have died with it (~VerbsChannel): a reset, never a quiet EOF.
 void VerbsChannel::look_at_tcp_locked(bool drain) {
   if (tcp_fd_ < 0) return;
   uint32_t lost = 0;
@@ -653,14 +656,16 @@ void VerbsChannel::look_at_tcp_locked(bool drain) {
     ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0)
       foreign = true;
-    else if (n == 0 || errno == ECONNRESET || errno == EPIPE)
+    else if (n == 0)
       lost = kPeerClosed;
+    else if (errno == ECONNRESET || errno == EPIPE)
+      lost = kPeerClosed | kPeerReset;
     else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       lost = kTransportError | kPeerClosed;
   } else {
     CarrierInfo ci;
     if (carrier_info(tcp_fd_, &ci) != 0) return;
-    if (!ci.open) lost = kPeerClosed;
+    if (!ci.open) lost = ci.reset ? kPeerClosed | kPeerReset : kPeerClosed;
     foreign = ci.bytes_received > tcp_received_before_;
   }
   if (foreign) kernel_bytes_seen_locked();
