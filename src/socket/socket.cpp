@@ -302,11 +302,13 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
 
 int conn_shutdown(ConnectionState& c, int how) {
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
+  // As inet_shutdown() on a socket already in TCP_CLOSE (reset, or both
+  // FINs exchanged): applied, but ENOTCONN.
+  const bool closed = c.stream().closed();
   // The kernel socket is left open in both directions: it carries the
   // doorbells and liveness until close().
   c.stream().shutdown(how != SHUT_WR, how != SHUT_RD);
-  // As inet_shutdown() on a socket in TCP_CLOSE: applied, but ENOTCONN.
-  return c.stream().reset() ? -ENOTCONN : 0;
+  return closed ? -ENOTCONN : 0;
 }
 
 namespace {

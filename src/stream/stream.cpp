@@ -123,11 +123,6 @@ int Stream::take_error() {
   return sk_err_.exchange(0, std::memory_order_acq_rel);
 }
 
-bool Stream::reset() {
-  observe(poll_peer().flags);
-  return reset_.load(std::memory_order_acquire);
-}
-
 bool Stream::closed() {
   maybe_probe();
   observe(poll_peer().flags);

@@ -62,10 +62,8 @@ class Stream {
   // SO_ERROR: the pending error (a positive errno), cleared; or 0.
   int take_error();
 
-  // Whether the connection was reset (shutdown() then gives ENOTCONN).
-  bool reset();
   // Whether the kernel's socket would be in TCP_CLOSE: reset, or both FINs
-  // exchanged (getpeername() then gives ENOTCONN).
+  // exchanged (getpeername() and shutdown() then give ENOTCONN).
   bool closed();
 
   // Bytes readable right now (FIONREAD).
