@@ -161,7 +161,7 @@ void ConnectionState::on_last_close() {
 
 int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on_signal) {
   auto ready = [&] {
-    StreamEvents ev = c.stream().events();
+    StreamEvents ev = c.stream().events(false);
     return want == kWantData ? ev.readable : ev.writable;
   };
   // Spin briefly: a peer that answers within the spin costs no syscall
@@ -280,7 +280,8 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
-    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0);
+    // A blocking call sleeps next, which sees a dead peer by itself.
+    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0, nonblock);
     if (n > 0) {
       done += static_cast<size_t>(n);
       if (!waitall || done == total) return static_cast<ssize_t>(done);

@@ -202,9 +202,9 @@ void Stream::refresh_rx(const PeerState& s) {
   if (!window_.on_arrival(s.head)) fail();
 }
 
-ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved) {
+ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved, bool look) {
   std::lock_guard<std::mutex> lock(rx_mu_);
-  bool probed = false;
+  bool probed = !look;
   size_t readable = 0;
   PeerState s;
   for (;;) {
@@ -271,9 +271,9 @@ size_t Stream::readable_bytes() {
   return window_.readable();
 }
 
-StreamEvents Stream::events() {
+StreamEvents Stream::events(bool look) {
   StreamEvents ev;
-  for (bool probed = false;; probed = true) {
+  for (bool probed = !look;; probed = true) {
     const PeerState s = poll_peer();
     size_t readable, room;
     {

@@ -56,8 +56,11 @@ class Stream {
   // Copies up to the readable bytes. Returns the count (> 0), 0 at end of
   // stream, -EAGAIN when nothing is readable yet, the pending error after a
   // reset (once the ring is drained; then 0). With peek, nothing is
-  // consumed. moved: as for send.
-  ssize_t recv(const struct iovec* iov, int iovcnt, bool peek, bool moved = false);
+  // consumed. moved: as for send. look: on an empty ring, look for a peer
+  // that died without a word (rate-limited) before answering -EAGAIN; a
+  // caller that will sleep next passes false (its sleep sees the death).
+  ssize_t recv(const struct iovec* iov, int iovcnt, bool peek, bool moved = false,
+               bool look = true);
 
   // SO_ERROR: the pending error (a positive errno), cleared; or 0.
   int take_error();
@@ -69,7 +72,11 @@ class Stream {
   // Bytes readable right now (FIONREAD).
   size_t readable_bytes();
 
-  StreamEvents events();
+  // look: the caller reports the answer to the application (poll, epoll),
+  // so a peer that died without a word must show (Channel::probe, rate-
+  // limited); a caller that only decides whether to wait (conn_wait)
+  // passes false: its sleep learns of a death by itself.
+  StreamEvents events(bool look = true);
 
   void shutdown(bool rd, bool wr);
   // Tells the peer we are gone: a FIN to it when we read all it sent, else
