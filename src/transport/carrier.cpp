@@ -8,7 +8,6 @@
 #include <sys/socket.h>
 
 #include <cerrno>
-#include <cstddef>
 
 #include "common/log.h"
 #include "common/real.h"
@@ -24,14 +23,6 @@ int carrier_info(int fd, CarrierInfo* out) {
   // (1) means the peer's kernel sent a FIN (CLOSE_WAIT) or a reset (CLOSE).
   out->open = ti.tcpi_state == 1;
   out->reset = ti.tcpi_state == 7;
-  uint64_t received = len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received
-                          ? ti.tcpi_bytes_received
-                          : 0;
-  // A FIN advances rcv_nxt by one, and bytes_received with it. After a
-  // reset we cannot tell whether a FIN came first: assume it did (a foreign
-  // byte then goes unseen here, never a doorbell taken for one).
-  if (!out->open && received > 0) --received;
-  out->bytes_received = received;
   return 0;
 }
 

@@ -1,7 +1,7 @@
 // The kernel TCP connection under an accelerated stream (the carrier), as
 // the transports look at it: whether the peer's end is still there, how many
-// bytes arrived on it, and the one loud report when bytes reached it behind
-// librsock. Shared by the shm and verbs transports. Thread-safety: stateless
+// bytes wait unread on it, and the one loud report when bytes reached it
+// behind librsock. Shared by the shm and verbs transports. Thread-safety: stateless
 // functions.
 #pragma once
 
@@ -12,9 +12,6 @@ namespace rsock {
 struct CarrierInfo {
   bool open = true;    // no FIN and no reset from the peer's kernel yet
   bool reset = false;  // the peer's kernel reset the connection (TCP_CLOSE)
-  // Every byte the socket ever received (read or not), without the
-  // sequence number a FIN takes (which tcpi_bytes_received counts).
-  uint64_t bytes_received = 0;
 };
 
 // One getsockopt(TCP_INFO) on fd, which consumes nothing. Returns 0 or a

@@ -5,9 +5,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/stat.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,8 +53,7 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
 
 int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,
                       void** map) {
-  if (!is_power_of_two(ring_bytes) || region_bytes != region_bytes_for(ring_bytes))
-    return -EPROTO;
+  if (!is_power_of_two(ring_bytes) || region_bytes != region_bytes_for(ring_bytes)) return -EPROTO;
   // The seals prove the creator can no longer resize the region.
   int seals = fcntl(memfd, F_GET_SEALS);
   struct stat st;
@@ -97,12 +96,6 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   const int on = 1, off = 0;
   real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_CORK, &off, sizeof off);
   real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-  // Bytes received and read before the switch are nobody's business; one
-  // still queued now would be drained as a doorbell, so it counts as foreign.
-  CarrierInfo ci;
-  if (carrier_info(doorbell_fd_, &ci) == 0)
-    received_before_ =
-        ci.bytes_received - std::min(ci.bytes_received, carrier_unread(doorbell_fd_));
 }
 
 ShmChannel::~ShmChannel() {
@@ -248,11 +241,15 @@ void ShmChannel::probe() {
   CarrierInfo ci;
   if (carrier_info(doorbell_fd_, &ci) != 0) return;
   if (!ci.open) peer_gone(kPeerClosed);
-  // Bytes that arrived after the switch, against the doorbells the peer
-  // counted before sending (loaded after, so every doorbell among them is
-  // in the count).
-  if (ci.bytes_received - received_before_ > peer_->doorbells.load(std::memory_order_acquire))
-    kernel_bytes_seen();
+  // What was drained and what still waits, against the doorbells the peer
+  // counted before sending them. Loaded in this order, a concurrent drain
+  // can only make the sum smaller (never a false alarm), and every doorbell
+  // among the bytes is in the count loaded last. (tcpi_bytes_received
+  // would do without SIOCINQ, but TCP_INFO reads the state before the
+  // counters, so a FIN processed in between looks like a foreign byte.)
+  const uint64_t drained = me_->drained.load(std::memory_order_acquire);
+  const uint64_t queued = carrier_unread(doorbell_fd_);
+  if (drained + queued > peer_->doorbells.load(std::memory_order_acquire)) kernel_bytes_seen();
 }
 
 uint64_t ShmChannel::peer_read_total() {

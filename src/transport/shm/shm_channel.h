@@ -73,9 +73,6 @@ class ShmChannel final : public Channel {
   int doorbell_fd_;
   // kPeerClosed/kTransportError/kKernelBytes seen on the TCP socket.
   std::atomic<uint32_t> carrier_flags_{0};
-  // Bytes the kernel socket had received before the switch and someone
-  // read (the pairing's, if any): not doorbells, not foreign.
-  uint64_t received_before_ = 0;
   std::atomic<bool> kernel_bytes_reported_{false};
 };
 

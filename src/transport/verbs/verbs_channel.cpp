@@ -56,8 +56,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <algorithm>
-
 #include "common/log.h"
 #include "common/real.h"
 #include "ring/ring.h"
@@ -168,9 +166,6 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   remote_rkey_ = remote_rkey;
   tcp_fd_ = real().fcntl(tcp_fd, F_DUPFD_CLOEXEC, 0);
   if (tcp_fd_ < 0) return -errno;
-  CarrierInfo ci;
-  if (carrier_info(tcp_fd_, &ci) == 0)
-    tcp_received_before_ = ci.bytes_received - std::min(ci.bytes_received, carrier_unread(tcp_fd_));
   epoll_fd_ = real().epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) return -errno;
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -666,7 +661,9 @@ void VerbsChannel::look_at_tcp_locked(bool drain) {
     CarrierInfo ci;
     if (carrier_info(tcp_fd_, &ci) != 0) return;
     if (!ci.open) lost = ci.reset ? kPeerClosed | kPeerReset : kPeerClosed;
-    foreign = ci.bytes_received > tcp_received_before_;
+    // The pairing's own bytes were read before start(): any byte waiting
+    // now is foreign.
+    foreign = carrier_unread(tcp_fd_) > 0;
   }
   if (foreign) kernel_bytes_seen_locked();
   if (lost) {

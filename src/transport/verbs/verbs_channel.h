@@ -191,10 +191,6 @@ class VerbsChannel final : public Channel {
   // is still unread in the completion channel: read before the next sleep.
   bool event_owed_ = false;
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
-  // Bytes the TCP socket received and someone read before start() (the
-  // pairing's own, if any). Any other byte is foreign: nothing travels on
-  // the socket after the switch.
-  uint64_t tcp_received_before_ = 0;
   bool kernel_bytes_reported_ = false;  // under mu_
 };
 
