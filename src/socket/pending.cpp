@@ -189,12 +189,18 @@ FdRef PendingState::outcome() {
   return FdRef(outcome_);
 }
 
-FdRef PendingState::wait() {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+int PendingState::wait(OnSignal on_signal, FdRef* out) {
+  // The eventfd turns readable at finish() and stays so (nobody reads it).
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) break;
+    }
+    // -ERESTART: the call starts over, which here means waiting on.
+    if (sleep_on_fd(event_fd_, -1, on_signal) == -EINTR) return -EINTR;
   }
-  return outcome();
+  *out = outcome();
+  return 0;
 }
 
 void PendingState::resolve(FdState* outcome) {

@@ -18,8 +18,10 @@
 //   sync                            reply "sync" (every earlier command has completed)
 //   quit                            exit
 // The client runs one case (--case NAME) and prints "OK <check>" for each
-// check that passed, "DONE" at the end, and "TOTALS sent=S received=R" (bytes
-// it moved on A, which the tests compare with librsock's stats). A failed
+// check that passed, "DONE" at the end, and "TOTALS sent=S received=R lost=L"
+// (bytes it moved on A, which the tests compare with librsock's stats; L of
+// the S went to a peer that had closed, as TCP accepts a write or two then,
+// and never arrived). A failed
 // check prints "FAIL ..." on stderr and exits 1.
 //
 // Usage: rs_sem --role server --port P --port2 P2
@@ -144,6 +146,7 @@ const char* errno_name(int e) {
 
 uint64_t g_a_sent = 0;
 uint64_t g_a_received = 0;
+uint64_t g_a_lost = 0;  // sent after the peer closed: accepted, never received
 
 ssize_t a_send(int fd, const void* p, size_t n, int flags) {
   ssize_t r = send(fd, p, n, flags);
@@ -636,6 +639,7 @@ void case_epipe() {
       err = errno;
       break;
     }
+    g_a_lost += static_cast<uint64_t>(r);
     sleep_ms(10);
   }
   CHECK(r < 0 && err == EPIPE, "send(MSG_NOSIGNAL) to a closed peer: r=%zd errno=%d %s", r, err,
@@ -1462,8 +1466,8 @@ int run_client(const std::string& name) {
   else
     die(__LINE__, "case", "unknown case %s", name.c_str());
   cmd("quit");
-  say("TOTALS sent=%llu received=%llu", (unsigned long long)g_a_sent,
-      (unsigned long long)g_a_received);
+  say("TOTALS sent=%llu received=%llu lost=%llu", (unsigned long long)g_a_sent,
+      (unsigned long long)g_a_received, (unsigned long long)g_a_lost);
   say("DONE");
   if (A >= 0) close(A);
   close(T);

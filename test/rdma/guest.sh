@@ -328,6 +328,27 @@ case_peer-killed() {
   fi
 }
 
+# Bytes behind librsock: the client (writer) sends "hello", writes "RAW" on
+# its socket with a raw syscall(SYS_sendto), then "bye"; the server (reader)
+# reads. Over RDMA nothing may arrive on the TCP socket after the switch, so
+# both ends must reset (rs_raw, run.sh's judge).
+case_kernel-bytes() {
+  local port=7561
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_BIN/rs_raw" --role reader --addr "$SRV_IP" --port "$port"
+    ready srv "$port" yes
+    finish srv 90 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    start cli "$TIER_BIN/rs_raw" --role writer --addr "$SRV_IP" --port "$port" --mode sendto
+    finish cli 90
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
 # Registration failure: the preloaded client may pin only 64 KiB
 # (RLIMIT_MEMLOCK, set with prlimit) and runs without CAP_IPC_LOCK (dropped
 # with setpriv from every set: as root it would ignore the limit), so

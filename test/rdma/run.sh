@@ -66,6 +66,13 @@
 #                                failing with EPIPE/ECONNRESET, reads with
 #                                EOF/ECONNRESET/EPIPE (a 150 s bound marks a
 #                                hang); the killed server's log shows rdma
+#   kernel-bytes                 rs_raw: the client writes 3 bytes on its TCP
+#                                socket with a raw syscall(SYS_sendto) between
+#                                two send()s: the server's recv ends with
+#                                ECONNRESET (the raw bytes never delivered),
+#                                one of the client's later sends fails with
+#                                ECONNRESET, each log names the cause, and both
+#                                stats show rdma 1 and resets.kernel_bytes 1
 #   memlock                      preloaded client with RLIMIT_MEMLOCK 64 KiB
 #                                and no CAP_IPC_LOCK (its 1 MiB ring cannot be
 #                                registered), 256 KiB each way, checked: client
@@ -74,8 +81,10 @@
 #   device-lost                  (LAST: destroys A's device) `rdma link delete
 #                                rxe0` on A under a stream running both ways:
 #                                both ends end on their own within 120 s,
-#                                status 0, EPIPE/ECONNRESET on send, EOF or an
-#                                error on receive, both stats rdma 1
+#                                status 0, EPIPE/ECONNRESET on send, EOF or
+#                                ECONNRESET on receive, ECONNRESET on one of
+#                                the two (once, as the kernel's), both stats
+#                                rdma 1
 # Output: one line per case, "PASS name" / "FAIL name: why" / "SKIP name: why",
 # and as the LAST line "N passed, N failed" (", N skipped" appended when any).
 # When QEMU cannot run here (vm.sh exit 77) every case is SKIPPED, loudly,
@@ -108,7 +117,7 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
            forged-request sockperf-pingpong sockperf-throughput
-           iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
+           iperf3 peer-killed kernel-bytes memlock device-lost" # device-lost destroys a device: last
 CASES=""
 for c in $ALL_CASES; do [[ $c =~ ${RDMA_ONLY:-.} ]] && CASES+="$c "; done
 CASES=${CASES% }
@@ -497,6 +506,29 @@ judge_peer-killed() {
   fi
 }
 
+judge_kernel-bytes() {
+  local p r line
+  for p in srv cli; do
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+    expect_stats "$p" rs_raw 1 0 '{}' - -
+    [ "$(stat_val "$p" rs_raw resets.kernel_bytes)" = 1 ] ||
+      why "$p: resets.kernel_bytes=$(stat_val "$p" rs_raw resets.kernel_bytes), want 1"
+  done
+  line=$(grep -m1 '^READ ' "$DIR/srv.out" 2> /dev/null)
+  case $line in
+    "READ hello"*" END ECONNRESET") ;;
+    *) why "server read '$line', want hello... then ECONNRESET" ;;
+  esac
+  [[ $line == *RAW* ]] && why "the raw bytes were delivered: '$line'"
+  line=$(grep -m1 '^WRITER ' "$DIR/cli.out" 2> /dev/null)
+  [[ $line == *ECONNRESET* ]] || why "the client was not reset: '$line'"
+  grep -q 'connection reset: bytes reached its kernel TCP socket' "$DIR/srv.log" 2> /dev/null ||
+    why "the server's log does not name the cause"
+  grep -q 'connection reset by the peer: bytes written to this socket bypassed' "$DIR/cli.log" \
+    2> /dev/null || why "the client's log does not name the cause"
+}
+
 # memlock: the client could not pin its rings, so it never sent an rdma_cm
 # request and stayed on TCP with "resources" (verbs_client_pair: a failed
 # VerbsChannel::create, i.e. ibv_reg_mr -> ENOMEM, is kResources, which
@@ -567,14 +599,16 @@ judge_device-lost() {
     fi
     echo "rdma: device-lost: $p ${res#RESULT }" >&2
     expect_stats "$p" rs_stream 1 0 '{}' "$(val "$res" sent)" "$(val "$res" received)"
+    # A reset reports ECONNRESET once, to whichever call comes first (the
+    # kernel's sk_err); the other direction then ends with EPIPE or EOF.
+    # Never both quiet: that would be a truncation nobody was told of.
+    case $(val "$res" tx_end) in EPIPE | ECONNRESET) ;; *) why "$p tx_end=$(val "$res" tx_end), want EPIPE or ECONNRESET" ;; esac
+    case $(val "$res" rx_end) in eof | ECONNRESET) ;; *) why "$p rx_end=$(val "$res" rx_end), want eof or ECONNRESET" ;; esac
+    [ "$(val "$res" tx_end)" = ECONNRESET ] || [ "$(val "$res" rx_end)" = ECONNRESET ] ||
+      why "$p was never told of the reset (tx_end=$(val "$res" tx_end) rx_end=$(val "$res" rx_end))"
     if [ "$p" = srv ]; then
-      [ "$(val "$res" tx_end)" = ECONNRESET ] || why "srv tx_end=$(val "$res" tx_end), want ECONNRESET"
-      [ "$(val "$res" rx_end)" = ECONNRESET ] || why "srv rx_end=$(val "$res" rx_end), want ECONNRESET"
       [ "$(val "$res" received)" -ge "$KILL_AFTER" ] 2> /dev/null ||
         why "server received only $(val "$res" received) bytes"
-    else
-      case $(val "$res" tx_end) in EPIPE | ECONNRESET) ;; *) why "cli tx_end=$(val "$res" tx_end), want EPIPE or ECONNRESET" ;; esac
-      case $(val "$res" rx_end) in eof | ECONNRESET) ;; *) why "cli rx_end=$(val "$res" rx_end), want eof or ECONNRESET" ;; esac
     fi
   done
   grep -q 'RDMA_CM_EVENT_DEVICE_REMOVAL: failing the connection' "$DIR/srv.log" 2> /dev/null ||

@@ -30,13 +30,14 @@ class LostChannel final : public Channel {
   void signal(uint32_t) override {}
   PeerState poll() override {
     PeerState s;
-    s.flags = kTransportError | kPeerFin;
+    s.flags = kTransportError;  // a reset: the first call fails with ECONNRESET
     return s;
   }
   void arm(uint32_t) override {}
   void disarm(uint32_t) override {}
   int wait_fd() const override { return wait_fd_; }
   void drain_wakeups() override {}
+  uint64_t peer_read_total() override { return 0; }
 
  private:
   int wait_fd_;

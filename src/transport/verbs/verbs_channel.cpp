@@ -59,6 +59,7 @@
 #include "common/log.h"
 #include "common/real.h"
 #include "ring/ring.h"
+#include "transport/carrier.h"
 
 namespace rsock {
 namespace {
@@ -278,12 +279,12 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
     // A flush after the peer closed cleanly (it disconnects after CLOSED) is
     // the end of the stream, anything else a broken carrier.
     if (wc.status == IBV_WC_WR_FLUSH_ERR && (peer_flags_ & kPeerClosed)) {
-      carrier_lost(kPeerFin | kPeerClosed);
+      carrier_lost(kPeerClosed);
     } else {
       if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0)
         LOG_INFO("rdma: completion error: %s (%s)", ibv_wc_status_str(wc.status),
                  is_recv ? "receive" : "send");
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+      carrier_lost(kTransportError | kPeerClosed);
     }
     return;
   }
@@ -293,7 +294,7 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
   }
   ++recv_done_;
   if (!(wc.wc_flags & IBV_WC_WITH_IMM)) {
-    carrier_lost(kTransportError | kPeerFin | kPeerClosed);  // not our protocol
+    carrier_lost(kTransportError | kPeerClosed);  // not our protocol
     return;
   }
   const uint32_t imm = ntohl(wc.imm_data);
@@ -308,8 +309,14 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
       break;
     case verbs_imm::kFlags:
       if (v & verbs_imm::kFin) peer_flags_ |= kPeerFin;
-      if (v & verbs_imm::kClosed) peer_flags_ |= kPeerFin | kPeerClosed;
+      if (v & verbs_imm::kClosed) peer_flags_ |= kPeerClosed;
+      if (v & verbs_imm::kReset) peer_flags_ |= kPeerReset;
       if (v & verbs_imm::kStalled) peer_stalled_ = true;
+      if ((v & verbs_imm::kKernelBytes) && !(peer_flags_ & kKernelBytes)) {
+        peer_flags_ |= kKernelBytes;
+        if (!kernel_bytes_reported_) report_kernel_bytes("rdma", false);
+        kernel_bytes_reported_ = true;
+      }
       break;
     case verbs_imm::kAck:
       peer_acked_ = verbs_imm::extend(peer_acked_, v);
@@ -325,7 +332,7 @@ int VerbsChannel::poll_cq_locked() {
   for (;;) {
     int n = ibv_poll_cq(cq_, 32, wc);
     if (n < 0) {
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+      carrier_lost(kTransportError | kPeerClosed);
       break;
     }
     for (int i = 0; i < n; ++i) on_completion(wc[i]);
@@ -344,7 +351,7 @@ void VerbsChannel::flush_reposts_locked() {
   const uint64_t due = recv_done_ - recv_reposted_;
   if (due == 0 || (carrier_flags_.load(std::memory_order_relaxed) & kTransportError)) return;
   if (repost_locked(static_cast<uint32_t>(due)) < 0) {
-    carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+    carrier_lost(kTransportError | kPeerClosed);
     return;
   }
   recv_reposted_ = recv_done_;
@@ -394,7 +401,7 @@ int VerbsChannel::reserve_sq_locked(int count) {
     if (now_ms() > deadline) {
       LOG_WARN("rdma: send queue stuck for %lld ms: failing the connection",
                static_cast<long long>(kSqWaitMs));
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+      carrier_lost(kTransportError | kPeerClosed);
       return -ECONNRESET;
     }
     poll_cq_locked();
@@ -420,7 +427,7 @@ int VerbsChannel::post_locked(void* first_wr, int count) {
   int rc = ibv_post_send(id_->qp, wr, &bad);
   if (rc != 0) {
     LOG_INFO("rdma: ibv_post_send: %s", strerror(rc));
-    carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+    carrier_lost(kTransportError | kPeerClosed);
     return -ECONNRESET;
   }
   return 0;
@@ -496,7 +503,9 @@ void VerbsChannel::signal(uint32_t flags) {
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t bits = 0;
   if (flags & kSendFin) bits |= verbs_imm::kFin;
-  if (flags & kSendClosed) bits |= verbs_imm::kFin | verbs_imm::kClosed;
+  if (flags & kSendClosed) bits |= verbs_imm::kClosed;
+  if (flags & kSendReset) bits |= verbs_imm::kReset;
+  if (flags & kSendKernelBytes) bits |= verbs_imm::kKernelBytes;
   if ((bits & ~flags_sent_) == 0) return;
   flags_sent_ |= bits;
   // Posted after every publication so far: the peer sees FIN after the
@@ -560,11 +569,10 @@ void VerbsChannel::drain_cm_events_locked() {
     rdma_ack_cm_event(ev);
     if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
       poll_cq_locked();  // the peer's last immediates precede its disconnect
-      carrier_lost((peer_flags_ & kPeerClosed) ? (kPeerFin | kPeerClosed)
-                                               : (kTransportError | kPeerFin | kPeerClosed));
+      carrier_lost((peer_flags_ & kPeerClosed) ? kPeerClosed : (kTransportError | kPeerClosed));
     } else if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || type == RDMA_CM_EVENT_ADDR_CHANGE) {
       LOG_INFO("rdma: %s: failing the connection", rdma_event_str(type));
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+      carrier_lost(kTransportError | kPeerClosed);
     }
   }
 }
@@ -614,27 +622,7 @@ void VerbsChannel::drain_wakeups() {
     uint64_t count;
     if (wake_fd_ >= 0) (void)!real().read(wake_fd_, &count, sizeof count);
     drain_cm_events_locked();
-    // The kernel TCP connection: nothing is sent on it, so readable means EOF
-    // or an error: the peer process is gone (or closed).
-    if (tcp_fd_ >= 0) {
-      char buf[256];
-      for (;;) {
-        ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
-        if (n > 0) continue;
-        uint32_t lost = 0;
-        if (n == 0)
-          lost = kPeerFin | kPeerClosed;
-        else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-          lost = kTransportError | kPeerFin | kPeerClosed;
-        if (lost) {
-          poll_cq_locked();
-          carrier_lost(lost);
-          // Level-triggered EOF would keep wait_fd readable for ever.
-          real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
-        }
-        break;
-      }
-    }
+    look_at_tcp_locked(true);
   }
   poll_cq_locked();
   // The caller disarms and re-checks next (and arm() re-arms the CQ before
@@ -645,6 +633,74 @@ void VerbsChannel::drain_wakeups() {
     const uint64_t one = 1;
     (void)!real().write(wake_fd_, &one, sizeof one);
   }
+}
+
+// The kernel TCP connection: nothing is sent on it after the switch, so
+// readable means EOF (the peer's end is gone), an error, or bytes that
+// reached it behind librsock. drain: read it (after a wakeup); else only
+// look (TCP_INFO), consuming nothing. No doorbell ever sits unread in the
+// peer's socket here, so a reset from its kernel is meant: an abortive
+// close (SO_LINGER 0), or a peer whose queue pair failed and whose bytes
+// may have died with it (~VerbsChannel): a reset, never a quiet EOF.
+void VerbsChannel::look_at_tcp_locked(bool drain) {
+  if (tcp_fd_ < 0) return;
+  uint32_t lost = 0;
+  bool foreign = false;
+  if (drain) {
+    char buf[256];
+    ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0)
+      foreign = true;
+    else if (n == 0)
+      lost = kPeerClosed;
+    else if (errno == ECONNRESET || errno == EPIPE)
+      lost = kPeerClosed | kPeerReset;
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      lost = kTransportError | kPeerClosed;
+  } else {
+    CarrierInfo ci;
+    if (carrier_info(tcp_fd_, &ci) != 0) return;
+    if (!ci.open) lost = ci.reset ? kPeerClosed | kPeerReset : kPeerClosed;
+    // The pairing's own bytes were read before start(): any byte waiting
+    // now is foreign.
+    foreign = carrier_unread(tcp_fd_) > 0;
+  }
+  if (foreign) kernel_bytes_seen_locked();
+  if (lost) {
+    poll_cq_locked();  // the peer's last immediates precede its TCP FIN
+    carrier_lost(lost);
+  }
+  if (lost || foreign) {
+    // Level-triggered EOF (or bytes left unread) would keep wait_fd
+    // readable for ever.
+    real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
+  }
+}
+
+// Bytes reached our TCP socket behind librsock: the connection resets here
+// (ECONNRESET), the peer is told (FLAGS KERNEL_BYTES), and the reset is
+// reported once in this process.
+void VerbsChannel::kernel_bytes_seen_locked() {
+  if (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes) return;
+  if (!kernel_bytes_reported_) report_kernel_bytes("rdma", true);
+  kernel_bytes_reported_ = true;
+  if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
+      wr_posted_ - wr_done_ + 1 <= kVerbsSendDepth) {
+    flags_sent_ |= verbs_imm::kKernelBytes;
+    (void)post_imm_locked(verbs_imm::kFlags, flags_sent_);
+  }
+  carrier_lost(kKernelBytes);
+}
+
+void VerbsChannel::probe() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (carrier_flags_.load(std::memory_order_relaxed) & (kPeerClosed | kTransportError)) return;
+  look_at_tcp_locked(false);
+}
+
+uint64_t VerbsChannel::peer_read_total() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_consumed_;
 }
 
 }  // namespace rsock

@@ -41,7 +41,10 @@ namespace rsock {
 //                  ring (a 64-bit total: our byte credits) mod 2^30.
 //   type 2 FLAGS   value = bit 0 FIN, bit 1 CLOSED (sticky), bit 2 STALLED
 //                  (the sender waits for byte credits: grant as soon as
-//                  anything is freed); bits 3..29 zero.
+//                  anything is freed), bit 3 RESET (with CLOSED: an abortive
+//                  close, SO_LINGER 0), bit 4 KERNEL_BYTES (the sender reset
+//                  the connection: bytes reached its TCP socket behind
+//                  librsock); bits 5..29 zero.
 //   type 3 ACK     value = receive WQEs the sender has re-posted in total
 //                  (= our immediates it has consumed) mod 2^30: message
 //                  credits.
@@ -55,7 +58,13 @@ namespace verbs_imm {
 inline constexpr int kTypeShift = 30;
 inline constexpr uint32_t kValueMask = (1u << kTypeShift) - 1;
 enum Type : uint32_t { kData = 0, kCredit = 1, kFlags = 2, kAck = 3 };
-enum Flag : uint32_t { kFin = 1u << 0, kClosed = 1u << 1, kStalled = 1u << 2 };
+enum Flag : uint32_t {
+  kFin = 1u << 0,
+  kClosed = 1u << 1,
+  kStalled = 1u << 2,
+  kReset = 1u << 3,
+  kKernelBytes = 1u << 4,
+};
 inline constexpr uint32_t encode(Type t, uint64_t value) {
   return (static_cast<uint32_t>(t) << kTypeShift) | (static_cast<uint32_t>(value) & kValueMask);
 }
@@ -109,6 +118,9 @@ class VerbsChannel final : public Channel {
   void disarm(uint32_t want) override;
   int wait_fd() const override { return epoll_fd_; }
   void drain_wakeups() override;
+  void probe() override;
+  uint64_t peer_read_total() override;
+  int kernel_socket() const override { return tcp_fd_; }
 
  private:
   VerbsChannel() = default;
@@ -127,6 +139,8 @@ class VerbsChannel final : public Channel {
   bool data_window_open_locked() const;
   void carrier_lost(uint32_t flags);
   void drain_cm_events_locked();
+  void look_at_tcp_locked(bool drain);
+  void kernel_bytes_seen_locked();
   void teardown(bool destroy_id);
 
   std::mutex mu_;
@@ -151,7 +165,7 @@ class VerbsChannel final : public Channel {
   // Receive side: what the peer told us.
   uint64_t peer_head_ = 0;
   uint64_t peer_consumed_ = 0;
-  uint32_t peer_flags_ = 0;  // kPeerFin / kPeerClosed from FLAGS messages
+  uint32_t peer_flags_ = 0;  // kPeerFin / kPeerClosed / kPeerReset / kKernelBytes from FLAGS
   bool peer_stalled_ = false;
   uint64_t recv_done_ = 0;      // receive completions polled
   uint64_t recv_reposted_ = 0;  // their WQEs re-posted (<= recv_done_, see kRepostBatch)
@@ -177,6 +191,7 @@ class VerbsChannel final : public Channel {
   // is still unread in the completion channel: read before the next sleep.
   bool event_owed_ = false;
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
+  bool kernel_bytes_reported_ = false;  // under mu_
 };
 
 }  // namespace rsock
