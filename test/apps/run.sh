@@ -656,8 +656,14 @@ EOF
 
 # ab: a new connection per request, 2000 requests, 10 at a time, over nginx
 # with sendfile on: ab's own checks (every request complete, none failed: a
-# body of another length counts as failed; no non-2xx response) and 2000
-# shm connections on each end.
+# body of another length counts as failed; no non-2xx response), and the
+# stats. ab opens up to 9 connections more than it has requests (for
+# requests it then finds done; on plain TCP too) and closes them at once,
+# while they pair: the client counts none of those (its connect never
+# completed), nginx counts each as shm (it paired first) or as plain TCP
+# with pair_failed or peer_not_accelerated (the client was gone). So: ab
+# 2000..2009 shm, no tcp, no fallback; nginx at least as many shm as ab,
+# and all it accepted at most 2009, with no other reason.
 nginx_ab_case() {
   local name=nginx-ab n=2000 rc
   want "$name" || return 0
@@ -676,7 +682,19 @@ nginx_ab_case() {
   v=$(sed -n 's/^Document Length: *\([0-9]*\).*/\1/p' "$out")
   [[ $v == 20000 ]] || WHY+="ab: document length ${v:-?}, want 20000; "
   grep -q '^Non-2xx' "$out" && WHY+="ab: $(grep -m1 '^Non-2xx' "$out"); "
-  nginx_stop "$name" ab "$n"
+  stop_server 0 QUIT
+  expect_end "$name" cli ab ">=$n"
+  local c_shm=$E_SHM s_shm s_tcp fb f=$WORK/$name.srv.stats
+  ((c_shm <= n + 9)) || WHY+="ab made $c_shm shm connections for $n requests; "
+  s_shm=$(stat_of "$f" nginx .connections.shm) s_tcp=$(stat_of "$f" nginx .connections.tcp)
+  ((${s_shm:-0} >= c_shm)) || WHY+="nginx counted ${s_shm:-none} shm connections, ab $c_shm; "
+  ((${s_shm:-0} + ${s_tcp:-0} <= n + 9)) || WHY+="nginx accepted $((s_shm + s_tcp)) connections for $n requests; "
+  fb=$(reasons_of "$f" nginx fallbacks)
+  [[ $(jq '[.pair_failed // 0, .peer_not_accelerated // 0] | add' <<<"$fb") == "${s_tcp:-x}" &&
+    $(jq 'del(.pair_failed, .peer_not_accelerated) | length' <<<"$fb") == 0 ]] ||
+    WHY+="nginx: connections.tcp=${s_tcp:-none}, fallbacks $fb; "
+  [[ $(reasons_of "$f" nginx resets) == '{}' ]] || WHY+="nginx resets $(reasons_of "$f" nginx resets); "
+  [[ $(lines_of "$f" nginx) == 3 ]] || WHY+="$(lines_of "$f" nginx) nginx stats lines, want 3; "
   report "$name" "${WHY%; }"
 }
 
