@@ -1006,6 +1006,7 @@ EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_act
 
 EXPORT void _exit(int status) {
   flush_stats();
+  release_at_exit();
   using ExitFn = void (*)(int);
   static ExitFn real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
   if (real_exit) real_exit(status);

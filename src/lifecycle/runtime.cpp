@@ -161,7 +161,10 @@ __attribute__((constructor)) void rsock_constructor() {
   runtime();
 }
 
-__attribute__((destructor)) void rsock_destructor() { flush_stats(); }
+__attribute__((destructor)) void rsock_destructor() {
+  flush_stats();
+  release_at_exit();
+}
 
 }  // namespace
 
@@ -187,6 +190,16 @@ const Runtime* runtime() {
   if (pthread_equal(g_init_thread.load(), pthread_self())) return nullptr;
   while (g_state.load(std::memory_order_acquire) == kRunning) sched_yield();
   return runtime();
+}
+
+void release_at_exit() {
+  if (g_state.load(std::memory_order_acquire) != kReady || in_vfork_child()) return;
+  static std::atomic<bool> done{false};
+  if (done.exchange(true)) return;
+  // RDMA connections are left alone: one inherited through fork cannot be
+  // used here, and the peer learns of the end from the QP or the socket.
+  for (ConnectionState* c : open_connections())
+    if (c->path() == Path::kShm) c->stream().release_at_exit();
 }
 
 void flush_stats(FlushAt when) {

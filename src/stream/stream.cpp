@@ -206,6 +206,11 @@ void Stream::shutdown(bool rd, bool wr) {
 void Stream::close() {
   shut_rd_.store(true, std::memory_order_relaxed);
   shut_wr_.store(true, std::memory_order_relaxed);
+  release_at_exit();
+}
+
+void Stream::release_at_exit() {
+  if (holder_dropped_.exchange(true)) return;
   // After fork, another process may still hold this end: only the last
   // holder tells the peer.
   if (channel_->drop_holder()) channel_->signal(kSendClosed);

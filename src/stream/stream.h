@@ -68,6 +68,15 @@ class Stream {
   void shutdown(bool rd, bool wr);
   // Tells the peer we are gone (it reads EOF after the ring, its writes fail).
   void close();
+  // At process exit, for a connection the program never closed (a forked
+  // child or an inetd service that just exits): this process stops holding
+  // the end and, if it was the last holder, tells the peer as close() does.
+  // Without it the kernel closes the socket with the peer's unread doorbell
+  // bytes in it, which resets the connection, and the peer, told of no
+  // close, reads ECONNRESET where TCP gives EOF. Nothing changes locally
+  // (other threads may still run during exit). A holder is dropped once per
+  // stream, whichever of this and close() comes first.
+  void release_at_exit();
 
   Channel& channel() { return *channel_; }
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -85,7 +94,8 @@ class Stream {
   ReceiveWindow window_;
   std::atomic<bool> shut_rd_{false};
   std::atomic<bool> shut_wr_{false};
-  std::atomic<bool> broken_{false};  // protocol violation seen: behave as reset
+  std::atomic<bool> holder_dropped_{false};  // close() or release_at_exit() ran
+  std::atomic<bool> broken_{false};          // protocol violation seen: behave as reset
   // Largest totals any poll() has reported. A poll made for one direction
   // also delivers the other direction's notifications, and a later stale one
   // may replace them in the channel's PeerState: without these, a fresh
