@@ -62,8 +62,6 @@ PYTHON=/usr/bin/python3
 # compatibility table); the note is printed after the reason when they fail.
 declare -A KNOWN=(
   [nginx-wrk]="librsock uses 3 fds per connection: wrk sizes its event loop for 10 + 3 x connections fds and fails the connects whose fd is past it"
-  [fork-child-exit]="a process that exits without closing an accelerated socket leaves the peer's doorbell bytes unread: its kernel resets the connection and the peer reads ECONNRESET, not EOF"
-  [inetd]="the exec'd service exits without closing stdin/stdout: as fork-child-exit"
   [python-threading]="pairing inside accept() slows accepting; 8 connects at once overflow socketserver's listen(5) backlog, the kernel retransmits the SYN-ACK after 1 s, which is RSOCK_CONNECT_TIMEOUT_MS: that client falls back (pair_timeout), the server logs peer_not_accelerated"
 )
 
