@@ -50,12 +50,13 @@ UNIT_SRCS  := $(sort $(wildcard test/unit/*.cpp))
 PRELOAD_SRCS := $(sort $(wildcard test/preload/*.cpp))
 PROG_SRCS  := $(sort $(wildcard test/progs/*.cpp))
 PROGS      := $(PROG_SRCS:test/progs/%.cpp=$(BUILD)/progs/%)
+APP_PROGS  := $(patsubst test/apps/%.c,$(BUILD)/apps/%,$(sort $(wildcard test/apps/*.c)))
 TEST_LIBS  := $(patsubst test/libs/%.cpp,$(BUILD)/progs/lib%.so,$(sort $(wildcard test/libs/*.cpp)))
 GTEST_LIBS := -lgtest -lgtest_main -pthread
 
 .PHONY: all test test-unit test-preload test-apps test-rdma bench deps clean format \
         asan ubsan tsan asan-build ubsan-build tsan-build
-all: $(BUILD)/librsock.so $(PROGS) $(TEST_LIBS)
+all: $(BUILD)/librsock.so $(PROGS) $(APP_PROGS) $(TEST_LIBS)
 
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -78,6 +79,11 @@ $(BUILD)/preload_tests: $(PRELOAD_SRCS:%.cpp=$(BUILD)/obj/%.o)
 $(BUILD)/progs/%: test/progs/%.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(PROG_CXXFLAGS) $(LDFLAGS) -o $@ $<
+
+# The application tier's own servers are C programs (test/apps/*.c).
+$(BUILD)/apps/%: test/apps/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g -Wall -Wextra -pthread -o $@ $<
 
 $(BUILD)/progs/lib%.so: test/libs/%.cpp
 	@mkdir -p $(dir $@)

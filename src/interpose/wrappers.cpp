@@ -1049,7 +1049,10 @@ EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_act
 // ---- _exit: a program that leaves without exit handlers still reports -------
 
 EXPORT void _exit(int status) {
-  flush_stats();
+  // A vfork child shares our memory: what it would write is its parent's
+  // line, and marking it written would cost the parent its own.
+  if (!in_vfork_child()) flush_stats();
+  release_at_exit();
   using ExitFn = void (*)(int);
   static ExitFn real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
   if (real_exit) real_exit(status);

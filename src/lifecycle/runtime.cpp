@@ -105,23 +105,6 @@ void before_fork() {
   for (const FdRef& c : connection_refs()) c.as<ConnectionState>()->stream().channel().add_holder();
 }
 
-// Exit closes every fd without a close() of ours. Like close(), each shared-
-// memory connection this process was the last holder of tells its peer, or
-// the peer learns of the exit from the kernel socket only: one that resets
-// because our doorbell bytes were left unread in it gives the peer
-// ECONNRESET where TCP, the application having read everything, gives EOF
-// (an inetd service that exits when its input ends). Only the flag is sent:
-// threads of ours still running until the exit is done see nothing change.
-// RDMA connections are left as they were (their queue pairs go with the
-// process).
-void release_connections_at_exit() {
-  if (g_state.load(std::memory_order_acquire) != kReady) return;
-  for (const FdRef& c : connection_refs()) {
-    Channel& ch = c.as<ConnectionState>()->stream().channel();
-    if (strcmp(ch.name(), "shm") == 0 && ch.drop_holder()) ch.signal(kSendClosed);
-  }
-}
-
 void after_fork_child() {
   fd_table().after_fork_child();
   g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
@@ -196,7 +179,7 @@ __attribute__((constructor)) void rsock_constructor() {
 
 __attribute__((destructor)) void rsock_destructor() {
   flush_stats();
-  release_connections_at_exit();
+  release_at_exit();
 }
 
 }  // namespace
@@ -223,6 +206,19 @@ const Runtime* runtime() {
   if (pthread_equal(g_init_thread.load(), pthread_self())) return nullptr;
   while (g_state.load(std::memory_order_acquire) == kRunning) sched_yield();
   return runtime();
+}
+
+void release_at_exit() {
+  if (g_state.load(std::memory_order_acquire) != kReady || in_vfork_child()) return;
+  static std::atomic<bool> done{false};
+  if (done.exchange(true)) return;
+  // RDMA connections are left alone: one inherited through fork cannot be
+  // used here, and the peer learns of the end from the QP or the socket.
+  // Each through a reference: other threads may still run and close one.
+  for (const FdRef& r : connection_refs()) {
+    ConnectionState* c = r.as<ConnectionState>();
+    if (c->path() == Path::kShm) c->stream().release_at_exit();
+  }
 }
 
 void flush_stats(FlushAt when) {

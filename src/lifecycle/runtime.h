@@ -27,6 +27,11 @@ const Runtime* runtime();
 enum class FlushAt { kExit, kExec };
 void flush_stats(FlushAt when = FlushAt::kExit);
 
+// At exit (our destructor, _exit): every shared-memory connection the
+// program left open is released as close() would (Stream::release_at_exit).
+// Not in a vfork child, whose connections are its parent's. Once per process.
+void release_at_exit();
+
 // True in the child of vfork() (or of a clone sharing our memory) before it
 // execs: it sees this process's state, but it is another process.
 bool in_vfork_child();

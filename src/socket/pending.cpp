@@ -149,6 +149,10 @@ void run_client(Work& w) {
 }
 
 void* worker_main(void* arg) {
+  // Named here, not by the creator: the thread is detached and may be gone
+  // (its descriptor freed with its stack) by the time pthread_create()
+  // returns, and naming it through that pthread_t crashed the program.
+  pthread_setname_np(pthread_self(), "rsock-pair");
   auto* w = static_cast<Work*>(arg);
   if (w->job.server)
     run_server(*w);
@@ -253,7 +257,6 @@ int pending_start(PairJob& job, const Config& cfg) {
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   pthread_attr_destroy(&attr);
   if (rc == 0) {
-    pthread_setname_np(t, "rsock-pair");
     p->unref();  // the table's reference remains
     return 0;
   }

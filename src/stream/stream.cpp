@@ -369,6 +369,13 @@ void Stream::close(bool abort) {
       window_.on_granted();
     }
   }
+  release_holder(abort);
+}
+
+void Stream::release_at_exit() { release_holder(false); }
+
+void Stream::release_holder(bool abort) {
+  if (holder_dropped_.exchange(true)) return;
   // After fork, another process may still hold this end: only the last
   // holder tells the peer.
   if (channel_->drop_holder()) channel_->signal(kSendClosed | (abort ? kSendReset : 0u));

@@ -95,6 +95,15 @@ class Stream {
   // Tells the peer we are gone: a FIN to it when we read all it sent, else
   // (or when abort, SO_LINGER {1, 0}) a reset.
   void close(bool abort = false);
+  // At process exit, for a connection the program never closed (a forked
+  // child or an inetd service that just exits): this process stops holding
+  // the end and, if it was the last holder, tells the peer as close() does
+  // (the peer then tells a FIN from a reset by what we read). Without it
+  // the kernel closes the socket with the peer's unread doorbell bytes in
+  // it, which resets the connection. Nothing changes locally (other threads
+  // may still run during exit). A holder is dropped once per stream,
+  // whichever of this and close() comes first.
+  void release_at_exit();
 
   Channel& channel() { return *channel_; }
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -112,6 +121,9 @@ class Stream {
   // Looks at the carrier (Channel::probe) at most once per coarse clock
   // tick, or now when forced. Returns whether it looked.
   bool maybe_probe(bool force = false);
+  // Drops this process as a holder of the end, once; the last holder tells
+  // the peer (kSendClosed, with kSendReset when abort).
+  void release_holder(bool abort);
 
   std::unique_ptr<Channel> channel_;
   std::mutex tx_mu_;
@@ -120,6 +132,7 @@ class Stream {
   ReceiveWindow window_;
   std::atomic<bool> shut_rd_{false};
   std::atomic<bool> shut_wr_{false};
+  std::atomic<bool> holder_dropped_{false};  // close() or release_at_exit() ran
   std::atomic<bool> broken_{false};  // protocol violation seen: the ring is not to be trusted
   // The kernel's view of this end (see the opening comment). Each moves
   // one way only; observe() changes them under state_mu_.

@@ -23,7 +23,9 @@
 # (build/progs), TIER_ECHO, TIER_FORGE, TIER_CASES (the case names to run, in order),
 # TIER_SECONDS (tool run time), TIER_CONNECT_TIMEOUT_MS, TIER_BYTES,
 # TIER_MATRIX_BYTES, TIER_SMALL_BYTES, TIER_KILL_AFTER, TIER_MEMLOCK_LIMIT
-# (bytes), TIER_LOSS_BOUND (s).
+# (bytes), TIER_LOSS_BOUND (s), TIER_FORKSRV (build/apps/forksrv),
+# TIER_FORK_CONNS, TIER_FORK_BYTES, TIER_AB_REQUESTS, TIER_REDIS_C1,
+# TIER_REDIS_C50 (redis-benchmark -n).
 
 # SC2317: the case_* functions are called by name ("case_$CASE").
 # shellcheck disable=SC2317
@@ -376,6 +378,124 @@ case_memlock() {
     ENVV=("${limited[@]}" "${ENVV[@]}") # each execs the next: $! stays the program
     start cli "$RS" --role client "${common[@]}" --tx-seed 52 --rx-seed 51
     finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# Fork per connection (test/apps/forksrv.c, built by `make all`): the parent
+# accepts on the wildcard address (it opens no RDMA device itself), forks a
+# child per connection and closes its copy at once; the child echoes and
+# exits. 10 connections from B, 2 at a time, 64 KiB each, echoed and checked.
+case_fork-per-connection() {
+  local port=7571
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_FORKSRV" server --addr 0.0.0.0 --port "$port" --count "$TIER_FORK_CONNS" --mode at-once
+    ready srv "$port" yes
+    finish srv 150 "$CASE.cli-done" 30
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    start cli "$TIER_FORKSRV" client --addr "$SRV_IP" --port "$port" --count "$TIER_FORK_CONNS" \
+      --threads 2 --bytes "$TIER_FORK_BYTES"
+    finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# nginx (Debian's, two workers, sendfile on, the wildcard listener of a
+# default configuration) on A serving files to curl on B (one connection per
+# file, then all over one kept-alive connection), then to ab (100 requests, 4
+# at a time, a connection each). Files and the config live in the case's
+# results directory, which both guests see.
+case_nginx-workers() {
+  local port=7572 prefix=$DIR/nginx f size
+  if [ "$HOST" = A ]; then
+    mkdir -p "$prefix/www" "$prefix/tmp" "$prefix/logs"
+    for size in 1 65537 1048576 3145735; do head -c "$size" /dev/urandom > "$prefix/www/file_$size.bin"; done
+    head -c 20000 /dev/urandom > "$prefix/www/page.bin"
+    cat > "$prefix/nginx.conf" << EOF
+user root;
+worker_processes 2;
+daemon off;
+master_process on;
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 64; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_timeout 30;
+  default_type application/octet-stream;
+  client_body_temp_path $prefix/tmp/body;
+  proxy_temp_path $prefix/tmp/proxy;
+  fastcgi_temp_path $prefix/tmp/fastcgi;
+  uwsgi_temp_path $prefix/tmp/uwsgi;
+  scgi_temp_path $prefix/tmp/scgi;
+  server {
+    listen $port;
+    root $prefix/www;
+  }
+}
+EOF
+    env_for srv "$port" yes
+    start srv nginx -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/logs/error.log"
+    ready srv "$port" yes
+    await_clients
+    kill -QUIT "${PID[srv]}" 2> /dev/null
+    finish srv 60
+  else
+    await_server
+    local -a keep=()
+    env_for cli "$port" yes
+    for size in 1 65537 1048576 3145735; do
+      f=file_$size.bin
+      "${ENVV[@]}" curl -sS --max-time 60 -o "$DIR/got.$f" "http://$SRV_IP:$port/$f" >> "$DIR/cli.out" 2>&1 ||
+        echo "curl $f: status $?" >> "$DIR/cli.out"
+      keep+=(-o "$DIR/keep.$f" "http://$SRV_IP:$port/$f")
+    done
+    "${ENVV[@]}" curl -sS --max-time 90 "${keep[@]}" >> "$DIR/cli.out" 2>&1 ||
+      echo "curl kept-alive: status $?" >> "$DIR/cli.out"
+    start cli ab -q -n "$TIER_AB_REQUESTS" -c 4 "http://$SRV_IP:$port/page.bin"
+    finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# redis-server on A (bound to its address), redis-cli and redis-benchmark on
+# B: values of 1 B to 1 MiB set and read back, then redis-benchmark -c 1 and
+# -c 50 -P 16 (SET and GET), the server's own command counts asked before
+# and after (INFO commandstats).
+case_redis() {
+  local port=7573 size
+  if [ "$HOST" = A ]; then
+    mkdir -p "$DIR/redis"
+    env_for srv "$port" yes
+    start srv redis-server --port "$port" --bind "$SRV_IP" --save '' --appendonly no --dir "$DIR/redis" \
+      --logfile '' --protected-mode no
+    ready srv "$port" yes
+    await_clients
+    kill -TERM "${PID[srv]}" 2> /dev/null
+    finish srv 60
+  else
+    await_server
+    env_for cli "$port" yes
+    local -a rc=(timeout -k 5 120 "${ENVV[@]}" redis-cli -h "$SRV_IP" -p "$port")
+    for size in 1 4096 65537 1048576; do
+      head -c "$size" /dev/urandom > "$DIR/val.$size"
+      "${rc[@]}" -x SET "key:$size" < "$DIR/val.$size" > "$DIR/set.$size" 2>&1
+      "${rc[@]}" --raw GET "key:$size" > "$DIR/get.$size" 2>&1
+    done
+    "${rc[@]}" INFO commandstats > "$DIR/info0" 2>&1
+    timeout -k 5 150 "${ENVV[@]}" redis-benchmark -h "$SRV_IP" -p "$port" -c 1 -n "$TIER_REDIS_C1" \
+      -t set,get --csv > "$DIR/bench-c1.out" 2>&1
+    echo "$?" > "$DIR/bench-c1.rc"
+    timeout -k 5 150 "${ENVV[@]}" redis-benchmark -h "$SRV_IP" -p "$port" -c 50 -P 16 -n "$TIER_REDIS_C50" \
+      -t set,get --csv > "$DIR/bench-c50.out" 2>&1
+    echo "$?" > "$DIR/bench-c50.rc"
+    "${rc[@]}" INFO commandstats > "$DIR/info1" 2>&1
     rsock_signal "$CASE.cli-done"
   fi
 }
