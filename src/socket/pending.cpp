@@ -139,6 +139,9 @@ void run_client(Work& w) {
 }
 
 void* worker_main(void* arg) {
+  // Named here, not by its creator: the thread is detached, so it may have
+  // finished (and its handle gone) before pthread_create's caller runs again.
+  pthread_setname_np(pthread_self(), "rsock-pair");
   auto* w = static_cast<Work*>(arg);
   if (w->job.server)
     run_server(*w);
@@ -237,7 +240,6 @@ int pending_start(PairJob& job, const Config& cfg) {
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   pthread_attr_destroy(&attr);
   if (rc == 0) {
-    pthread_setname_np(t, "rsock-pair");
     p->unref();  // the table's reference remains
     return 0;
   }
