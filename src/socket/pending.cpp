@@ -84,8 +84,11 @@ void run_server(Work& w) {
     c = new_connection(w.sock, std::move(ch), w.job.path);
   else
     discard(std::move(ch));
-  hand_over(w, c);
+  // Counted before the hand-over: from then on the application may finish
+  // with the connection and exit, writing its stats, before this thread
+  // runs again.
   if (counted) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
+  hand_over(w, c);
   p->finish();
 }
 
@@ -133,8 +136,9 @@ void run_client(Work& w) {
     discard(std::move(ch));
     counted = false;
   }
-  hand_over(w, c);
+  // Before the hand-over, as in run_server.
   if (counted) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
+  hand_over(w, c);
   p->finish();
 }
 
