@@ -274,8 +274,10 @@ FdRef pending_settle(int fd, FdRef r) {
 void pending_before_fork() {
   const Runtime* rt = runtime();
   if (!rt) return;
-  // The TCP handshake and the pairing are each bounded by the timeout.
-  const auto bound = std::chrono::milliseconds(2 * rt->config.connect_timeout_ms + 1000);
+  // The TCP handshake is bounded by the timeout, a pairing by twice the
+  // timeout plus 4 s (past its deadline it waits for a peer that may be
+  // committing: docs/protocol.md section 7, commit points).
+  const auto bound = std::chrono::milliseconds(3 * rt->config.connect_timeout_ms + 5000);
   std::unique_lock<std::mutex> lock(g_flight_mu);
   if (!g_flight_cv.wait_for(lock, bound, [] { return g_in_flight == 0; }))
     LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);

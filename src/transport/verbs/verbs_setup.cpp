@@ -45,6 +45,14 @@ constexpr size_t kMaxCandidates = 4;
 // A server asleep in a pairing wakes at least this often to read the shared
 // listener (other accepting threads may be waiting for its requests).
 constexpr int kListenerSliceMs = 20;
+// Past its deadline, a pairing whose peer may be committing waits for the
+// peer's decision rather than guess (docs/protocol.md section 7, commit
+// points): the peer decides by its own deadline, which may come later
+// (another setting, a slower process). This long beyond one timeout more,
+// a peer that still has not decided is broken or an impostor: the server
+// then fails the connection loudly; the client waits a little longer, so
+// that it is never the one to give up on a server that is answering.
+constexpr int64_t kResolveGraceMs = 2000;
 
 int64_t now_ms() {
   timespec ts;
@@ -458,7 +466,8 @@ class VerbsClientPairing final : public Pairing {
       : tcp_fd_(tcp_fd),
         rdv_(rdv),
         ring_log2_(log2_of(cfg.ring_bytes)),
-        deadline_(now_ms() + cfg.connect_timeout_ms) {}
+        deadline_(now_ms() + cfg.connect_timeout_ms),
+        answer_deadline_(deadline_ + cfg.connect_timeout_ms + 2 * kResolveGraceMs) {}
 
   bool run(int64_t /*limit_ms*/) override {
     if (!done_) why_ = pair();
@@ -567,7 +576,12 @@ class VerbsClientPairing final : public Pairing {
 
   // The rdma_cm connection is up: our proof in band, then the server's
   // answer in band. From the moment our proof is written the server may
-  // commit, so a failure after it fails the connection loudly.
+  // commit, so from then on only its answer decides: we wait for it past
+  // our deadline (the server answers every proof it reads, and it reads
+  // the first bytes of every connection it accepted a request for), and
+  // keep our queue pair meanwhile (tearing it down would tell the server
+  // that we gave up). Only a server that does not answer at all, or a
+  // broken connection, fails it loudly.
   Fallback prove(std::unique_ptr<VerbsChannel> ch, uint64_t challenge) {
     ClientProof proof;
     proof.challenge = challenge;
@@ -575,7 +589,7 @@ class VerbsClientPairing final : public Pairing {
     proof.ring = {ch->rx_rkey(), ch->rx_addr()};
     uint8_t out[kClientProofBytes];
     encode_client_proof(proof, out);
-    if (int rc = send_all(tcp_fd_, out, sizeof out, deadline_); rc < 0) {
+    if (int rc = send_all(tcp_fd_, out, sizeof out, answer_deadline_); rc < 0) {
       fail_connection(tcp_fd_);
       return rc == -ETIMEDOUT ? Fallback::kPairTimeout : Fallback::kPairFailed;
     }
@@ -597,7 +611,8 @@ class VerbsClientPairing final : public Pairing {
         if (s == ProofScan::kProof) break;
       }
       pollfd p = {tcp_fd_, POLLIN, 0};
-      if (real().poll(&p, 1, ms_left(deadline_)) == 0) {
+      if (real().poll(&p, 1, ms_left(answer_deadline_)) == 0) {
+        LOG_WARN("rdma: no answer to our proof from the server: failing the connection");
         fail_connection(tcp_fd_);
         return Fallback::kPairTimeout;
       }
@@ -624,7 +639,8 @@ class VerbsClientPairing final : public Pairing {
   int tcp_fd_;
   std::unique_ptr<VerbsRendezvous> rdv_;
   const int ring_log2_;
-  const int64_t deadline_;
+  const int64_t deadline_;         // for everything before our proof
+  const int64_t answer_deadline_;  // for the server's answer to it
   WireAddr local_ = {}, peer_ = {};
   bool done_ = false;
   std::unique_ptr<Channel> channel_;
@@ -780,15 +796,22 @@ namespace {
 // decision on the client's first bytes. Stages wait only for the client's
 // next step, and each can be resumed (Pairing::run).
 //
-// Commit rule: once a candidate's request was accepted, the client may have
-// written its proof (it writes as soon as its side is established), so
-// falling back silently is allowed only when the client's first bytes are
-// application data (it did not pair). A deadline after an accept fails the
-// connection loudly.
+// Commit rule: once a candidate's request was accepted, its client may
+// write its proof (it writes as soon as its side is established, before its
+// own deadline), so falling back silently is allowed only when the client's
+// first bytes are application data (it did not pair) or when every
+// candidate has ended from the client's side (a client tears its rdma_cm
+// connection down only when it gives up before proving; once it proved, it
+// keeps it until our answer). Past our deadline we therefore keep waiting
+// for one of the two, up to resolve_deadline_; only a candidate that is
+// still there then (an impostor's, or a broken client) fails the connection
+// loudly.
 class ServerSide : public Pairing {
  public:
   ServerSide(int tcp_fd, const Config& cfg)
-      : tcp_fd_(tcp_fd), deadline_(now_ms() + cfg.connect_timeout_ms) {}
+      : tcp_fd_(tcp_fd),
+        deadline_(now_ms() + cfg.connect_timeout_ms),
+        resolve_deadline_(deadline_ + cfg.connect_timeout_ms + kResolveGraceMs) {}
 
   void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
   std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
@@ -815,9 +838,12 @@ class ServerSide : public Pairing {
     candidates_.clear();
   }
 
-  // The deadline passed.
-  bool timed_out(Fallback quiet) {
-    if (!accepted_any_) return finish(quiet);
+  // resolve_deadline_ passed and a client that was accepted may still be
+  // proving: neither end can know what the other does, so the connection
+  // ends, loudly.
+  bool unresolved() {
+    LOG_WARN("rdma pairing: the client neither proved nor gave up in time: failing the "
+             "connection");
     fail_connection(tcp_fd_);
     return finish(Fallback::kPairTimeout);
   }
@@ -892,7 +918,7 @@ class ServerSide : public Pairing {
     rdma_event_channel* own = c.ch->id()->channel;
     while (!c.established) {
       int status = 0;
-      int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, deadline_, &status);
+      int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, resolve_deadline_, &status);
       if (r != 0) {
         decline(answer);
         return finish(r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed);
@@ -907,7 +933,7 @@ class ServerSide : public Pairing {
     answer.ring = {c.ch->rx_rkey(), c.ch->rx_addr()};
     uint8_t out[kServerProofBytes];
     encode_server_proof(answer, out);
-    if (send_all(tcp_fd_, out, sizeof out, deadline_) != 0) {
+    if (send_all(tcp_fd_, out, sizeof out, resolve_deadline_) != 0) {
       fail_connection(tcp_fd_);
       return finish(Fallback::kPairFailed);
     }
@@ -919,11 +945,12 @@ class ServerSide : public Pairing {
     answer.accept = false;
     uint8_t out[kServerProofBytes];
     encode_server_proof(answer, out);
-    if (send_all(tcp_fd_, out, sizeof out, deadline_) != 0) fail_connection(tcp_fd_);
+    if (send_all(tcp_fd_, out, sizeof out, resolve_deadline_) != 0) fail_connection(tcp_fd_);
   }
 
   int tcp_fd_;
-  const int64_t deadline_;
+  const int64_t deadline_;          // no new request is taken after it
+  const int64_t resolve_deadline_;  // see the commit rule above
   std::vector<Candidate> candidates_;
   bool accepted_any_ = false;  // an accept went out: the client may be proving
   bool done_ = false;
@@ -948,19 +975,29 @@ class VerbsServerPairing final : public ServerSide {
     }
     while (!done_) {
       const int64_t now = now_ms();
-      // No request came in time: a plain client, or one without RDMA.
-      if (now >= deadline_) return timed_out(Fallback::kPeerNotAccelerated);
+      const bool late = now >= deadline_;
+      // No request accepted in time: a plain client, or one without RDMA
+      // (or one whose request came too late: it never gets an accept, so
+      // it writes nothing).
+      if (late && !accepted_any_) return finish(Fallback::kPeerNotAccelerated);
+      if (now >= resolve_deadline_) return unresolved();
       if (now >= limit_ms) return false;
-      take_requests();
+      if (!late) take_requests();
       poll_candidates();
       if (on_first_bytes()) break;
+      // Every client we accepted has torn its side down without proving:
+      // it gave up (a late one among them would have proved by now only if
+      // it had not). Before our deadline the real client's request may
+      // still come.
+      if (late && candidates_.empty()) return finish(Fallback::kPairTimeout);
       // Sleep until the client writes, a candidate moves, or the listener
       // has news; in slices, since other accepting threads share it.
       std::vector<pollfd> p;
       p.push_back({tcp_fd_, POLLIN, 0});
-      p.push_back({listener_->ch->fd, POLLIN, 0});
+      p.push_back({late ? -1 : listener_->ch->fd, POLLIN, 0});
       for (auto& c : candidates_) p.push_back({c.ch->id()->channel->fd, POLLIN, 0});
-      const int wait = std::min({ms_left(deadline_), ms_left(limit_ms), kListenerSliceMs});
+      const int wait = std::min({ms_left(late ? resolve_deadline_ : deadline_),
+                                 ms_left(limit_ms), kListenerSliceMs});
       real().poll(p.data(), p.size(), wait);
     }
     return true;
@@ -1031,20 +1068,56 @@ class VerbsReversePairing final : public ServerSide {
     }
     while (!done_) {
       const int64_t now = now_ms();
-      if (now >= deadline_) return timed_out(Fallback::kPairTimeout);
+      if (now >= resolve_deadline_) return unresolved();
       if (now >= limit_ms) return false;
       if (!accepted_any_) {
         // Waiting for the client's accept: ESTABLISHED (we are the active
-        // side, so ours comes first), or its refusal.
+        // side, so ours comes first), or its refusal. Past our deadline
+        // too: the client may be accepting our request right now, and once
+        // its side is established it proves in band, so only its answer
+        // decides (it answers by its own deadline: it accepts, refuses, or
+        // tears its rendezvous down, which refuses too).
+        // Meanwhile the client's first bytes may tell: application data
+        // means that it did not pair (its pairing is over: our request can
+        // no longer be accepted), so there is nothing to wait for. (A proof
+        // cannot come before our side is established; its event is then
+        // on its way.)
+        uint8_t head[8];
+        ClientProof unused;
+        ssize_t n = peek_stream(tcp_fd_, head, sizeof head);
+        if (n == 0 || (n < 0 && n != -EAGAIN)) return finish(Fallback::kPairFailed);  // gone
+        if (n > 0 && scan_client_proof(head, static_cast<size_t>(n), &unused) ==
+                         ProofScan::kNotProof)
+          return finish(Fallback::kPeerNotAccelerated);
+        rdma_event_channel* own = active_->id()->channel;
+        // (Bytes that may still become a proof are looked at again soon.)
+        pollfd p[2] = {{own->fd, POLLIN, 0}, {n > 0 ? -1 : tcp_fd_, POLLIN, 0}};
+        int wait = std::min(ms_left(resolve_deadline_), ms_left(limit_ms));
+        real().poll(p, 2, n > 0 ? std::min(wait, 10) : wait);
+        if (!(p[0].revents & POLLIN)) continue;  // bytes, the limit or the deadline: above
         int status = 0;
-        int r = wait_for(active_->id()->channel, RDMA_CM_EVENT_ESTABLISHED,
-                         std::min(deadline_, limit_ms), &status, rep_, sizeof rep_, &rep_len_);
-        if (r < 0) continue;  // the limit or the deadline: decided above
+        int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms(), &status, rep_, sizeof rep_,
+                         &rep_len_);
+        if (r < 0) continue;
         if (no_listener(r, status)) return finish(Fallback::kPeerNotAccelerated);  // no rendezvous
+        if (r > 0) {
+          const auto ev = static_cast<rdma_cm_event_type>(r - 1);
+          LOG_INFO("rdma pairing: the client did not accept our request: %s (status %d)",
+                   rdma_event_str(ev), status);
+          // A client refuses a request that names its connection, or
+          // withdraws after accepting it (CONNECT_ERROR: our RTU found its
+          // side gone), only when it gives up: its deadline passed. Other
+          // ends of a request are errors. Nothing was written either way.
+          return finish(ev == RDMA_CM_EVENT_REJECTED || ev == RDMA_CM_EVENT_CONNECT_ERROR
+                            ? Fallback::kPairTimeout
+                            : Fallback::kPairFailed);
+        }
         AcceptInfo acc;
-        if (r != 0 || !decode_accept_priv(rep_, rep_len_, &acc) || acc.ring_log2 != ring_log2_ ||
-            acc.client_port != peer_.port)
+        if (!decode_accept_priv(rep_, rep_len_, &acc) || acc.ring_log2 != ring_log2_ ||
+            acc.client_port != peer_.port) {
+          LOG_WARN("rdma pairing: bad accept private data on our request");
           return finish(Fallback::kPairFailed);  // the client wrote nothing: both on TCP
+        }
         accepted_any_ = true;
         Candidate c;
         c.ch = std::move(active_);
@@ -1055,9 +1128,10 @@ class VerbsReversePairing final : public ServerSide {
       }
       poll_candidates();
       if (on_first_bytes()) break;
-      pollfd p[2] = {{tcp_fd_, POLLIN, 0}, {-1, POLLIN, 0}};
-      if (!candidates_.empty()) p[1].fd = candidates_[0].ch->id()->channel->fd;
-      real().poll(p, 2, std::min(ms_left(deadline_), ms_left(limit_ms)));
+      // The client tore its side down without proving: it gave up.
+      if (candidates_.empty()) return finish(Fallback::kPairTimeout);
+      pollfd p[2] = {{tcp_fd_, POLLIN, 0}, {candidates_[0].ch->id()->channel->fd, POLLIN, 0}};
+      real().poll(p, 2, std::min(ms_left(resolve_deadline_), ms_left(limit_ms)));
     }
     return true;
   }

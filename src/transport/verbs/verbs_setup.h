@@ -89,9 +89,11 @@ std::unique_ptr<Pairing> verbs_client_pairing(int tcp_fd, VerbsRendezvous* rende
 //   kPeerNotAccelerated  no request came in time, or the client's first bytes
 //                        are application data (a plain client)
 //   kPeerUnproven        the client proved a request that is not one of ours
-//   kPairTimeout         a request was accepted but no proof came in time: the
-//                        TCP connection has been shut down, as the client may
-//                        be committing
+//   kPairTimeout         the client accepted or sent a request, then gave up
+//                        before proving (it tore its rdma_cm side down); or
+//                        it neither proved nor gave up within one more
+//                        timeout plus 2 s past ours: then the TCP connection
+//                        has been shut down, as the client may be committing
 //   kPairFailed, kResources  as for the client (stays on TCP)
 std::unique_ptr<Pairing> verbs_server_pairing(VerbsListener* listener, int tcp_fd,
                                               const Config& cfg);
