@@ -1064,12 +1064,32 @@ class VerbsReversePairing final : public ServerSide {
   bool run(int64_t limit_ms) override {
     if (!done_ && !started_) {
       started_ = true;
-      if (!start()) return true;
+      if (!fd_addrs(tcp_fd_, &local_, &peer_) || !ring_log2_ok(ring_log2_))
+        return finish(Fallback::kPairFailed);
+      global_init();
+      if (!send_request()) return true;
     }
     while (!done_) {
       const int64_t now = now_ms();
       if (now >= resolve_deadline_) return unresolved();
       if (now >= limit_ms) return false;
+      if (retry_at_ > 0) {
+        // Waiting to ask again. A plain client that speaks meanwhile ends
+        // the wait (a librsock client writes nothing before its pairing
+        // ended, and it cannot end in a pairing with us before we ask).
+        uint8_t b;
+        ssize_t n = peek_stream(tcp_fd_, &b, 1);
+        if (n > 0) return finish(Fallback::kPeerNotAccelerated);
+        if (n != -EAGAIN) return finish(Fallback::kPairFailed);  // EOF or an error
+        if (now >= retry_at_) {
+          retry_at_ = 0;
+          if (!send_request()) return true;
+          continue;
+        }
+        pollfd p = {tcp_fd_, POLLIN, 0};
+        real().poll(&p, 1, std::min(ms_left(retry_at_), ms_left(limit_ms)));
+        continue;
+      }
       if (!accepted_any_) {
         // Waiting for the client's accept: ESTABLISHED (we are the active
         // side, so ours comes first), or its refusal. Past our deadline
@@ -1099,7 +1119,19 @@ class VerbsReversePairing final : public ServerSide {
         int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms(), &status, rep_, sizeof rep_,
                          &rep_len_);
         if (r < 0) continue;
-        if (no_listener(r, status)) return finish(Fallback::kPeerNotAccelerated);  // no rendezvous
+        if (no_listener(r, status)) {
+          // No rendezvous: a plain client, or one that has given up. Or
+          // soft-RoCE, which sometimes refuses the first request to a
+          // listener just made (and a rendezvous always is): ask again a
+          // few times within our deadline, as a client does (section 7).
+          if (attempt_ < kNoListenerRetries && ms_left(deadline_) > kRetryDelayMs[attempt_]) {
+            LOG_INFO("rdma pairing: our request was refused as \"no listener\": asking again");
+            retry_at_ = now_ms() + kRetryDelayMs[attempt_++];
+            active_.reset();
+            continue;
+          }
+          return finish(Fallback::kPeerNotAccelerated);
+        }
         if (r > 0) {
           const auto ev = static_cast<rdma_cm_event_type>(r - 1);
           LOG_INFO("rdma pairing: the client did not accept our request: %s (status %d)",
@@ -1137,10 +1169,9 @@ class VerbsReversePairing final : public ServerSide {
   }
 
  private:
-  bool start() {
-    if (!fd_addrs(tcp_fd_, &local_, &peer_)) return finish(Fallback::kPairFailed), false;
-    if (!ring_log2_ok(ring_log2_)) return finish(Fallback::kPairFailed), false;
-    global_init();
+  // Our request (again, after a refusal as "no listener"), with a fresh
+  // challenge. false: finished.
+  bool send_request() {
     Fallback why = Fallback::kPairFailed;
     // The client's rendezvous is its TCP address and port.
     active_ = open_active(local_, peer_, ring_log2_, deadline_, &why);
@@ -1164,6 +1195,8 @@ class VerbsReversePairing final : public ServerSide {
 
   const int ring_log2_;
   bool started_ = false;
+  int attempt_ = 0;       // requests refused as "no listener" so far
+  int64_t retry_at_ = 0;  // > 0: ask again at this time
   WireAddr local_ = {}, peer_ = {};
   std::unique_ptr<VerbsChannel> active_;  // until the client accepts
   uint64_t challenge_ = 0;
