@@ -669,6 +669,10 @@ class VerbsListener {
   rdma_cm_id* id = nullptr;
   std::vector<Pending> pending;
   bool inherited = false;  // a fork's child: the parent's listener, unusable here
+  // Another process holds this rdma_cm port (an SO_REUSEPORT sibling, or
+  // a squatter): no listener here (ch and id are null); like a fork's
+  // child, this process pairs through each client's rendezvous.
+  bool elsewhere = false;
 
   ~VerbsListener() {
     if (inherited) {
@@ -730,6 +734,26 @@ class VerbsListener {
   }
 };
 
+namespace {
+
+// An rdma_cm id binds to `ss` with port 0: the address has an RDMA device
+// (a wildcard always binds).
+bool address_has_device(const sockaddr_storage& ss) {
+  sockaddr_storage any = ss;
+  if (any.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&any)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&any)->sin6_port = 0;
+  CmPair probe;
+  probe.ch = rdma_create_event_channel();
+  if (!probe.ch || rdma_create_id(probe.ch, &probe.id, nullptr, RDMA_PS_TCP) != 0) return false;
+  if (rdma_bind_addr(probe.id, reinterpret_cast<sockaddr*>(&any)) != 0) return false;
+  note_device(probe.id);  // librdmacm keeps the device open (fork: rdma_after_fork)
+  return true;
+}
+
+}  // namespace
+
 VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
   *why = Fallback::kResources;
   sockaddr_storage ss;
@@ -768,10 +792,23 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
   }
   if (rdma_bind_addr(l->id, reinterpret_cast<sockaddr*>(&bind_ss)) != 0 ||
       rdma_listen(l->id, 128) != 0) {
-    // EADDRNOTAVAIL/ENODEV: the address has no RDMA device.
-    LOG_DEBUG("rdma: no rdma_cm listener on this address: %s", strerror(errno));
-    *why =
-        (errno == EADDRNOTAVAIL || errno == ENODEV) ? Fallback::kNotSameHost : Fallback::kResources;
+    const int err = errno;
+    // EADDRNOTAVAIL/ENODEV: the address has no RDMA device, or (rdma_cm
+    // says EADDRNOTAVAIL for this too) the port is taken in rdma_cm's port
+    // space: an SO_REUSEPORT sibling listens there. The same address with
+    // any port tells the two apart.
+    if ((err == EADDRNOTAVAIL || err == EADDRINUSE) && address_has_device(bind_ss)) {
+      LOG_INFO("rdma: another process holds this rdma_cm port: pairing through the clients' "
+               "rendezvous");
+      rdma_destroy_id(l->id);
+      rdma_destroy_event_channel(l->ch);
+      l->id = nullptr;
+      l->ch = nullptr;
+      l->elsewhere = true;
+      return l;
+    }
+    LOG_DEBUG("rdma: no rdma_cm listener on this address: %s", strerror(err));
+    *why = (err == EADDRNOTAVAIL || err == ENODEV) ? Fallback::kNotSameHost : Fallback::kResources;
     delete l;
     return nullptr;
   }
@@ -787,7 +824,9 @@ void verbs_listener_forked_child(VerbsListener* listener) {
   listener->pending.clear();
 }
 
-bool verbs_listener_usable(const VerbsListener* listener) { return !listener->inherited; }
+bool verbs_listener_usable(const VerbsListener* listener) {
+  return !listener->inherited && !listener->elsewhere;
+}
 
 namespace {
 
@@ -1102,13 +1141,25 @@ class VerbsReversePairing final : public ServerSide {
         // no longer be accepted), so there is nothing to wait for. (A proof
         // cannot come before our side is established; its event is then
         // on its way.)
-        uint8_t head[8];
-        ClientProof unused;
+        uint8_t head[kClientProofBytes];
+        ClientProof seen;
         ssize_t n = peek_stream(tcp_fd_, head, sizeof head);
         if (n == 0 || (n < 0 && n != -EAGAIN)) return finish(Fallback::kPairFailed);  // gone
-        if (n > 0 && scan_client_proof(head, static_cast<size_t>(n), &unused) ==
-                         ProofScan::kNotProof)
-          return finish(Fallback::kPeerNotAccelerated);
+        const ProofScan scan =
+            n > 0 ? scan_client_proof(head, static_cast<size_t>(n), &seen) : ProofScan::kNeedMore;
+        if (scan == ProofScan::kNotProof) return finish(Fallback::kPeerNotAccelerated);
+        if (scan == ProofScan::kProof && seen.challenge != challenge_) {
+          // The client proved an rdma_cm connection that is not ours: its
+          // own request reached whoever else holds the port (an impostor,
+          // when another process listens there). Declined in band: both on
+          // TCP, and the proof never reaches our application.
+          LOG_INFO("rdma pairing: the client proved a request that is not ours: declining");
+          consume(tcp_fd_, kClientProofBytes);
+          ServerProof answer;
+          memcpy(answer.key, seen.key, kProofKeyBytes);
+          decline(answer);
+          return finish(Fallback::kPeerUnproven);
+        }
         rdma_event_channel* own = active_->id()->channel;
         // (Bytes that may still become a proof are looked at again soon.)
         pollfd p[2] = {{own->fd, POLLIN, 0}, {n > 0 ? -1 : tcp_fd_, POLLIN, 0}};

@@ -40,7 +40,10 @@ void verbs_after_fork_child();
 // Server: an rdma_cm listener on the same local IP:port as the kernel TCP
 // listener tcp_listen_fd (the two coexist: rdma_cm has its own port space).
 // Returns nullptr with *why = kNotSameHost when there is no RDMA device or
-// address, kResources on another failure.
+// address, kResources on another failure. When another process already
+// holds the rdma_cm port (SO_REUSEPORT siblings), returns a listener that
+// verbs_listener_usable() calls unusable: this process then pairs through
+// each client's rendezvous, as a fork's child does.
 VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why);
 // Rejects the pending requests and closes the listener.
 void verbs_listener_close(VerbsListener* listener);
