@@ -622,8 +622,18 @@ class ShmClientPairing final : public Pairing {
     // turning the handshake into a socket): then this hello cannot be the
     // server's (it accepts before it connects here), and we look again for
     // the next one.
-    if (server_sock_.inode == 0 && peer_socket_of(tcp_fd_, &server_sock_) != 0)
+    if (server_sock_.inode == 0 && peer_socket_of(tcp_fd_, &server_sock_) != 0) {
       server_sock_.inode = 0;
+      // Or it is gone already: the server accepted, spoke and closed the
+      // connection (its application did, while the pairing ran in the
+      // background). That hello can no longer be checked, but it was no
+      // intruder's: it is not counted.
+      pollfd p = {tcp_fd_, POLLRDHUP, 0};
+      if (real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        close_fds(&fd, nfds);
+        return Hello::kGone;
+      }
+    }
     const bool proven = n > 0 && decode_hello(&m, static_cast<size_t>(n), MsgType::kHello) &&
                         nfds == 1 && proof_names(fd, server_sock_.inode, tcp_fd_);
     close_fds(&fd, nfds);
