@@ -1019,7 +1019,6 @@ class VerbsServerPairing final : public ServerSide {
       // (or one whose request came too late: it never gets an accept, so
       // it writes nothing).
       if (late && !accepted_any_) return finish(Fallback::kPeerNotAccelerated);
-      if (now >= resolve_deadline_) return unresolved();
       if (now >= limit_ms) return false;
       if (!late) take_requests();
       poll_candidates();
@@ -1029,6 +1028,9 @@ class VerbsServerPairing final : public ServerSide {
       // it had not). Before our deadline the real client's request may
       // still come.
       if (late && candidates_.empty()) return finish(Fallback::kPairTimeout);
+      // Only after a last look: a thread that slept past the bound (a busy
+      // host) may find the decision waiting.
+      if (now >= resolve_deadline_) return unresolved();
       // Sleep until the client writes, a candidate moves, or the listener
       // has news; in slices, since other accepting threads share it.
       std::vector<pollfd> p;
@@ -1110,8 +1112,10 @@ class VerbsReversePairing final : public ServerSide {
     }
     while (!done_) {
       const int64_t now = now_ms();
-      if (now >= resolve_deadline_) return unresolved();
       if (now >= limit_ms) return false;
+      // Past the bound only after a last look (below): a thread that slept
+      // past it (a busy host) may find the decision waiting.
+      const bool last_look = now >= resolve_deadline_;
       if (retry_at_ > 0) {
         // Waiting to ask again. A plain client that speaks meanwhile ends
         // the wait (a librsock client writes nothing before its pairing
@@ -1163,13 +1167,14 @@ class VerbsReversePairing final : public ServerSide {
         rdma_event_channel* own = active_->id()->channel;
         // (Bytes that may still become a proof are looked at again soon.)
         pollfd p[2] = {{own->fd, POLLIN, 0}, {n > 0 ? -1 : tcp_fd_, POLLIN, 0}};
-        int wait = std::min(ms_left(resolve_deadline_), ms_left(limit_ms));
+        int wait = last_look ? 0 : std::min(ms_left(resolve_deadline_), ms_left(limit_ms));
         real().poll(p, 2, n > 0 ? std::min(wait, 10) : wait);
-        if (!(p[0].revents & POLLIN)) continue;  // bytes, the limit or the deadline: above
         int status = 0;
-        int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms(), &status, rep_, sizeof rep_,
-                         &rep_len_);
-        if (r < 0) continue;
+        int r = (p[0].revents & POLLIN) ? wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms(),
+                                                   &status, rep_, sizeof rep_, &rep_len_)
+                                        : -1;
+        if (r < 0 && last_look) return unresolved();
+        if (r < 0) continue;  // bytes, the limit or the bound: looked at above
         if (no_listener(r, status)) {
           // No rendezvous: a plain client, or one that has given up. Or
           // soft-RoCE, which sometimes refuses the first request to a
@@ -1213,6 +1218,7 @@ class VerbsReversePairing final : public ServerSide {
       if (on_first_bytes()) break;
       // The client tore its side down without proving: it gave up.
       if (candidates_.empty()) return finish(Fallback::kPairTimeout);
+      if (last_look) return unresolved();
       pollfd p[2] = {{tcp_fd_, POLLIN, 0}, {candidates_[0].ch->id()->channel->fd, POLLIN, 0}};
       real().poll(p, 2, std::min(ms_left(resolve_deadline_), ms_left(limit_ms)));
     }
