@@ -798,8 +798,9 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
     // space: an SO_REUSEPORT sibling listens there. The same address with
     // any port tells the two apart.
     if ((err == EADDRNOTAVAIL || err == EADDRINUSE) && address_has_device(bind_ss)) {
-      LOG_INFO("rdma: another process holds this rdma_cm port: pairing through the clients' "
-               "rendezvous");
+      LOG_INFO(
+          "rdma: another process holds this rdma_cm port: pairing through the clients' "
+          "rendezvous");
       rdma_destroy_id(l->id);
       rdma_destroy_event_channel(l->ch);
       l->id = nullptr;
@@ -881,8 +882,9 @@ class ServerSide : public Pairing {
   // proving: neither end can know what the other does, so the connection
   // ends, loudly.
   bool unresolved() {
-    LOG_WARN("rdma pairing: the client neither proved nor gave up in time: failing the "
-             "connection");
+    LOG_WARN(
+        "rdma pairing: the client neither proved nor gave up in time: failing the "
+        "connection");
     fail_connection(tcp_fd_);
     return finish(Fallback::kPairTimeout);
   }
@@ -1037,8 +1039,8 @@ class VerbsServerPairing final : public ServerSide {
       p.push_back({tcp_fd_, POLLIN, 0});
       p.push_back({late ? -1 : listener_->ch->fd, POLLIN, 0});
       for (auto& c : candidates_) p.push_back({c.ch->id()->channel->fd, POLLIN, 0});
-      const int wait = std::min({ms_left(late ? resolve_deadline_ : deadline_),
-                                 ms_left(limit_ms), kListenerSliceMs});
+      const int wait = std::min(
+          {ms_left(late ? resolve_deadline_ : deadline_), ms_left(limit_ms), kListenerSliceMs});
       real().poll(p.data(), p.size(), wait);
     }
     return true;
