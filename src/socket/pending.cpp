@@ -94,8 +94,11 @@ void run_server(Work& w) {
     c = new_connection(w.sock, std::move(ch), w.job.path);
   else
     discard(std::move(ch));
-  hand_over(w, c);
+  // Counted before the hand-over: from then on the application may finish
+  // with the connection and exit, writing its stats, before this thread
+  // runs again.
   if (counted) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
+  hand_over(w, c);
   p->finish();
 }
 
@@ -143,8 +146,9 @@ void run_client(Work& w) {
     discard(std::move(ch));
     counted = false;
   }
-  hand_over(w, c);
+  // Before the hand-over, as in run_server.
   if (counted) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
+  hand_over(w, c);
   p->finish();
 }
 
@@ -290,8 +294,10 @@ namespace {
 void wait_in_flight(std::unique_lock<std::mutex>& lock) {
   const Runtime* rt = runtime();
   if (!rt) return;
-  // The TCP handshake and the pairing are each bounded by the timeout.
-  const auto bound = std::chrono::milliseconds(2 * rt->config.connect_timeout_ms + 1000);
+  // The TCP handshake is bounded by the timeout, a pairing by twice the
+  // timeout plus 4 s (past its deadline it waits for a peer that may be
+  // committing: docs/protocol.md section 7, commit points).
+  const auto bound = std::chrono::milliseconds(3 * rt->config.connect_timeout_ms + 5000);
   if (!flight_cv().wait_for(lock, bound, [] { return g_in_flight == 0; }))
     LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);
 }

@@ -494,9 +494,10 @@ std::unique_ptr<Pairing> accept_pairing(const Config& cfg, ListenerState& l, int
   }
   *path = Path::kRdma;
   if (!verbs_listener_usable(l.verbs())) {
-    // A fork's child: the parent's listener cannot be read here, so we
+    // A fork's child (the parent's listener cannot be read here), or an
+    // SO_REUSEPORT sibling of the process that holds the rdma_cm port: we
     // connect to the client's rendezvous ourselves (a plain client has
-    // none: peer_not_accelerated at once).
+    // none: peer_not_accelerated).
     return verbs_reverse_pairing(sock, cfg);
   }
   if (negative_cache_hit(host)) {

@@ -258,6 +258,66 @@ case_forged-request() {
 
 # Unmodified sockperf, shim on both ends; the server is stopped with SIGINT
 # once the client is done (it then prints its totals and writes its stats).
+# Pairing under load (run.sh's header says what is judged): a server of
+# WORKERS rs_pairstress workers on A (SHARE fork: one inherited wildcard
+# listener, so each worker pairs through the client's rendezvous; reuseport:
+# SO_REUSEPORT siblings, each with its own listener), CLIENTS client
+# processes on B (odd ones blocking, even ones event-loop), CONNS
+# connections each, PARALLEL at a time, every connection checked end to end
+# by rs_pairstress. TIMEOUTS: pairing timeouts (ms) cycled over the server
+# and the clients; empty: the tier's. Rings of 64 KiB keep the pinned
+# memory of the guests small.
+# pairing_stress PORT SHARE CLIENTS CONNS PARALLEL ROUNDS "TIMEOUTS"
+pairing_stress() {
+  local port=$1 share=$2 clients=$3 conns=$4 parallel=$5 rounds=$6 c io
+  local -a timeouts
+  read -ra timeouts <<< "$7"
+  # The pairing timeout of process number $1 (the server is 0).
+  timeout_of() {
+    if [ ${#timeouts[@]} -gt 0 ]; then echo "${timeouts[$(($1 % ${#timeouts[@]}))]}"; else echo "$TIER_CONNECT_TIMEOUT_MS"; fi
+  }
+  cm_counters "$HOST.cm-before"
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    ENVV+=(RSOCK_RING_SIZE=64K RSOCK_CONNECT_TIMEOUT_MS="$(timeout_of 0)")
+    start srv "$TIER_BIN/rs_pairstress" --role server --addr 0.0.0.0 --port "$port" --workers 2 \
+      --share "$share" --io mixed --stop "$DIR/stop"
+    ready srv "$port" yes
+    await_clients
+    touch "$DIR/stop"
+    finish srv 120
+  else
+    await_server
+    for ((c = 1; c <= clients; c++)); do
+      env_for "cli$c" "$port" yes
+      ENVV+=(RSOCK_RING_SIZE=64K RSOCK_CONNECT_TIMEOUT_MS="$(timeout_of "$c")")
+      io=block
+      [ $((c % 2)) = 0 ] && io=epoll
+      start "cli$c" "$TIER_BIN/rs_pairstress" --role client --addr "$SRV_IP" --port "$port" \
+        --id "$c" --conns "$conns" --parallel "$parallel" --io "$io" --rounds "$rounds" \
+        --hold-ms 20 --bytes 8192
+    done
+    for ((c = 1; c <= clients; c++)); do finish "cli$c" 240; done
+    rsock_signal "$CASE.cli-done"
+  fi
+  cm_counters "$HOST.cm-after"
+}
+# The IB CM's message counters of this host (sent, received, retries), for
+# the record: a connection that one side tore down and the other never
+# heard of shows as a message sent here and not received there.
+cm_counters() {
+  local d f
+  for d in /sys/class/infiniband/"$RSOCK_VM_DEV"/ports/*/cm_* /sys/class/infiniband_cm/"$RSOCK_VM_DEV"/*/cm_*; do
+    for f in "$d"/*; do [ -r "$f" ] && echo "${d##*/}/${f##*/} $(cat "$f")"; done
+  done > "$DIR/$1" 2> /dev/null
+}
+case_pairing-stress() { pairing_stress 7571 fork 4 12 4 2 ""; }
+case_pairing-stress-reuseport() { pairing_stress 7572 reuseport 4 12 4 2 ""; }
+# 1-5 ms: every step of the handshake runs into a deadline somewhere. Each
+# client process stops pairing after its first timeout (negative cache), so
+# many processes with few connections each.
+case_pairing-stress-tiny() { pairing_stress 7573 fork 12 4 4 1 "1 5 2 3 4 1"; }
+
 sockperf_case() {
   local port=$1 mode=$2
   if [ "$HOST" = A ]; then

@@ -58,6 +58,27 @@
 #                                256 KiB echoed and checked) and counts one
 #                                rejected.unproven; the forger may see its
 #                                request accepted, then disconnected
+#   pairing-stress               pairing under load (test/progs/rs_pairstress):
+#                                a listen-then-fork server on A (2 workers, one
+#                                inherited wildcard listener, blocking and
+#                                event-loop) and 4 client processes on B (2
+#                                blocking, 2 event-loop), 12 connections each,
+#                                4 at a time, 2 checked rounds each; every
+#                                connection must finish at both ends, both ends
+#                                must report (in band, from the kernel's byte
+#                                counts) the same path, the stats of each side
+#                                must add up to those reports (one fallback per
+#                                tcp connection, a reason that fits: a timeout,
+#                                a negative cache, no rendezvous; nothing
+#                                rejected; accelerated bytes sent by one side =
+#                                received by the other), and at least one rdma
+#   pairing-stress-reuseport     the same with 2 SO_REUSEPORT siblings (only the
+#                                first can hold the rdma_cm listener)
+#   pairing-stress-tiny          12 client processes x 4 connections with
+#                                RSOCK_CONNECT_TIMEOUT_MS 1-5 (cycled over the
+#                                server and the clients): deadlines at every
+#                                step of the handshake, same checks, any number
+#                                of rdma connections
 #   sockperf-pingpong            unmodified sockperf, shim on both ends
 #   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
 #   iperf3                       unmodified iperf3 -t 2, shim on both ends
@@ -134,7 +155,8 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
 ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
-           forged-request sockperf-pingpong sockperf-throughput
+           forged-request pairing-stress pairing-stress-reuseport pairing-stress-tiny
+           sockperf-pingpong sockperf-throughput
            iperf3 fork-per-connection nginx-workers redis
            peer-killed kernel-bytes memlock device-lost" # device-lost destroys a device: last
 CASES=""
@@ -552,6 +574,80 @@ judge_redis() {
   expect_sum srv redis-server 1 $((10 + 2 + 2 + 100))
   [ "$(rc_of srv)" = 0 ] || why "redis-server exit status $(rc_of srv)"
 }
+
+# pairing-stress*: rs_pairstress's per-connection lines at both ends, and the
+# stats of every process. judge_pairing_stress CLIENTS CONNS WORKERS MIN_RDMA
+judge_pairing_stress() {
+  local clients=$1 conns=$2 workers=$3 min_rdma=$4 c p r v views
+  local cv=$DIR/judge.client-views sv=$DIR/judge.server-views
+  for ((c = 1; c <= clients; c++)); do
+    r=$(rc_of "cli$c")
+    [ "$r" = 0 ] || why "cli$c exit status $r ($(grep -m2 -h '^FAIL' "$DIR/cli$c.out" 2> /dev/null | paste -sd' ') $(tail -n 1 "$DIR/cli$c.err" 2> /dev/null))"
+  done
+  r=$(rc_of srv)
+  [ "$r" = 0 ] || why "server exit status $r ($(grep -m2 '^FAIL' "$DIR/srv.out" 2> /dev/null | paste -sd' ') $(tail -n 1 "$DIR/srv.err" 2> /dev/null))"
+  v=$(cat "$DIR"/cli*.out "$DIR/srv.out" 2> /dev/null | grep -c '^FAIL')
+  [ "$v" = 0 ] || why "$v FAIL lines, the first: $(cat "$DIR"/cli*.out "$DIR/srv.out" | grep -m3 '^FAIL' | paste -sd' ')"
+  # "ID ME PEER" per connection, at each end.
+  views() { sed -n 's/^CONN id=\([^ ]*\) role=[a-z]* me=\([a-z]*\) peer=\([a-z]*\) .*/\1 \2 \3/p' "$@" 2> /dev/null | sort; }
+  views "$DIR"/cli*.out > "$cv"
+  views "$DIR/srv.out" > "$sv"
+  v=$(wc -l < "$cv")
+  [ "$v" = $((clients * conns)) ] || why "clients finished $v connections, want $((clients * conns))"
+  [ "$(cut -d' ' -f1 "$cv" | uniq -d | wc -l)" = 0 ] || why "a client reported a connection twice"
+  [ "$(cut -d' ' -f1 "$sv" | uniq -d | wc -l)" = 0 ] || why "the server reported a connection twice"
+  # Joined: ID CLIENT_ME CLIENT_PEER SERVER_ME SERVER_PEER; all four equal.
+  views=$(join "$cv" "$sv")
+  v=$(wc -l <<< "$views")
+  [ -n "$views" ] && [ "$v" = "$(wc -l < "$cv")" ] && [ "$v" = "$(wc -l < "$sv")" ] ||
+    why "the two ends reported different connections ($(wc -l < "$cv") at the clients, $(wc -l < "$sv") at the server, $v at both)"
+  v=$(awk '!($2 == $3 && $3 == $4 && $4 == $5 && $2 != "unknown")' <<< "$views")
+  [ -z "$v" ] || why "$(wc -l <<< "$v") connection(s) whose ends disagree (id client-me client-peer server-me server-peer): $(head -n 3 <<< "$v" | paste -sd',')"
+  local accel tcp
+  accel=$(awk '$2 == "accel"' <<< "$views" | grep -c .)
+  tcp=$(awk '$2 == "tcp"' <<< "$views" | grep -c .)
+  echo "rdma: $CASE: $((accel + tcp)) connections, $accel rdma, $tcp tcp" >&2
+  [ "$accel" -ge "$min_rdma" ] || why "$accel rdma connections, want at least $min_rdma"
+  # The stats of each side add up to the views.
+  local side files sum c_sent c_recv s_sent s_recv
+  for side in clients server; do
+    if [ "$side" = clients ]; then files=("$DIR"/cli*.stats); else files=("$DIR/srv.stats"); fi
+    sum=$(cat "${files[@]}" 2> /dev/null | jq -s -c '{lines: length,
+      rdma: (map(.connections.rdma) | add), shm: (map(.connections.shm) | add),
+      tcp: (map(.connections.tcp) | add),
+      fallbacks: (map(.fallbacks | to_entries[]) | group_by(.key) | map({(.[0].key): (map(.value) | add)}) | add // {}),
+      rejected: (map(.rejected | to_entries[] | .value) | add // 0),
+      resets: (map(.resets | to_entries[] | .value) | add // 0),
+      sent: (map(.bytes_sent) | add), received: (map(.bytes_received) | add)}')
+    echo "rdma: $CASE: $side stats $sum" >&2
+    v=$(jq -r .lines <<< "$sum")
+    if [ "$side" = clients ]; then
+      [ "$v" = "$clients" ] || why "$v client stats lines, want $clients"
+    else
+      [ "$v" = $((workers + 1)) ] || why "$v server stats lines, want $((workers + 1)) (parent + workers)"
+    fi
+    [ "$(jq -r .rdma <<< "$sum")" = "$accel" ] || why "$side: connections.rdma $(jq -r .rdma <<< "$sum"), want $accel"
+    [ "$(jq -r .tcp <<< "$sum")" = "$tcp" ] || why "$side: connections.tcp $(jq -r .tcp <<< "$sum"), want $tcp"
+    [ "$(jq -r .shm <<< "$sum")" = 0 ] || why "$side: connections.shm $(jq -r .shm <<< "$sum")"
+    [ "$(jq -r '[.fallbacks[]] | add // 0' <<< "$sum")" = "$tcp" ] ||
+      why "$side: $(jq -r '[.fallbacks[]] | add // 0' <<< "$sum") fallbacks for $tcp tcp connections"
+    [ "$(jq -r .rejected <<< "$sum")" = 0 ] || why "$side: rejected $(jq -r .rejected <<< "$sum") intruder(s), there were none"
+    [ "$(jq -r .resets <<< "$sum")" = 0 ] || why "$side: resets $(jq -r .resets <<< "$sum")"
+    # Honest reasons: both ends preloaded, no intruder: a pairing that ran out
+    # of time (this side's or the peer's); the client's negative cache after
+    # one; the server finding no rendezvous (that client gave up, or uses
+    # its negative cache).
+    v=$(jq -r '.fallbacks | keys[]' <<< "$sum" | grep -vxE 'pair_timeout|negative_cache|peer_not_accelerated' | paste -sd' ')
+    [ -z "$v" ] || why "$side: fallback reasons that do not fit: $v ($(jq -c .fallbacks <<< "$sum"))"
+    [ "$side" = clients ] && c_sent=$(jq -r .sent <<< "$sum") c_recv=$(jq -r .received <<< "$sum")
+    [ "$side" = server ] && s_sent=$(jq -r .sent <<< "$sum") s_recv=$(jq -r .received <<< "$sum")
+  done
+  [ "$c_sent" = "$s_recv" ] || why "accelerated bytes: the clients sent $c_sent, the server received $s_recv"
+  [ "$s_sent" = "$c_recv" ] || why "accelerated bytes: the server sent $s_sent, the clients received $c_recv"
+}
+judge_pairing-stress() { judge_pairing_stress 4 12 2 1; }
+judge_pairing-stress-reuseport() { judge_pairing_stress 4 12 2 1; }
+judge_pairing-stress-tiny() { judge_pairing_stress 12 4 2 0; }
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2> /dev/null; }
 judge_sockperf() { # MODE pp|tp
