@@ -83,7 +83,7 @@ $(BUILD)/progs/%: test/progs/%.cpp
 # The application tier's own servers are C programs (test/apps/*.c).
 $(BUILD)/apps/%: test/apps/%.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -O2 -g -Wall -Wextra -pthread -o $@ $<
+	$(CC) -std=c11 $(OPT) -g -Wall -Wextra -pthread $(LDFLAGS) -o $@ $<
 
 $(BUILD)/progs/lib%.so: test/libs/%.cpp
 	@mkdir -p $(dir $@)

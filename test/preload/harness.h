@@ -519,6 +519,7 @@ struct Sanitizers {
   // transfer in 70 to 120 s on a loaded 2-core machine, against 1 to 3 s
   // plain). The plain build keeps the bounds the tests state.
   int slowdown = 1;
+  bool tsan = false;  // ThreadSanitizer (it runs vfork() as fork())
 };
 
 inline Sanitizers loaded_sanitizers() {
@@ -536,6 +537,7 @@ inline Sanitizers loaded_sanitizers() {
         const bool ubsan = strncmp(base, "libubsan.so", 11) == 0;
         if (asan) f->option_vars.push_back("ASAN_OPTIONS");
         if (tsan) f->option_vars.push_back("TSAN_OPTIONS");
+        if (tsan) f->tsan = true;
         if (ubsan) f->option_vars.push_back("UBSAN_OPTIONS");
         f->slowdown = std::max(f->slowdown, tsan ? 5 : asan ? 3 : ubsan ? 2 : 1);
         return 0;
