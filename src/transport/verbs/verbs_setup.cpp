@@ -257,13 +257,21 @@ std::unique_ptr<VerbsChannel> accept_one(rdma_cm_id* req_id, int ring_log2,
     return nullptr;
   }
   note_device(cm.id);
+  // EINVAL from the queue pair's creation or from rdma_accept: the request
+  // is no longer waiting for an answer (rdma_cm moved it on when its sender
+  // withdrew it: a peer that gave up, as a forked worker does at its bound).
   int err = 0;
   std::unique_ptr<VerbsChannel> ch =
       VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
   if (!ch) {
-    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+    if (err == -EINVAL) {
+      LOG_INFO("rdma: the connect request was withdrawn before we could accept it");
+      *why = Fallback::kPairTimeout;
+    } else {
+      LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+      *why = Fallback::kResources;
+    }
     rdma_reject(cm.id, nullptr, 0);
-    *why = Fallback::kResources;
     return nullptr;
   }
   cm.id = nullptr;
@@ -272,8 +280,10 @@ std::unique_ptr<VerbsChannel> accept_one(rdma_cm_id* req_id, int ring_log2,
   encode_accept_priv(accept, priv);
   rdma_conn_param cp = conn_param(priv, sizeof priv);
   if (rdma_accept(ch->id(), &cp) != 0) {
-    LOG_INFO("rdma: rdma_accept: %s", strerror(errno));
-    *why = Fallback::kPairFailed;
+    const int e = errno;
+    LOG_INFO("rdma: rdma_accept: %s%s", strerror(e),
+             e == EINVAL ? " (the connect request was withdrawn)" : "");
+    *why = e == EINVAL ? Fallback::kPairTimeout : Fallback::kPairFailed;
     return nullptr;
   }
   return ch;

@@ -76,7 +76,8 @@ void verbs_rendezvous_close(VerbsRendezvous* rendezvous);
 //                        matching listener", after a few quick retries)
 //   kPeerUnproven        the server declined our proof: the process that
 //                        answered our request does not hold the connection
-//   kPairTimeout         nothing conclusive within the timeout
+//   kPairTimeout         nothing conclusive within the timeout, or the
+//                        server withdrew the request we were accepting
 //   kPairFailed          the server refused, or a protocol mismatch
 //   kResources           registration or queue creation failed (memlock)
 // Once our proof is written the server may have committed: a failure after
