@@ -1268,15 +1268,16 @@ class VerbsReversePairing final : public ServerSide {
                             : Fallback::kPairFailed);
         }
         AcceptInfo acc;
-        if (!decode_accept_priv(rep_, rep_len_, &acc) || acc.ring_log2 != ring_log2_ ||
-            acc.client_port != peer_.port) {
-          LOG_WARN("rdma pairing: bad accept private data on our request");
-          return finish(Fallback::kPairFailed);  // the client wrote nothing: both on TCP
-        }
+        const bool good = decode_accept_priv(rep_, rep_len_, &acc) && acc.ring_log2 == ring_log2_ &&
+                          acc.client_port == peer_.port;
+        // A bad accept is still an accept: the client's side comes up now
+        // and it may prove. Kept with a challenge that no proof matches
+        // (ours are never 0), so that a proof is declined in band.
+        if (!good) LOG_WARN("rdma pairing: bad accept private data on our request");
         accepted_any_ = true;
         Candidate c;
         c.ch = std::move(active_);
-        c.challenge = challenge_;
+        c.challenge = good ? challenge_ : 0;
         c.established = true;
         candidates_.push_back(std::move(c));
         continue;
