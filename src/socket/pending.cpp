@@ -294,10 +294,13 @@ namespace {
 void wait_in_flight(std::unique_lock<std::mutex>& lock) {
   const Runtime* rt = runtime();
   if (!rt) return;
-  // The TCP handshake is bounded by the timeout, a pairing by twice the
-  // timeout plus 4 s (past its deadline it waits for a peer that may be
-  // committing: docs/protocol.md section 7, commit points).
-  const auto bound = std::chrono::milliseconds(3 * rt->config.connect_timeout_ms + 5000);
+  // The TCP handshake is bounded by the timeout, a pairing by a few
+  // timeouts plus twice kPeerDecisionMs and a few seconds (past its
+  // deadline it waits for a peer that may be committing: docs/protocol.md
+  // section 7, commit points); only a broken peer or an impostor makes it
+  // take that long.
+  const auto bound =
+      std::chrono::milliseconds(4 * rt->config.connect_timeout_ms + 2 * kPeerDecisionMs + 10000);
   if (!flight_cv().wait_for(lock, bound, [] { return g_in_flight == 0; }))
     LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);
 }

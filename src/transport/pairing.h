@@ -49,4 +49,11 @@ class Pairing {
 // slow or stalling peer costs a thread.
 inline constexpr int64_t kAcceptInlineMs = 20;
 
+// How long, past its own deadline and one more timeout, a pairing waits for
+// a peer that may be committing (docs/protocol.md section 7, commit points).
+// A cooperating peer always ends that wait with a message; this bound only
+// catches a broken peer or an impostor, so it is far longer than any stall
+// of a busy host, and no connection is failed because a timeout was short.
+inline constexpr int64_t kPeerDecisionMs = 30000;
+
 }  // namespace rsock

@@ -182,7 +182,6 @@ PASSED=0 FAILED=0 SKIPPED=0
 # skipped, not passed (RDMA_STRICT=1 counts it as failed).
 declare -A KNOWN=(
   [fork-per-connection]="an RDMA connection is usable only in the process that made it: the parent accepted and paired, the child's ibv_post_send fails with EACCES"
-  [pairing-stress-tiny]="with 1-5 ms pairing timeouts a server can reach its bound with neither the client's proof nor its giving up seen, and fails the connection (the client reads EOF)"
 )
 
 summary() {

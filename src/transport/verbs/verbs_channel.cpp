@@ -281,7 +281,10 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
     if (wc.status == IBV_WC_WR_FLUSH_ERR && (peer_flags_ & kPeerClosed)) {
       carrier_lost(kPeerClosed);
     } else {
-      if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0)
+      // (A channel that was never started is a pairing candidate torn down:
+      // the flush of its posted receives says nothing about a stream.)
+      if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
+          remote_rkey_ != 0)
         LOG_INFO("rdma: completion error: %s (%s)", ibv_wc_status_str(wc.status),
                  is_recv ? "receive" : "send");
       carrier_lost(kTransportError | kPeerClosed);

@@ -45,14 +45,17 @@ constexpr size_t kMaxCandidates = 4;
 // A server asleep in a pairing wakes at least this often to read the shared
 // listener (other accepting threads may be waiting for its requests).
 constexpr int kListenerSliceMs = 20;
-// Past its deadline, a pairing whose peer may be committing waits for the
-// peer's decision rather than guess (docs/protocol.md section 7, commit
-// points): the peer decides by its own deadline, which may come later
-// (another setting, a slower process). This long beyond one timeout more,
-// a peer that still has not decided is broken or an impostor: the server
-// then fails the connection loudly; the client waits a little longer, so
-// that it is never the one to give up on a server that is answering.
+// Past its deadline, a forked worker's request to the client's rendezvous
+// waits this long beyond one timeout more for the client's accept or
+// refusal (the client may be accepting it right now), then is withdrawn:
+// the client cannot have committed before we read its accept, so that is
+// never a guess (docs/protocol.md section 7, commit points).
 constexpr int64_t kResolveGraceMs = 2000;
+// A pairing whose peer may be committing waits for the peer's decision
+// rather than guess, up to kPeerDecisionMs (pairing.h) beyond one timeout
+// more; the client waits this much longer still, so that it is never the
+// one to give up on a server that is answering.
+constexpr int64_t kClientExtraMs = 4000;
 
 int64_t now_ms() {
   timespec ts;
@@ -257,13 +260,21 @@ std::unique_ptr<VerbsChannel> accept_one(rdma_cm_id* req_id, int ring_log2,
     return nullptr;
   }
   note_device(cm.id);
+  // EINVAL from the queue pair's creation or from rdma_accept: the request
+  // is no longer waiting for an answer (rdma_cm moved it on when its sender
+  // withdrew it: a peer that gave up, as a forked worker does at its bound).
   int err = 0;
   std::unique_ptr<VerbsChannel> ch =
       VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
   if (!ch) {
-    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+    if (err == -EINVAL) {
+      LOG_INFO("rdma: the connect request was withdrawn before we could accept it");
+      *why = Fallback::kPairTimeout;
+    } else {
+      LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+      *why = Fallback::kResources;
+    }
     rdma_reject(cm.id, nullptr, 0);
-    *why = Fallback::kResources;
     return nullptr;
   }
   cm.id = nullptr;
@@ -272,8 +283,10 @@ std::unique_ptr<VerbsChannel> accept_one(rdma_cm_id* req_id, int ring_log2,
   encode_accept_priv(accept, priv);
   rdma_conn_param cp = conn_param(priv, sizeof priv);
   if (rdma_accept(ch->id(), &cp) != 0) {
-    LOG_INFO("rdma: rdma_accept: %s", strerror(errno));
-    *why = Fallback::kPairFailed;
+    const int e = errno;
+    LOG_INFO("rdma: rdma_accept: %s%s", strerror(e),
+             e == EINVAL ? " (the connect request was withdrawn)" : "");
+    *why = e == EINVAL ? Fallback::kPairTimeout : Fallback::kPairFailed;
     return nullptr;
   }
   return ch;
@@ -476,8 +489,8 @@ class VerbsClientPairing final : public Pairing {
       : tcp_fd_(tcp_fd),
         rdv_(rdv),
         ring_log2_(log2_of(cfg.ring_bytes)),
-        deadline_(now_ms() + cfg.connect_timeout_ms),
-        answer_deadline_(deadline_ + cfg.connect_timeout_ms + 2 * kResolveGraceMs) {}
+        timeout_ms_(cfg.connect_timeout_ms),
+        deadline_(now_ms() + cfg.connect_timeout_ms) {}
 
   bool run(int64_t /*limit_ms*/) override {
     if (!done_) why_ = pair();
@@ -568,12 +581,27 @@ class VerbsClientPairing final : public Pairing {
     Fallback why = Fallback::kPairFailed;
     std::unique_ptr<VerbsChannel> ch = accept_one(req_id, info.ring_log2, acc, nullptr, &why);
     if (!ch) return why;
+    // From our accept on, the server decides: it reads our accept (then
+    // its side is up, our ESTABLISHED follows, and we prove, however late)
+    // or withdraws its request (then rdma_cm refuses our side, and neither
+    // of us wrote anything). Past our deadline we wait for that decision
+    // rather than guess: had we torn our side down after the server's was
+    // up, only a REJ, which nobody repeats, would tell it.
     int status = 0;
-    int r = wait_for(ch->id()->channel, RDMA_CM_EVENT_ESTABLISHED, deadline_, &status);
+    const int64_t bound = decision_bound();
+    int r = wait_for(ch->id()->channel, RDMA_CM_EVENT_ESTABLISHED, bound, &status);
     if (r != 0) {
-      // The server's ESTABLISHED came before ours (it is the active side):
-      // it waits for our proof, which never comes; both stay on TCP.
-      return r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed;
+      if (r > 0)
+        LOG_INFO("rdma: the server's request ended before it was established: %s (status %d)",
+                 rdma_event_str(static_cast<rdma_cm_event_type>(r - 1)), status);
+      else
+        LOG_WARN("rdma: the server neither completed nor withdrew its request");
+      // Withdrawn (REJECTED, or CONNECT_ERROR: the server's side is gone):
+      // it gave up. Nothing was written in band either way.
+      const auto ev = static_cast<rdma_cm_event_type>(r - 1);
+      return r < 0 || ev == RDMA_CM_EVENT_REJECTED || ev == RDMA_CM_EVENT_CONNECT_ERROR
+                 ? Fallback::kPairTimeout
+                 : Fallback::kPairFailed;
     }
     return prove(std::move(ch), info.challenge);
   }
@@ -593,7 +621,8 @@ class VerbsClientPairing final : public Pairing {
     proof.ring = {ch->rx_rkey(), ch->rx_addr()};
     uint8_t out[kClientProofBytes];
     encode_client_proof(proof, out);
-    if (int rc = send_all(tcp_fd_, out, sizeof out, answer_deadline_); rc < 0) {
+    const int64_t answer_deadline = decision_bound() + kClientExtraMs;
+    if (int rc = send_all(tcp_fd_, out, sizeof out, answer_deadline); rc < 0) {
       fail_connection(tcp_fd_);
       return rc == -ETIMEDOUT ? Fallback::kPairTimeout : Fallback::kPairFailed;
     }
@@ -615,7 +644,7 @@ class VerbsClientPairing final : public Pairing {
         if (s == ProofScan::kProof) break;
       }
       pollfd p = {tcp_fd_, POLLIN, 0};
-      if (real().poll(&p, 1, ms_left(answer_deadline_)) == 0) {
+      if (real().poll(&p, 1, ms_left(answer_deadline)) == 0) {
         LOG_WARN("rdma: no answer to our proof from the server: failing the connection");
         fail_connection(tcp_fd_);
         return Fallback::kPairTimeout;
@@ -640,11 +669,18 @@ class VerbsClientPairing final : public Pairing {
     return Fallback::kPairFailed;  // (not a fallback: the channel is taken)
   }
 
+  // How long we wait for a decision that is the server's: past our
+  // deadline and one more timeout, by kPeerDecisionMs (a cooperating server
+  // always decides well within it, however busy the hosts).
+  int64_t decision_bound() const {
+    return std::max(now_ms(), deadline_) + timeout_ms_ + kPeerDecisionMs;
+  }
+
   int tcp_fd_;
   std::unique_ptr<VerbsRendezvous> rdv_;
   const int ring_log2_;
-  const int64_t deadline_;         // for everything before our proof
-  const int64_t answer_deadline_;  // for the server's answer to it
+  const int64_t timeout_ms_;
+  const int64_t deadline_;  // for everything before the server's side is up
   WireAddr local_ = {}, peer_ = {};
   bool done_ = false;
   std::unique_ptr<Channel> channel_;
@@ -840,22 +876,26 @@ namespace {
 // decision on the client's first bytes. Stages wait only for the client's
 // next step, and each can be resumed (Pairing::run).
 //
-// Commit rule: once a candidate's request was accepted, its client may
-// write its proof (it writes as soon as its side is established, before its
-// own deadline), so falling back silently is allowed only when the client's
-// first bytes are application data (it did not pair) or when every
-// candidate has ended from the client's side (a client tears its rdma_cm
-// connection down only when it gives up before proving; once it proved, it
-// keeps it until our answer). Past our deadline we therefore keep waiting
-// for one of the two, up to resolve_deadline_; only a candidate that is
+// Commit rule: once a candidate's rdma_cm connection may be up at the
+// client's end, the client may write its proof (it writes as soon as its
+// side is established, however late), so falling back silently is allowed
+// only when the client's first bytes are application data (it did not
+// pair) or when every such candidate has ended from the client's side (a
+// client tears its rdma_cm connection down only when it gives up before
+// proving; once it proved, it keeps it until our answer). Past our deadline
+// we therefore keep waiting for one of the two, up to decision_deadline_;
+// a cooperating client always ends that wait, and only a candidate that is
 // still there then (an impostor's, or a broken client) fails the connection
-// loudly.
+// loudly. A reverse request that the client has not accepted yet is
+// different: the client's side cannot come up before we read its accept,
+// so we may withdraw it at any time (at withdraw_deadline_) and fall back.
 class ServerSide : public Pairing {
  public:
   ServerSide(int tcp_fd, const Config& cfg)
       : tcp_fd_(tcp_fd),
         deadline_(now_ms() + cfg.connect_timeout_ms),
-        resolve_deadline_(deadline_ + cfg.connect_timeout_ms + kResolveGraceMs) {}
+        withdraw_deadline_(deadline_ + cfg.connect_timeout_ms + kResolveGraceMs),
+        decision_deadline_(deadline_ + cfg.connect_timeout_ms + kPeerDecisionMs) {}
 
   void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
   std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
@@ -882,9 +922,10 @@ class ServerSide : public Pairing {
     candidates_.clear();
   }
 
-  // resolve_deadline_ passed and a client that was accepted may still be
-  // proving: neither end can know what the other does, so the connection
-  // ends, loudly.
+  // decision_deadline_ passed and a client whose side may be up has neither
+  // proved nor given up: a broken peer or an impostor (a cooperating client
+  // decides long before). Neither end can know what the other does, so the
+  // connection ends, loudly.
   bool unresolved() {
     LOG_WARN(
         "rdma pairing: the client neither proved nor gave up in time: failing the "
@@ -963,7 +1004,7 @@ class ServerSide : public Pairing {
     rdma_event_channel* own = c.ch->id()->channel;
     while (!c.established) {
       int status = 0;
-      int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, resolve_deadline_, &status);
+      int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, decision_deadline_, &status);
       if (r != 0) {
         decline(answer);
         return finish(r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed);
@@ -978,7 +1019,7 @@ class ServerSide : public Pairing {
     answer.ring = {c.ch->rx_rkey(), c.ch->rx_addr()};
     uint8_t out[kServerProofBytes];
     encode_server_proof(answer, out);
-    if (send_all(tcp_fd_, out, sizeof out, resolve_deadline_) != 0) {
+    if (send_all(tcp_fd_, out, sizeof out, decision_deadline_) != 0) {
       fail_connection(tcp_fd_);
       return finish(Fallback::kPairFailed);
     }
@@ -990,12 +1031,13 @@ class ServerSide : public Pairing {
     answer.accept = false;
     uint8_t out[kServerProofBytes];
     encode_server_proof(answer, out);
-    if (send_all(tcp_fd_, out, sizeof out, resolve_deadline_) != 0) fail_connection(tcp_fd_);
+    if (send_all(tcp_fd_, out, sizeof out, decision_deadline_) != 0) fail_connection(tcp_fd_);
   }
 
   int tcp_fd_;
-  const int64_t deadline_;          // no new request is taken after it
-  const int64_t resolve_deadline_;  // see the commit rule above
+  const int64_t deadline_;           // no new request is taken after it
+  const int64_t withdraw_deadline_;  // see the commit rule above
+  const int64_t decision_deadline_;  // see the commit rule above
   std::vector<Candidate> candidates_;
   bool accepted_any_ = false;  // an accept went out: the client may be proving
   bool done_ = false;
@@ -1036,7 +1078,7 @@ class VerbsServerPairing final : public ServerSide {
       if (late && candidates_.empty()) return finish(Fallback::kPairTimeout);
       // Only after a last look: a thread that slept past the bound (a busy
       // host) may find the decision waiting.
-      if (now >= resolve_deadline_) return unresolved();
+      if (now >= decision_deadline_) return unresolved();
       // Sleep until the client writes, a candidate moves, or the listener
       // has news; in slices, since other accepting threads share it.
       std::vector<pollfd> p;
@@ -1044,7 +1086,7 @@ class VerbsServerPairing final : public ServerSide {
       p.push_back({late ? -1 : listener_->ch->fd, POLLIN, 0});
       for (auto& c : candidates_) p.push_back({c.ch->id()->channel->fd, POLLIN, 0});
       const int wait = std::min(
-          {ms_left(late ? resolve_deadline_ : deadline_), ms_left(limit_ms), kListenerSliceMs});
+          {ms_left(late ? decision_deadline_ : deadline_), ms_left(limit_ms), kListenerSliceMs});
       real().poll(p.data(), p.size(), wait);
     }
     return true;
@@ -1119,9 +1161,10 @@ class VerbsReversePairing final : public ServerSide {
     while (!done_) {
       const int64_t now = now_ms();
       if (now >= limit_ms) return false;
-      // Past the bound only after a last look (below): a thread that slept
+      // Past a bound only after a last look (below): a thread that slept
       // past it (a busy host) may find the decision waiting.
-      const bool last_look = now >= resolve_deadline_;
+      const bool withdraw = now >= withdraw_deadline_;
+      const bool last_look = now >= decision_deadline_;
       if (retry_at_ > 0) {
         // Waiting to ask again. A plain client that speaks meanwhile ends
         // the wait (a librsock client writes nothing before its pairing
@@ -1142,10 +1185,13 @@ class VerbsReversePairing final : public ServerSide {
       if (!accepted_any_) {
         // Waiting for the client's accept: ESTABLISHED (we are the active
         // side, so ours comes first), or its refusal. Past our deadline
-        // too: the client may be accepting our request right now, and once
-        // its side is established it proves in band, so only its answer
-        // decides (it answers by its own deadline: it accepts, refuses, or
-        // tears its rendezvous down, which refuses too).
+        // too, up to withdraw_deadline_: the client may be accepting our
+        // request right now. Its side comes up only after we read its
+        // accept here (librdmacm sends our RTU then), so until then we may
+        // withdraw the request at any time and fall back without a guess:
+        // a client that accepted it then sees it end and writes nothing.
+        // Once we read its accept, its side comes up and it proves, however
+        // late (it waits for our decision from its accept on).
         // Meanwhile the client's first bytes may tell: application data
         // means that it did not pair (its pairing is over: our request can
         // no longer be accepted), so there is nothing to wait for. (A proof
@@ -1173,13 +1219,28 @@ class VerbsReversePairing final : public ServerSide {
         rdma_event_channel* own = active_->id()->channel;
         // (Bytes that may still become a proof are looked at again soon.)
         pollfd p[2] = {{own->fd, POLLIN, 0}, {n > 0 ? -1 : tcp_fd_, POLLIN, 0}};
-        int wait = last_look ? 0 : std::min(ms_left(resolve_deadline_), ms_left(limit_ms));
+        int wait = withdraw ? 0 : std::min(ms_left(withdraw_deadline_), ms_left(limit_ms));
         real().poll(p, 2, n > 0 ? std::min(wait, 10) : wait);
         int status = 0;
         int r = (p[0].revents & POLLIN) ? wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms(),
                                                    &status, rep_, sizeof rep_, &rep_len_)
                                         : -1;
-        if (r < 0 && last_look) return unresolved();
+        if (r < 0 && withdraw) {
+          // No answer to our request in time: withdrawn (rdma_cm rejects
+          // it, so a client that is accepting it now fails to and stays on
+          // TCP). Any proof in front of the data cannot be for a side of
+          // ours that was never up: declined, so that it never reaches the
+          // application.
+          LOG_INFO("rdma pairing: the client did not answer our request in time: withdrawing it");
+          active_.reset();
+          if (scan == ProofScan::kProof) {
+            consume(tcp_fd_, kClientProofBytes);
+            ServerProof answer;
+            memcpy(answer.key, seen.key, kProofKeyBytes);
+            decline(answer);
+          }
+          return finish(Fallback::kPairTimeout);
+        }
         if (r < 0) continue;  // bytes, the limit or the bound: looked at above
         if (no_listener(r, status)) {
           // No rendezvous: a plain client, or one that has given up. Or
@@ -1207,15 +1268,16 @@ class VerbsReversePairing final : public ServerSide {
                             : Fallback::kPairFailed);
         }
         AcceptInfo acc;
-        if (!decode_accept_priv(rep_, rep_len_, &acc) || acc.ring_log2 != ring_log2_ ||
-            acc.client_port != peer_.port) {
-          LOG_WARN("rdma pairing: bad accept private data on our request");
-          return finish(Fallback::kPairFailed);  // the client wrote nothing: both on TCP
-        }
+        const bool good = decode_accept_priv(rep_, rep_len_, &acc) && acc.ring_log2 == ring_log2_ &&
+                          acc.client_port == peer_.port;
+        // A bad accept is still an accept: the client's side comes up now
+        // and it may prove. Kept with a challenge that no proof matches
+        // (ours are never 0), so that a proof is declined in band.
+        if (!good) LOG_WARN("rdma pairing: bad accept private data on our request");
         accepted_any_ = true;
         Candidate c;
         c.ch = std::move(active_);
-        c.challenge = challenge_;
+        c.challenge = good ? challenge_ : 0;
         c.established = true;
         candidates_.push_back(std::move(c));
         continue;
@@ -1226,7 +1288,7 @@ class VerbsReversePairing final : public ServerSide {
       if (candidates_.empty()) return finish(Fallback::kPairTimeout);
       if (last_look) return unresolved();
       pollfd p[2] = {{tcp_fd_, POLLIN, 0}, {candidates_[0].ch->id()->channel->fd, POLLIN, 0}};
-      real().poll(p, 2, std::min(ms_left(resolve_deadline_), ms_left(limit_ms)));
+      real().poll(p, 2, std::min(ms_left(decision_deadline_), ms_left(limit_ms)));
     }
     return true;
   }

@@ -76,7 +76,8 @@ void verbs_rendezvous_close(VerbsRendezvous* rendezvous);
 //                        matching listener", after a few quick retries)
 //   kPeerUnproven        the server declined our proof: the process that
 //                        answered our request does not hold the connection
-//   kPairTimeout         nothing conclusive within the timeout
+//   kPairTimeout         nothing conclusive within the timeout, or the
+//                        server withdrew the request we were accepting
 //   kPairFailed          the server refused, or a protocol mismatch
 //   kResources           registration or queue creation failed (memlock)
 // Once our proof is written the server may have committed: a failure after
@@ -93,10 +94,14 @@ std::unique_ptr<Pairing> verbs_client_pairing(int tcp_fd, VerbsRendezvous* rende
 //                        are application data (a plain client)
 //   kPeerUnproven        the client proved a request that is not one of ours
 //   kPairTimeout         the client accepted or sent a request, then gave up
-//                        before proving (it tore its rdma_cm side down); or
-//                        it neither proved nor gave up within one more
-//                        timeout plus 2 s past ours: then the TCP connection
-//                        has been shut down, as the client may be committing
+//                        before proving (it tore its rdma_cm side down); a
+//                        reverse request not accepted within one more
+//                        timeout plus 2 s past ours (withdrawn: the client
+//                        cannot have committed); or a client whose side may
+//                        be up neither proved nor gave up within one more
+//                        timeout plus kPeerDecisionMs past ours: then the
+//                        TCP connection has been shut down, as the client
+//                        may be committing
 //   kPairFailed, kResources  as for the client (stays on TCP)
 std::unique_ptr<Pairing> verbs_server_pairing(VerbsListener* listener, int tcp_fd,
                                               const Config& cfg);
