@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <new>
 
 namespace rsock {
 
@@ -41,8 +42,49 @@ PeerState Stream::poll_peer() {
   return s;
 }
 
+namespace {
+// Leaves the channel's operation bracket (Channel::enter) on every return.
+struct Bracket {
+  Channel* ch;
+  ~Bracket() { ch->leave(); }
+};
+}  // namespace
+
+int Stream::take_over() {
+  if (!channel_->needs_take_over()) return 0;
+  std::scoped_lock lock(tx_mu_, rx_mu_);
+  // Only take_over() ends a move that succeeds, and only under these locks.
+  if (!channel_->needs_take_over()) return 0;  // another thread finished it first
+  EndPositions at;
+  const int rc = channel_->take_over(&at);
+  if (rc == -EAGAIN) return rc;
+  if (rc < 0) {
+    fail();
+    return rc;
+  }
+  // Where the previous owner stopped, exactly (verbs_end.h): bytes it read
+  // are not read again here, bytes it wrote are not written again.
+  if (!resume_locked(at.tx_sent, at.tx_credited, at.rx_consumed, at.fin_sent)) {
+    fail();
+    return -ECONNRESET;
+  }
+  return 0;
+}
+
+void Stream::after_fork_child() {
+  // Threads of the parent that held these at the fork do not exist here.
+  new (&tx_mu_) std::mutex();
+  new (&rx_mu_) std::mutex();
+  bytes_sent_.store(0, std::memory_order_relaxed);
+  bytes_received_.store(0, std::memory_order_relaxed);
+  channel_->after_fork_child();
+}
+
 ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
+  if (int rc = take_over(); rc < 0) return rc;
   std::lock_guard<std::mutex> lock(tx_mu_);
+  if (int rc = channel_->enter(); rc < 0) return rc;
+  const Bracket bracket{channel_.get()};
   if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
   if (shut_wr_.load(std::memory_order_relaxed)) return -EPIPE;
   const PeerState s = poll_peer();
@@ -87,7 +129,10 @@ void Stream::refresh_rx(const PeerState& s) {
 }
 
 ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
+  if (int rc = take_over(); rc < 0) return rc;
   std::lock_guard<std::mutex> lock(rx_mu_);
+  if (int rc = channel_->enter(); rc < 0) return rc;
+  const Bracket bracket{channel_.get()};
   const PeerState s = poll_peer();
   refresh_rx(s);
   if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
@@ -117,6 +162,7 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
   }
   if (!peek) {
     window_.on_consumed(done);
+    channel_->note_read(window_.consumed());
     bytes_received_.fetch_add(done, std::memory_order_relaxed);
     if (window_.should_grant((s.flags & kPeerStalled) != 0)) {
       // A failed grant is a carrier failure (see send): the rest of the ring
@@ -129,12 +175,14 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
 }
 
 size_t Stream::readable_bytes() {
+  if (take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(rx_mu_);
   refresh_rx(poll_peer());
   return window_.readable();
 }
 
 size_t Stream::writable_bytes() {
+  if (take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(tx_mu_);
   if (broken_.load(std::memory_order_acquire) || shut_wr_.load(std::memory_order_relaxed)) return 0;
   const PeerState s = poll_peer();
@@ -156,6 +204,11 @@ void Stream::report_consumed() {
 
 bool Stream::resume(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr) {
   std::scoped_lock lock(tx_mu_, rx_mu_);
+  return resume_locked(tx_sent, tx_credited, rx_granted, shut_wr);
+}
+
+bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted,
+                           bool shut_wr) {
   if (tx_credited > tx_sent || tx_sent - tx_credited > ledger_.ring_bytes()) return false;
   ledger_.restore(tx_sent, tx_credited);
   window_.restore(rx_granted);
@@ -166,8 +219,14 @@ bool Stream::resume(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted,
 }
 
 StreamEvents Stream::events() {
-  const PeerState s = poll_peer();
   StreamEvents ev;
+  if (int rc = take_over(); rc < 0) {
+    // Moving here: nothing to report yet (the channel's wait_fd wakes the
+    // caller when the move can go on). Failed: an error, as a reset.
+    if (rc != -EAGAIN) ev.error = ev.readable = ev.writable = ev.hup = true;
+    return ev;
+  }
+  const PeerState s = poll_peer();
   size_t readable, room;
   {
     std::lock_guard<std::mutex> lock(rx_mu_);
@@ -199,6 +258,7 @@ StreamEvents Stream::events() {
 }
 
 void Stream::shutdown(bool rd, bool wr) {
+  (void)take_over();  // a FIN while the carrier moves here is sent once it has
   if (rd) shut_rd_.store(true, std::memory_order_relaxed);
   if (wr && !shut_wr_.exchange(true)) channel_->signal(kSendFin);
 }

@@ -65,6 +65,17 @@ class Stream {
 
   StreamEvents events();
 
+  // A process that holds this end but not its carrier (a fork's child, an
+  // exec'd image over verbs: Channel::needs_take_over) takes it over before
+  // its first operation; every call below does this first. Returns 0,
+  // -EAGAIN while the carrier moves here (wait on the channel's wait_fd),
+  // or another negative errno when the move failed (the stream is reset).
+  int take_over();
+  // In a fork's child: the locks that the parent's other threads held at
+  // the fork are released, the byte counts (the parent's) start again, and
+  // the channel learns that it is in another process.
+  void after_fork_child();
+
   void shutdown(bool rd, bool wr);
   // Tells the peer we are gone (it reads EOF after the ring, its writes fail).
   void close();
@@ -77,6 +88,7 @@ class Stream {
   PeerState poll_peer();                // channel poll with head/consumed folded into maxima
   void refresh_rx(const PeerState& s);  // under rx_mu_
   void fail();                          // protocol violation: reset
+  bool resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr);
 
   std::unique_ptr<Channel> channel_;
   std::mutex tx_mu_;

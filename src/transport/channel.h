@@ -6,7 +6,9 @@
 // (src/stream) builds the byte stream on top, identically for every
 // transport. Thread-safety: write/publish are called under the stream's send
 // lock, grant under its receive lock; poll, arm, disarm, signal and
-// drain_wakeups may be called from any thread.
+// drain_wakeups may be called from any thread; take_over under both of the
+// stream's locks; enter/leave/note_read under the lock of the operation
+// they bracket.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +41,14 @@ enum PeerFlag : uint32_t {
 enum LocalFlag : uint32_t {
   kSendFin = 1u << 0,    // we shut down our sending direction
   kSendClosed = 1u << 1  // we closed the socket (implies kSendFin)
+};
+
+// Where a process that took an end over continues (Channel::take_over).
+struct EndPositions {
+  uint64_t tx_sent = 0;      // bytes of ours published to the peer
+  uint64_t tx_credited = 0;  // of those, bytes the peer has consumed
+  uint64_t rx_consumed = 0;  // bytes of the peer's our application has read
+  bool fin_sent = false;     // we shut down our sending side
 };
 
 // What a sleeper waits for, passed to arm()/disarm().
@@ -94,6 +104,33 @@ class Channel {
   // the peer (returns true).
   virtual void add_holder() {}
   virtual bool drop_holder() { return true; }
+
+  // Several processes may hold one end (fork, exec). A transport whose
+  // carrier belongs to one process at a time (verbs: a queue pair) moves it
+  // to the process that uses the end, and fails the calls of a process that
+  // lost it (docs/design.md, "RDMA connections that move").
+  //
+  // needs_take_over(): this process holds the end but not its carrier; the
+  // stream then calls take_over() before anything else. take_over() returns
+  // 0 with *at filled (continue from there), -EAGAIN while the move is in
+  // progress (wait_fd() wakes when it can go on; call again), or another
+  // negative errno when it failed (the stream is then reset).
+  virtual bool needs_take_over() { return false; }
+  virtual int take_over(EndPositions* /*at*/) { return 0; }
+  // Brackets every stream operation that moves bytes (send, recv): enter()
+  // returns 0, or a negative errno when this process may not use the end
+  // (another one took it over: the call fails, nothing moved). Inside the
+  // bracket, note_read() reports the total our application has read (exact,
+  // not a credit), for the process that takes over next.
+  virtual int enter() { return 0; }
+  virtual void leave() {}
+  virtual void note_read(uint64_t /*total*/) {}
+  // In a fork's child, before anything else: the carrier stays the
+  // parent's (and locks held by the parent's other threads are void here).
+  virtual void after_fork_child() {}
+  // The process exits without closing this end: deliver what was posted
+  // (bounded), and let another holder take it over.
+  virtual void at_exit() {}
 };
 
 }  // namespace rsock
