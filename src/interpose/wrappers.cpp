@@ -41,6 +41,7 @@
 #include "socket/transfer.h"
 #include "transport/channel.h"
 #include "transport/shm/shm_channel.h"
+#include "transport/verbs/verbs_channel.h"
 
 using namespace rsock;
 
@@ -226,6 +227,7 @@ int close_span(unsigned first, unsigned last, int flags) {
     Channel& ch = static_cast<ConnectionState*>(s)->stream().channel();
     keep.push_back(ch.wait_fd());
     if (strcmp(ch.name(), "shm") == 0) keep.push_back(static_cast<ShmChannel&>(ch).memfd());
+    if (strcmp(ch.name(), "rdma") == 0) static_cast<VerbsChannel&>(ch).own_fds(&keep);
   });
   std::sort(keep.begin(), keep.end());
   unsigned from = first;
@@ -1005,6 +1007,7 @@ EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_act
 // ---- _exit: a program that leaves without exit handlers still reports -------
 
 EXPORT void _exit(int status) {
+  connections_at_exit();
   flush_stats();
   using ExitFn = void (*)(int);
   static ExitFn real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));

@@ -102,6 +102,9 @@ void after_fork_child() {
     if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
   });
   pending_after_fork_child();
+  // The connections' carriers stay the parent's (an RDMA queue pair): the
+  // first use here takes one over (Channel::after_fork_child).
+  for (ConnectionState* c : open_connections()) c->stream().after_fork_child();
 }
 
 void init() {
@@ -161,7 +164,10 @@ __attribute__((constructor)) void rsock_constructor() {
   runtime();
 }
 
-__attribute__((destructor)) void rsock_destructor() { flush_stats(); }
+__attribute__((destructor)) void rsock_destructor() {
+  connections_at_exit();
+  flush_stats();
+}
 
 }  // namespace
 
@@ -187,6 +193,22 @@ const Runtime* runtime() {
   if (pthread_equal(g_init_thread.load(), pthread_self())) return nullptr;
   while (g_state.load(std::memory_order_acquire) == kRunning) sched_yield();
   return runtime();
+}
+
+void connections_at_exit() {
+  if (g_state.load(std::memory_order_acquire) != kReady || in_vfork_child()) return;
+  static std::atomic<bool> done{false};
+  if (done.exchange(true)) return;  // exit handlers and an explicit _exit
+  // Other threads may still close connections: each through a reference.
+  std::vector<FdRef> conns;
+  fd_table().for_each([&](int fd, FdState*) {
+    FdRef r = fd_table().get(fd);
+    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
+    for (const FdRef& c : conns)
+      if (c.get() == r.get()) return;  // a dup of one already there
+    conns.push_back(std::move(r));
+  });
+  for (const FdRef& c : conns) c.as<ConnectionState>()->stream().channel().at_exit();
 }
 
 void flush_stats(FlushAt when) {
