@@ -20,8 +20,8 @@ ROOT=$(cd "$HERE/../.." && pwd)
 cd "$ROOT" # vm.sh shares the current directory read-write with the guests
 BUILD=${BUILD:-build}
 OUT=$BUILD/rdma
-CASES_RDMA="xfer pingpong bw tcp-pingpong tcp-bw kill"
-NCASES=7 # the above plus nolistener
+CASES_RDMA="xfer pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill kill"
+NCASES=12 # the above plus nolistener
 
 need=()
 for p in g++ libibverbs-dev librdmacm-dev; do
