@@ -1081,12 +1081,16 @@ VerbsChannel::Kernel VerbsChannel::read_kernel_socket_locked(MoveFrame* frame, s
   return Kernel::kBad;
 }
 
-void VerbsChannel::consume_kernel_locked(size_t len) {
+// Consumes len bytes that a look showed (a frame: counted in the end's
+// frame_bytes_in; or bytes that are not librsock's).
+void VerbsChannel::consume_kernel_locked(size_t len, bool frame) {
   uint8_t buf[kMoveFrameBytes];
   while (len > 0) {
     const ssize_t n = real().recv(tcp_fd_, buf, std::min(len, sizeof buf), MSG_DONTWAIT);
     if (n <= 0) return;
     len -= static_cast<size_t>(n);
+    if (frame && end_.hdr())
+      end_.hdr()->frame_bytes_in.fetch_add(static_cast<uint64_t>(n), std::memory_order_acq_rel);
   }
 }
 
@@ -1152,7 +1156,7 @@ void VerbsChannel::service_kernel_socket_locked() {
       case Kernel::kForeign:
         // Bytes behind librsock's back (a raw write, io_uring, stdio on the
         // peer's fd): they belong to no frame and are dropped.
-        consume_kernel_locked(len);
+        consume_kernel_locked(len, false);
         continue;
       case Kernel::kBad:
         fail_move_locked("the other end sent a malformed move frame", true);
@@ -1169,7 +1173,7 @@ void VerbsChannel::service_kernel_socket_locked() {
       become_lost_locked();
       return;
     }
-    consume_kernel_locked(kMoveFrameBytes);
+    consume_kernel_locked(kMoveFrameBytes, true);
     if (f.type == MoveType::kMove) {
       handle_move_locked(f);
     } else if (f.type == MoveType::kReset) {
@@ -1331,7 +1335,7 @@ int VerbsChannel::continue_take_over_locked(EndPositions* at) {
       case Kernel::kPartial:
         return -EAGAIN;
       case Kernel::kForeign:
-        consume_kernel_locked(len);
+        consume_kernel_locked(len, false);
         continue;
       case Kernel::kBad:
         fail_move_locked("the other end sent a malformed move frame", true);
@@ -1371,11 +1375,11 @@ int VerbsChannel::continue_take_over_locked(EndPositions* at) {
       return -ECONNRESET;
     }
     if (f.type == MoveType::kMoved && f.nonce != move_nonce_) {
-      consume_kernel_locked(kMoveFrameBytes);  // for a takeover superseded by ours
+      consume_kernel_locked(kMoveFrameBytes, true);  // for a takeover superseded by ours
       end_unlock_frames(h);
       continue;
     }
-    consume_kernel_locked(kMoveFrameBytes);
+    consume_kernel_locked(kMoveFrameBytes, true);
     end_unlock_frames(h);
     if (f.type == MoveType::kReset) {
       fail_move_locked("the other end failed to move", false);

@@ -210,7 +210,7 @@ class VerbsChannel final : public Channel {
   void record_rx_locked();
   enum class Kernel { kNothing, kPartial, kFrame, kForeign, kBad, kEnd, kError };
   Kernel read_kernel_socket_locked(MoveFrame* frame, size_t* len);
-  void consume_kernel_locked(size_t len);
+  void consume_kernel_locked(size_t len, bool frame);
   void service_kernel_socket_locked();
   void unwatch_tcp_locked();
   void watch_fd_locked(int fd);

@@ -67,6 +67,10 @@ struct VerbsEndHeader {
   std::atomic<uint64_t> rx_head;      // bytes of the peer's known to be in the ring
   std::atomic<uint32_t> flags_sent;   // kMoveFin / kMoveClosed we signalled
   std::atomic<uint32_t> peer_flags;   // kMoveFin / kMoveClosed the peer signalled
+  // Bytes of move frames consumed from this end's kernel socket, by any of
+  // its processes: what a count of the socket's received bytes
+  // (tcpi_bytes_received) must not take for bytes behind librsock's back.
+  std::atomic<uint64_t> frame_bytes_in;
 };
 static_assert(sizeof(VerbsEndHeader) <= kPageBytes);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
