@@ -5,7 +5,7 @@
 // and, for both-write, rs_move --role records.
 //
 //   rs_move --role fork --addr A --port P --count N --close before|after
-//           --child-exit close|exit|_exit
+//           --child-exit close|exit|_exit [--parent-exit]
 //       fork per connection: accepts N connections one after the other; for
 //       each it forks a child that echoes it until EOF, and closes its own
 //       copy at once: before the child's first call (before), or once the
@@ -15,6 +15,8 @@
 //       Prints "READY", per connection "CONN i child=PID" and, from the
 //       child, "CONN i echoed=BYTES end=eof|<errno text>". Exit 0 when every
 //       child exited 0 (its connection ended with EOF after all its bytes).
+//       --parent-exit: the parent exits (0) right after its last close,
+//       leaving the children to serve on their own.
 //   rs_move --role inetd --addr A --port P --count N
 //       inetd: per connection, fork; the child puts the connection on stdin
 //       and stdout, closes every other descriptor (closefrom) and execs itself as
@@ -160,7 +162,7 @@ bool wait_pid(pid_t pid) {
 }
 
 int run_fork(const std::string& addr, int port, int count, const std::string& close_when,
-             const std::string& child_exit) {
+             const std::string& child_exit, bool parent_exit) {
   int ls = listen_on(addr, port);
   say("READY");
   std::vector<pid_t> kids;
@@ -198,6 +200,10 @@ int run_fork(const std::string& addr, int port, int count, const std::string& cl
     }
     close(c);  // our copy goes at once
     kids.push_back(pid);
+  }
+  if (parent_exit) {
+    say("PARENT exits");
+    exit(0);
   }
   bool ok = true;
   for (pid_t k : kids) ok &= wait_pid(k);
@@ -367,6 +373,7 @@ int main(int argc, char** argv) {
   if (n > 0) g_self.assign(path, static_cast<size_t>(n));
   std::string role, addr = "127.0.0.1", close_when = "before", child_exit = "close";
   int port = 0, count = 1;
+  bool parent_exit = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -382,12 +389,14 @@ int main(int argc, char** argv) {
       close_when = next();
     else if (a == "--child-exit")
       child_exit = next();
+    else if (a == "--parent-exit")
+      parent_exit = true;
     else {
       fprintf(stderr, "rs_move: unknown argument %s\n", a.c_str());
       return 2;
     }
   }
-  if (role == "fork") return run_fork(addr, port, count, close_when, child_exit);
+  if (role == "fork") return run_fork(addr, port, count, close_when, child_exit, parent_exit);
   if (role == "inetd") return run_inetd(addr, port, count);
   if (role == "echo-stdio") return run_echo_stdio();
   if (role == "both-write") return run_both_write(addr, port);

@@ -288,6 +288,8 @@ case_fork-conn() { move_server 7571 3 --role fork --count 3 --close before --chi
 case_fork-conn-late() { move_server 7572 2 --role fork --count 2 --close after --child-exit exit; }
 # The child leaves with _exit without closing (no exit handlers).
 case_fork-conn-noclose() { move_server 7573 2 --role fork --count 2 --close before --child-exit _exit; }
+# The parent exits right after it closed its copy: the child serves alone.
+case_fork-conn-orphan() { move_server 7576 1 --role fork --count 1 --close before --child-exit close --parent-exit; }
 # inetd: fork, the connection on stdin/stdout, closefrom(3), exec.
 case_inetd() { move_server 7574 2 --role inetd --count 2; }
 

@@ -76,6 +76,9 @@
 #                                exits without closing (exit())
 #   fork-conn-noclose            the same; the child leaves with _exit()
 #                                without closing
+#   fork-conn-orphan             the same, 1 connection; the parent exits
+#                                right after its close, the child serves on
+#                                (it keeps working after its parent exits)
 #   inetd                        fork, the connection on stdin/stdout,
 #                                closefrom(3), exec of "rs_move_echo" (echo
 #                                with read(0)/write(1)): 2 connections; the
@@ -139,7 +142,8 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
 ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
-           forged-request fork-conn fork-conn-late fork-conn-noclose inetd both-write
+           forged-request fork-conn fork-conn-late fork-conn-noclose fork-conn-orphan inetd
+           both-write
            sockperf-pingpong sockperf-throughput
            iperf3 peer-killed memlock device-lost" # device-lost destroys a device: last
 CASES=""
@@ -480,6 +484,14 @@ judge_move_server() {
 judge_fork-conn() { judge_move_server 3 rs_move; }
 judge_fork-conn-late() { judge_move_server 2 rs_move; }
 judge_fork-conn-noclose() { judge_move_server 2 rs_move; }
+judge_fork-conn-orphan() {
+  judge_move_server 1 rs_move
+  local exited served
+  exited=$(grep -n '^PARENT exits$' "$DIR/srv.out" 2> /dev/null | cut -d: -f1)
+  served=$(grep -n '^CONN 1 echoed=' "$DIR/srv.out" 2> /dev/null | cut -d: -f1)
+  [ -n "$exited" ] && [ -n "$served" ] && [ "$exited" -lt "$served" ] ||
+    why "the parent did not exit before its child had served (lines ${exited:-?}, ${served:-?})"
+}
 judge_inetd() { judge_move_server 2 rs_move_echo; }
 judge_both-write() {
   local r line pw pend cw cend rp rc bad v
