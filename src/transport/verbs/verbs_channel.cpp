@@ -1069,8 +1069,14 @@ VerbsChannel::Kernel VerbsChannel::read_kernel_socket_locked(MoveFrame* frame, s
                                                                        : Kernel::kError;
   *len = static_cast<size_t>(n);
   switch (scan_move_frame(buf, static_cast<size_t>(n), frame)) {
-    case FrameScan::kNeedMore:
+    case FrameScan::kNeedMore: {
+      // The rest of a frame is on its way (one send wrote it), unless the
+      // other end went away in the middle: then it never comes.
+      pollfd p = {tcp_fd_, POLLRDHUP, 0};
+      if (real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        return (p.revents & POLLERR) ? Kernel::kError : Kernel::kEnd;
       return Kernel::kPartial;
+    }
     case FrameScan::kNotFrame:
       return Kernel::kForeign;
     case FrameScan::kBad:
