@@ -1,13 +1,43 @@
 # librsock build. `make` builds build/librsock.so; `make test` installs missing
 # Debian packages, builds and runs every test tier; `make bench` runs the A/B
-# benchmark against kernel TCP. See README.md.
+# benchmark against kernel TCP. `make asan`, `make ubsan`, `make tsan` build
+# everything with a sanitizer in build-asan/, build-ubsan/, build-tsan/ and run
+# the unit and preload tiers there (test/sanitize/run.sh). See README.md.
 
 CXX      ?= g++
 BUILD    ?= build
+
+# SANITIZE=address, undefined or thread instruments the library, the tests
+# and the test programs alike (a preloaded library and the program it is
+# preloaded into must share one runtime). Use a BUILD folder of its own:
+# objects of different instrumentation must never mix. -O1 keeps stacks
+# readable and the build quicker; UBSan stops at its first report, so that
+# no report can scroll by in a process whose exit status nobody reads.
+SANITIZE ?=
+ifneq ($(SANITIZE),)
+OPT       ?= -O1
+SAN_FLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+ifeq ($(SANITIZE),undefined)
+SAN_FLAGS += -fno-sanitize-recover=undefined
+endif
+# TSan does not model std::atomic_thread_fence (-Wtsan says so at each one).
+# Ours (shm_channel.cpp, pending.cpp) only order a store before a load in a
+# Dekker handshake (a wakeup, a hand-over), never publish plain data: that
+# goes through release/acquire pairs and locks, which TSan sees. So the
+# warning is known and silenced, and new ones do not hide among it.
+ifeq ($(SANITIZE),thread)
+SAN_FLAGS += -Wno-tsan
+endif
+endif
+
 OPT      ?= -O2
 CXXFLAGS += -std=c++20 $(OPT) -g -fPIC -Wall -Wextra -Wno-unused-parameter \
-            -fvisibility=hidden -fno-plt -pthread -Iinclude -Isrc
+            -fvisibility=hidden -fno-plt -pthread -Iinclude -Isrc $(SAN_FLAGS)
+LDFLAGS  += $(SAN_FLAGS)
 LDLIBS_SO = -ldl -libverbs -lrdmacm -pthread
+# The test programs and test libraries: standalone, without the library's
+# include paths and visibility.
+PROG_CXXFLAGS = -std=c++20 $(OPT) -g -Wall -Wextra -pthread $(SAN_FLAGS)
 
 # Everything under src/ except the exported wrappers forms the core, which the
 # unit tests link directly (linking the wrappers would interpose the tests' own
@@ -20,11 +50,13 @@ UNIT_SRCS  := $(sort $(wildcard test/unit/*.cpp))
 PRELOAD_SRCS := $(sort $(wildcard test/preload/*.cpp))
 PROG_SRCS  := $(sort $(wildcard test/progs/*.cpp))
 PROGS      := $(PROG_SRCS:test/progs/%.cpp=$(BUILD)/progs/%)
+APP_PROGS  := $(patsubst test/apps/%.c,$(BUILD)/apps/%,$(sort $(wildcard test/apps/*.c)))
 TEST_LIBS  := $(patsubst test/libs/%.cpp,$(BUILD)/progs/lib%.so,$(sort $(wildcard test/libs/*.cpp)))
 GTEST_LIBS := -lgtest -lgtest_main -pthread
 
-.PHONY: all test test-unit test-preload test-apps test-rdma bench deps clean format
-all: $(BUILD)/librsock.so $(PROGS) $(TEST_LIBS)
+.PHONY: all test test-unit test-preload test-apps test-rdma bench deps clean format \
+        asan ubsan tsan asan-build ubsan-build tsan-build
+all: $(BUILD)/librsock.so $(PROGS) $(APP_PROGS) $(TEST_LIBS)
 
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -35,22 +67,27 @@ $(BUILD)/librsock.a: $(CORE_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/librsock.so: $(SHIM_OBJS) $(BUILD)/librsock.a src/interpose/exports.map
-	$(CXX) -shared -o $@ $(SHIM_OBJS) -Wl,--whole-archive $(BUILD)/librsock.a -Wl,--no-whole-archive \
+	$(CXX) -shared $(LDFLAGS) -o $@ $(SHIM_OBJS) -Wl,--whole-archive $(BUILD)/librsock.a -Wl,--no-whole-archive \
 	  -Wl,--version-script=src/interpose/exports.map -Wl,-z,now -Wl,-z,relro $(LDLIBS_SO)
 
 $(BUILD)/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/librsock.a
-	$(CXX) -o $@ $^ $(GTEST_LIBS) $(LDLIBS_SO)
+	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS) $(LDLIBS_SO)
 
 $(BUILD)/preload_tests: $(PRELOAD_SRCS:%.cpp=$(BUILD)/obj/%.o)
-	$(CXX) -o $@ $^ $(GTEST_LIBS)
+	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS)
 
 $(BUILD)/progs/%: test/progs/%.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -pthread -o $@ $<
+	$(CXX) $(PROG_CXXFLAGS) $(LDFLAGS) -o $@ $<
+
+# The application tier's own servers are C programs (test/apps/*.c).
+$(BUILD)/apps/%: test/apps/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -g -Wall -Wextra -pthread -o $@ $<
 
 $(BUILD)/progs/lib%.so: test/libs/%.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++20 -O2 -g -Wall -Wextra -shared -fPIC -o $@ $<
+	$(CXX) $(PROG_CXXFLAGS) -shared -fPIC $(LDFLAGS) -o $@ $<
 
 deps:
 	@bash .ci/deps.sh
@@ -67,6 +104,19 @@ test-preload: all $(BUILD)/preload_tests
 test-rdma: deps all
 	@bash test/rdma/run.sh && bash test/rdma/verbs.sh
 
+# The sanitizer tiers: build-<name>/ with SANITIZE=<sanitizer>, then the unit
+# and preload tiers under it (test/run_all.sh, TIERS=<name>). One test under
+# one sanitizer: make tsan GTEST_FILTER='SemanticsTest.*', or, once built,
+# test/sanitize/run.sh tsan preload --gtest_filter='SemanticsTest.*'.
+SAN_asan  := address
+SAN_ubsan := undefined
+SAN_tsan  := thread
+asan-build ubsan-build tsan-build: %-build:
+	$(MAKE) BUILD=build-$* SANITIZE=$(SAN_$*) all build-$*/unit_tests build-$*/preload_tests
+
+asan ubsan tsan:
+	@TIERS=$@ bash test/run_all.sh
+
 bench: deps all
 	@bash benchmarks/run.sh
 
@@ -74,7 +124,7 @@ format:
 	clang-format -i $$(find src include test benchmarks -name '*.cpp' -o -name '*.h')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan build-ubsan build-tsan
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 

@@ -7,7 +7,12 @@ set -euo pipefail
 PKGS=(g++ make pkg-config libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
       libgtest-dev googletest libboost-dev sockperf iperf3 iperf iproute2 procps
       util-linux python3 jq nginx curl
-      clang-14 libclang-rt-14-dev llvm-14)  # the fuzz targets (test/fuzz): libFuzzer, ASan, symbolizer
+      redis-server redis-tools memcached libmemcached-tools wrk apache2-utils  # the apps tier
+      nodejs default-jdk-headless
+      clang-14 libclang-rt-14-dev llvm-14  # the fuzz targets (test/fuzz): libFuzzer, ASan, symbolizer
+      # gcc's sanitizer runtimes for make asan/ubsan/tsan (g++ pulls them in
+      # already; named so that the dependency is explicit).
+      libasan8 libubsan1 libtsan2)
 
 missing=()
 for p in "${PKGS[@]}"; do

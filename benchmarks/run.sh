@@ -21,6 +21,10 @@
 #                  shows medians (default 3: this machine class is noisy)
 #   BENCH_CPUS     two cpus "SERVER CLIENT" for taskset (default "0 1")
 #   BUILD          build directory (default build)
+# Then benchmarks/apps.sh adds the application rows (redis-benchmark,
+# memcaslap against memcached, nginx + wrk; same alternation and medians;
+# $BUILD/bench/apps.md), and benchmarks/rdma.sh the RDMA comparison when
+# QEMU can run.
 # The table goes to stdout and to $BUILD/bench/results.md. Runtime: about
 # (I/O modes) x REPEAT x 4 x (BENCH_SECONDS + 2.5) s (a sockperf client
 # spends ~2.2 s besides -t), ~110 s with the defaults.
@@ -339,6 +343,10 @@ mkdir -p "$OUT_DIR" && cp "$report" "$OUT_DIR/results.md"
 cat "$report"
 echo
 echo "bench: table saved to $OUT_DIR/results.md" >&2
+# Application rows (redis, memcached, nginx + wrk): benchmarks/apps.sh.
+if [[ -f $ROOT/benchmarks/apps.sh ]]; then
+  BUILD=$BUILD BENCH_REPEAT=$REPEAT bash "$ROOT/benchmarks/apps.sh" || failed=1
+fi
 [[ -f $ROOT/benchmarks/rdma.sh ]] && command -v qemu-system-x86_64 >/dev/null && { BUILD=$BUILD bash "$ROOT/benchmarks/rdma.sh"; rc=$?; ((rc == 0 || rc == 77)) || failed=1; } # RDMA side by side (exit 77: guests cannot run)
 if ((failed)); then
   echo "bench: WARNING: some runs failed or did not go over shm (see notes above)" >&2

@@ -2,20 +2,42 @@
 # Runs every test tier and ends with one summary line the CI reads:
 # "N passed, N failed". A tier that crashes or prints no summary counts as a
 # failure, so a run that executes no test can never pass.
+#
+# TIERS selects tiers (default: all): unit preload fuzz apps rdma
+# rdma-channel and the sanitizer tiers asan ubsan tsan. A sanitizer tier builds
+# build-<name>/ (make <name>-build) and runs the unit and preload tiers
+# there (test/sanitize/run.sh); `make asan` is TIERS=asan. Under a sanitizer
+# only what is instrumented runs: the apps tier's binaries (sockperf, iperf)
+# and the RDMA tiers' guests are not, so they run in the plain build only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+TIERS=${TIERS:-all}
 passed=0
 failed=0
 skipped=0
 log_dir=build/test-logs
 mkdir -p "$log_dir"
+times=""
 
-# gtest_tier NAME BINARY: runs a GoogleTest binary and adds its counts.
+want() { [ "$TIERS" = all ] || [[ " $TIERS " == *" $1 "* ]]; }
+
+# timed NAME CMD...: runs CMD, records how long NAME took, returns CMD's status.
+timed() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  times+="${times:+, }$name $((SECONDS - start))s"
+  return $rc
+}
+
+# gtest_tier NAME COMMAND...: runs a GoogleTest binary (or a command that
+# execs one) and adds its counts.
 gtest_tier() {
-  local name=$1 bin=$2 log=$log_dir/$1.log
+  local name=$1 log=$log_dir/$1.log
+  shift
   echo "=== $name ==="
-  "$bin" --gtest_color=no 2>&1 | tee "$log"
+  "$@" --gtest_color=no 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   local p f
   p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
@@ -54,15 +76,39 @@ script_tier() {
   if [ "$rc" != 0 ] && [ "$rc" != 77 ] && [ "$f" = 0 ]; then failed=$((failed + 1)); fi
 }
 
-gtest_tier unit build/unit_tests
-gtest_tier preload build/preload_tests
+# sanitizer_tier NAME: builds build-NAME/ and runs its unit and preload tiers.
+sanitizer_tier() {
+  local san=$1 log=$log_dir/$1-build.log
+  echo "=== $san: build (build-$san/) ==="
+  # A make of its own (the caller's make flags are not meant for it), with
+  # as many jobs as there are cores.
+  if ! timed "$san-build" env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS \
+    make -j"$(nproc)" "$san-build" >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "!!! $san: build failed (log: $log): counted as one failure"
+    failed=$((failed + 1))
+    return
+  fi
+  echo "($san: unit and preload tiers; apps and rdma run in the plain build only," \
+    "their programs and guests are not instrumented)"
+  timed "$san-unit" gtest_tier "$san-unit" bash test/sanitize/run.sh "$san" unit
+  timed "$san-preload" gtest_tier "$san-preload" bash test/sanitize/run.sh "$san" preload
+}
+
+want unit && timed unit gtest_tier unit build/unit_tests
+want preload && timed preload gtest_tier preload build/preload_tests
 # Every libFuzzer target briefly, one case each (test/fuzz/README.md).
-FUZZ_SECONDS=${FUZZ_TEST_SECONDS:-15} script_tier fuzz test/fuzz/run.sh
-[ -f test/apps/run.sh ] && script_tier apps test/apps/run.sh
-[ -f test/rdma/run.sh ] && script_tier rdma test/rdma/run.sh
-[ -f test/rdma/verbs.sh ] && script_tier rdma-channel test/rdma/verbs.sh
+want fuzz && FUZZ_SECONDS=${FUZZ_TEST_SECONDS:-15} timed fuzz script_tier fuzz test/fuzz/run.sh
+want apps && [ -f test/apps/run.sh ] && timed apps script_tier apps test/apps/run.sh
+want rdma && [ -f test/rdma/run.sh ] && timed rdma script_tier rdma test/rdma/run.sh
+want rdma-channel && [ -f test/rdma/verbs.sh ] &&
+  timed rdma-channel script_tier rdma-channel test/rdma/verbs.sh
+for san in asan ubsan tsan; do
+  want "$san" && sanitizer_tier "$san"
+done
 
 echo
+echo "time per tier: $times"
 if [ "$skipped" != 0 ]; then
   echo "$passed passed, $failed failed, $skipped skipped"
 else

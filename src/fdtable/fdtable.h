@@ -2,9 +2,11 @@
 // listening socket that advertises itself, an accelerated connection, an
 // epoll set with accelerated members). An fd with no state is plain: every
 // wrapper's first step is get(fd), which for a plain fd is one relaxed load
-// of zero-initialised memory. Thread-safety: get/set/take are safe against
-// each other; a slot's short spin-lock orders a racing close against the
-// reference taken by an I/O call, so the state outlives every call using it.
+// of zero-initialised memory. Thread-safety: get/set/clear/replace are safe
+// against each other; a slot's short spin-lock orders a racing close against
+// the reference taken by an I/O call, so the state outlives every call using
+// it. A fork's child calls after_fork_child() first (a lock held by a thread
+// of the parent at the fork would otherwise stay held there).
 #pragma once
 
 #include <atomic>
@@ -96,6 +98,10 @@ class FdTable {
   // Calls fn(fd, state) for every slot (fork and exit handlers).
   template <class Fn>
   void for_each(Fn fn) const;
+  // In a fork's child, before any other use: releases the slot locks that
+  // threads of the parent held at the moment of the fork (they would spin
+  // forever otherwise).
+  void after_fork_child();
 
  private:
   using Slot = std::atomic<uintptr_t>;  // FdState* | lock bit

@@ -71,20 +71,43 @@ FdRef conn_ref(int fd) {
   return conn_of(r) ? std::move(r) : FdRef();
 }
 
-// The connection behind fd for a data call (or shutdown). On a socket still
-// pairing, a nonblocking call (O_NONBLOCK or MSG_DONTWAIT, when may_again)
-// sets *again: EAGAIN, as on a socket still connecting; a blocking one
-// waits for the outcome.
-FdRef io_ref(int fd, int flags, bool* again, bool may_again = true) {
+// Which of the socket's timeouts governs a call that waits: it decides how
+// the call answers a signal handler (socket/interruptible.h).
+enum class Waits { kReceive, kSend, kNever };
+
+// How a call blocked on a socket still pairing answers a signal handler: a
+// data call as it would on a socket still connecting (restartable unless
+// SO_RCVTIMEO/SO_SNDTIMEO is set), shutdown never.
+OnSignal pending_on_signal(int fd, Waits waits) {
+  if (waits == Waits::kNever) return OnSignal::kContinue;
+  timeval tv = {};
+  socklen_t len = sizeof tv;
+  const int opt = waits == Waits::kReceive ? SO_RCVTIMEO : SO_SNDTIMEO;
+  if (real().getsockopt(fd, SOL_SOCKET, opt, &tv, &len) == 0 && (tv.tv_sec || tv.tv_usec))
+    return OnSignal::kInterrupt;
+  return OnSignal::kRestartable;
+}
+
+// The connection behind fd for a data call (or shutdown: kNever). On a
+// socket still pairing, a nonblocking data call (O_NONBLOCK or
+// MSG_DONTWAIT) sets *err = -EAGAIN, as on a socket still connecting; a
+// blocking one waits for the outcome, and *err = -EINTR when a signal
+// handler ends that wait.
+FdRef io_ref(int fd, int flags, int* err, Waits waits) {
   if (!fd_table().has(fd)) return FdRef();
   FdRef r = pending_settle(fd, fd_table().get(fd));
   if (r && r.get()->kind() == FdState::Kind::kPending) {
     int fl = real().fcntl(fd, F_GETFL);
-    if (may_again && ((flags & MSG_DONTWAIT) || (fl >= 0 && (fl & O_NONBLOCK)))) {
-      *again = true;
+    if (waits != Waits::kNever && ((flags & MSG_DONTWAIT) || (fl >= 0 && (fl & O_NONBLOCK)))) {
+      *err = -EAGAIN;
       return FdRef();
     }
-    r = r.as<PendingState>()->wait();
+    FdRef outcome;
+    if (int rc = r.as<PendingState>()->wait(pending_on_signal(fd, waits), &outcome); rc < 0) {
+      *err = rc;
+      return FdRef();
+    }
+    r = std::move(outcome);
   }
   return conn_of(r) ? std::move(r) : FdRef();
 }
@@ -196,8 +219,8 @@ EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
 }
 
 EXPORT int shutdown(int fd, int how) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again, false)) return finish(conn_shutdown(*conn_of(r), how));
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kNever)) return finish(conn_shutdown(*conn_of(r), how));
   return real().shutdown(fd, how);
 }
 
@@ -258,61 +281,62 @@ EXPORT int __close(int fd) { return close(fd); }
 // ---- data ------------------------------------------------------------------
 
 EXPORT ssize_t read(int fd, void* buf, size_t len) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) return do_recv(conn_of(r), buf, len, 0);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kReceive)) return do_recv(conn_of(r), buf, len, 0);
+  if (err) return finish<ssize_t>(err);
   return real().read(fd, buf, len);
 }
 
 EXPORT ssize_t write(int fd, const void* buf, size_t len) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) return do_send(conn_of(r), buf, len, 0);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kSend)) return do_send(conn_of(r), buf, len, 0);
+  if (err) return finish<ssize_t>(err);
   return real().write(fd, buf, len);
 }
 
 EXPORT ssize_t readv(int fd, const struct iovec* iov, int iovcnt) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kReceive)) {
     if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
     return finish(conn_recv(*conn_of(r), iov, iovcnt, 0));
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().readv(fd, iov, iovcnt);
 }
 
 EXPORT ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, 0, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, 0, &err, Waits::kSend)) {
     if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
     return send_result(conn_send(*conn_of(r), iov, iovcnt, 0), 0);
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().writev(fd, iov, iovcnt);
 }
 
 EXPORT ssize_t recv(int fd, void* buf, size_t len, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) return do_recv(conn_of(r), buf, len, flags);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kReceive))
+    return do_recv(conn_of(r), buf, len, flags);
+  if (err) return finish<ssize_t>(err);
   return real().recv(fd, buf, len, flags);
 }
 
 EXPORT ssize_t recvfrom(int fd, void* buf, size_t len, int flags, struct sockaddr* addr,
                         socklen_t* addrlen) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kReceive)) {
     ssize_t n = do_recv(conn_of(r), buf, len, flags);
     if (n >= 0 && addr && addrlen) *addrlen = 0;  // as Linux TCP: no source address
     return n;
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().recvfrom(fd, buf, len, flags, addr, addrlen);
 }
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kReceive)) {
     if (msg->msg_iovlen > IOV_MAX) return finish<ssize_t>(-EMSGSIZE);
     ssize_t n = conn_recv(*conn_of(r), msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
     if (n >= 0) {
@@ -322,14 +346,14 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr* msg, int flags) {
     }
     return finish(n);
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().recvmsg(fd, msg, flags);
 }
 
 EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) return do_send(conn_of(r), buf, len, flags);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kSend)) return do_send(conn_of(r), buf, len, flags);
+  if (err) return finish<ssize_t>(err);
   return real().send(fd, buf, len, flags);
 }
 
@@ -337,30 +361,30 @@ EXPORT ssize_t send(int fd, const void* buf, size_t len, int flags) {
 // TCP ignores it (rsocket returns EISCONN here and breaks sockperf).
 EXPORT ssize_t sendto(int fd, const void* buf, size_t len, int flags, const struct sockaddr* addr,
                       socklen_t addrlen) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) return do_send(conn_of(r), buf, len, flags);
-  if (again) return finish<ssize_t>(-EAGAIN);
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kSend)) return do_send(conn_of(r), buf, len, flags);
+  if (err) return finish<ssize_t>(err);
   return real().sendto(fd, buf, len, flags, addr, addrlen);
 }
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr* msg, int flags) {
-  bool again = false;
-  if (FdRef r = io_ref(fd, flags, &again)) {
+  int err = 0;
+  if (FdRef r = io_ref(fd, flags, &err, Waits::kSend)) {
     if (msg->msg_iovlen > IOV_MAX) return finish<ssize_t>(-EMSGSIZE);
     return send_result(
         conn_send(*conn_of(r), msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags), flags);
   }
-  if (again) return finish<ssize_t>(-EAGAIN);
+  if (err) return finish<ssize_t>(err);
   return real().sendmsg(fd, msg, flags);
 }
 
 // The batch forms, as the kernel runs them on a TCP socket: one sendmsg or
 // recvmsg per entry; an error is returned only when no entry completed.
 EXPORT int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
-  bool again = false;
-  FdRef r = io_ref(fd, flags, &again);
+  int again = 0;
+  FdRef r = io_ref(fd, flags, &again, Waits::kSend);
   if (!r) {
-    if (again) return finish(-EAGAIN);
+    if (again) return finish(again);
     return real().sendmmsg(fd, vec, vlen, flags);
   }
   if (vlen > UIO_MAXIOV) vlen = UIO_MAXIOV;
@@ -394,10 +418,10 @@ EXPORT int sendmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags) {
 
 EXPORT int recvmmsg(int fd, struct mmsghdr* vec, unsigned int vlen, int flags,
                     struct timespec* timeout) {
-  bool again = false;
-  FdRef r = io_ref(fd, flags, &again);
+  int again = 0;
+  FdRef r = io_ref(fd, flags, &again, Waits::kReceive);
   if (!r) {
-    if (again) return finish(-EAGAIN);
+    if (again) return finish(again);
     return real().recvmmsg(fd, vec, vlen, flags, timeout);
   }
   if (flags & INT_MIN) return finish(-EINVAL);  // the kernel's internal MSG_CMSG_COMPAT
@@ -451,10 +475,11 @@ constexpr int kRwfNowait = 0x08;
 
 ssize_t rwv2(bool write, int fd, const struct iovec* iov, int iovcnt, int flags,
              ssize_t (*real_fn)(int, const struct iovec*, int, off_t, int)) {
-  bool again = false;
-  FdRef r = io_ref(fd, (flags & kRwfNowait) ? MSG_DONTWAIT : 0, &again);
+  int again = 0;
+  FdRef r = io_ref(fd, (flags & kRwfNowait) ? MSG_DONTWAIT : 0, &again,
+                   write ? Waits::kSend : Waits::kReceive);
   if (!r) {
-    if (again) return finish<ssize_t>(-EAGAIN);
+    if (again) return finish<ssize_t>(again);
     return real_fn(fd, iov, iovcnt, -1, flags);
   }
   if (iovcnt < 0 || iovcnt > IOV_MAX) return finish<ssize_t>(-EINVAL);
@@ -489,10 +514,10 @@ EXPORT ssize_t pwritev64v2(int fd, const struct iovec* iov, int iovcnt, off64_t 
 // ---- kernel-side copies: sendfile and splice (socket/transfer.h) -------------
 
 EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
-  bool again = false;
-  FdRef r = io_ref(out_fd, 0, &again);
+  int again = 0;
+  FdRef r = io_ref(out_fd, 0, &again, Waits::kSend);
   if (!r) {
-    if (again) return finish<ssize_t>(-EAGAIN);
+    if (again) return finish<ssize_t>(again);
     return real().sendfile(out_fd, in_fd, offset, count);
   }
   bool sigpipe = false;
@@ -516,7 +541,7 @@ EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, si
   struct stat st;
   const bool in_pipe = fstat(fd_in, &st) == 0 && S_ISFIFO(st.st_mode);
   const bool out_pipe = fstat(fd_out, &st) == 0 && S_ISFIFO(st.st_mode);
-  bool again = false;
+  int again = 0;
   FdRef r;
   bool to_socket;
   if (in_pipe && out_acc) {
@@ -535,9 +560,9 @@ EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, si
   if ((to_socket && off_in) || (!to_socket && off_out)) return finish<ssize_t>(-ESPIPE);
   if ((to_socket && off_out) || (!to_socket && off_in)) return finish<ssize_t>(-EINVAL);
   const int sock = to_socket ? fd_out : fd_in;
-  r = io_ref(sock, 0, &again);
+  r = io_ref(sock, 0, &again, to_socket ? Waits::kSend : Waits::kReceive);
   if (!r) {
-    if (again) return finish<ssize_t>(-EAGAIN);
+    if (again) return finish<ssize_t>(again);
     return real().splice(fd_in, off_in, fd_out, off_out, len, flags);
   }
   bool sigpipe = false;
@@ -606,10 +631,10 @@ EXPORT int lio_listio64(int mode, struct aiocb64* const list[], int n, struct si
 
 EXPORT int vdprintf(int fd, const char* fmt, va_list ap) {
   if (!fd_table().has(fd)) return real().vdprintf(fd, fmt, ap);
-  bool again = false;
-  FdRef r = io_ref(fd, 0, &again);
+  int again = 0;
+  FdRef r = io_ref(fd, 0, &again, Waits::kSend);
   if (!r) {
-    if (again) return finish(-EAGAIN);
+    if (again) return finish(again);
     return real().vdprintf(fd, fmt, ap);
   }
   char small[1024];
@@ -771,15 +796,34 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 
 EXPORT int getsockopt(int fd, int level, int name, void* val, socklen_t* len) {
   if (level == SOL_SOCKET && name == SO_ERROR && val && len && *len >= sizeof(int)) {
+    // The stream's pending error, reported once as the kernel's sk_err is;
+    // never the kernel socket's own, which only says what the doorbells
+    // met.
     if (FdRef r = conn_ref(fd)) {
-      if (conn_of(r)->stream().events().error) {
-        *static_cast<int*>(val) = ECONNRESET;
-        *len = sizeof(int);
-        return 0;
-      }
+      *static_cast<int*>(val) = conn_of(r)->stream().take_error();
+      *len = sizeof(int);
+      return 0;
     }
   }
   return real().getsockopt(fd, level, name, val, len);
+}
+
+// The kernel answers ENOTCONN once a TCP socket is in TCP_CLOSE (after a
+// reset, or once both FINs were exchanged), which an accelerated stream
+// reaches without its kernel socket (whose state only follows the
+// doorbells): both the error and the address come from the stream.
+EXPORT int getpeername(int fd, struct sockaddr* addr, socklen_t* len) {
+  if (FdRef r = conn_ref(fd)) {
+    ConnectionState* c = conn_of(r);
+    if (c->peer_len > 0) {
+      if (c->stream().closed()) return finish(-ENOTCONN);
+      if (!addr || !len) return finish(-EFAULT);
+      memcpy(addr, &c->peer_addr, std::min<socklen_t>(*len, c->peer_len));
+      *len = c->peer_len;
+      return 0;
+    }
+  }
+  return real().getpeername(fd, addr, len);
 }
 
 EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t len) {
@@ -1007,8 +1051,12 @@ EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_act
 // ---- _exit: a program that leaves without exit handlers still reports -------
 
 EXPORT void _exit(int status) {
-  connections_at_exit();
-  flush_stats();
+  // Before the stats line (see rsock_destructor). A vfork child shares our
+  // memory: what it would write is its parent's line, and marking it
+  // written would cost the parent its own (release_at_exit does nothing
+  // there either).
+  release_at_exit();
+  if (!in_vfork_child()) flush_stats();
   using ExitFn = void (*)(int);
   static ExitFn real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
   if (real_exit) real_exit(status);

@@ -162,12 +162,14 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   h->mem_len = len;
   auto* held = static_cast<Held*>(mem);
   auto* new_env = reinterpret_cast<char**>(static_cast<char*>(mem) + held_bytes);
-  h->dups = reinterpret_cast<int*>(static_cast<char*>(mem) + held_bytes + env_bytes);
-  h->counted =
-      reinterpret_cast<void**>(reinterpret_cast<char*>(h->dups) + sizeof(int) * (nheld + 16));
+  // The pointers before the ints: both sizes above are multiples of 8, so
+  // each array is aligned for its type (ints first would misalign the
+  // pointers whenever nheld is odd).
+  h->counted = reinterpret_cast<void**>(static_cast<char*>(mem) + held_bytes + env_bytes);
   h->handed = h->counted + (nheld + 16);
   h->vcounted = h->handed + (nheld + 16);
-  char* var = reinterpret_cast<char*>(h->vcounted + (nheld + 16));
+  h->dups = reinterpret_cast<int*>(h->vcounted + (nheld + 16));
+  char* var = reinterpret_cast<char*>(h->dups) + sizeof(int) * (nheld + 16);
 
   // The fds first, then a counted reference to each one's state (taken
   // under the table's slot lock: another thread may close meanwhile).

@@ -85,12 +85,28 @@ std::atomic<int> g_pid{0};  // this process's pid, as of init or its fork
 // fork, in the parent: counted in the child, a parent that closes its copy
 // right after fork() (fork per connection) could be seen as the last holder
 // first and tell the peer the connection closed.
+// Each open connection once, through a reference: the application's other
+// threads run on and may close one meanwhile (open_connections() only
+// looks at the table's bare pointers).
+std::vector<FdRef> connection_refs() {
+  std::vector<FdRef> conns;
+  fd_table().for_each([&](int fd, FdState*) {
+    FdRef r = fd_table().get(fd);
+    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
+    for (const FdRef& c : conns)
+      if (c.get() == r.get()) return;  // a dup of one already counted
+    conns.push_back(std::move(r));
+  });
+  return conns;
+}
+
 void before_fork() {
-  pending_before_fork();
-  for (ConnectionState* c : open_connections()) c->stream().channel().add_holder();
+  pending_fork_prepare();
+  for (const FdRef& c : connection_refs()) c.as<ConnectionState>()->stream().channel().add_holder();
 }
 
 void after_fork_child() {
+  fd_table().after_fork_child();
   g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
@@ -103,7 +119,8 @@ void after_fork_child() {
   });
   pending_after_fork_child();
   // The connections' carriers stay the parent's (an RDMA queue pair): the
-  // first use here takes one over (Channel::after_fork_child).
+  // first use here takes one over (Channel::after_fork_child). No other
+  // thread runs here yet: the table's bare pointers will do.
   for (ConnectionState* c : open_connections()) c->stream().after_fork_child();
 }
 
@@ -152,7 +169,7 @@ void init() {
     return;
   }
   g_runtime = rt;
-  pthread_atfork(before_fork, nullptr, after_fork_child);
+  pthread_atfork(before_fork, pending_after_fork_parent, after_fork_child);
   g_state.store(kReady, std::memory_order_release);
   LOG_INFO("active: %zu rule(s), ring %zu bytes, spin %u us", rt->config.rules.size(),
            rt->config.ring_bytes, rt->config.spin_us);
@@ -165,7 +182,9 @@ __attribute__((constructor)) void rsock_constructor() {
 }
 
 __attribute__((destructor)) void rsock_destructor() {
-  connections_at_exit();
+  // Before the stats line: what the connections do as they are let go (a
+  // move that fails, say) is this process's to report.
+  release_at_exit();
   flush_stats();
 }
 
@@ -195,20 +214,16 @@ const Runtime* runtime() {
   return runtime();
 }
 
-void connections_at_exit() {
+void release_at_exit() {
   if (g_state.load(std::memory_order_acquire) != kReady || in_vfork_child()) return;
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;  // exit handlers and an explicit _exit
-  // Other threads may still close connections: each through a reference.
-  std::vector<FdRef> conns;
-  fd_table().for_each([&](int fd, FdState*) {
-    FdRef r = fd_table().get(fd);
-    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
-    for (const FdRef& c : conns)
-      if (c.get() == r.get()) return;  // a dup of one already there
-    conns.push_back(std::move(r));
-  });
-  for (const FdRef& c : conns) c.as<ConnectionState>()->stream().channel().at_exit();
+  // Each through a reference: other threads may still run and close one.
+  // Shared memory: the holder is dropped, the last one tells the peer. RDMA
+  // the same, and then the queue pair, which dies with this process, first
+  // delivers what was posted; an owner that other processes still hold
+  // hands the end to them (Channel::at_exit).
+  for (const FdRef& r : connection_refs()) r.as<ConnectionState>()->stream().release_at_exit();
 }
 
 void flush_stats(FlushAt when) {

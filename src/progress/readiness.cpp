@@ -10,6 +10,7 @@
 #include <climits>
 #include <map>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "common/real.h"
@@ -97,7 +98,16 @@ struct EpollMember {
 
 std::mutex g_sets_mu;
 class EpollState;
-std::vector<EpollState*> g_sets;  // every live shadow, for epoll_forget
+
+// Every live shadow, for epoll_forget and epoll_pending_resolved; under
+// g_sets_mu. Built in static storage on first use and never destroyed: a
+// detached pairing thread (socket/pending.h) may walk it while the process
+// exits and runs the static destructors.
+std::vector<EpollState*>& live_sets() {
+  alignas(std::vector<EpollState*>) static unsigned char storage[sizeof(std::vector<EpollState*>)];
+  static auto* sets = new (storage) std::vector<EpollState*>;
+  return *sets;
+}
 
 class EpollState final : public FdState {
  public:
@@ -105,7 +115,8 @@ class EpollState final : public FdState {
   void on_last_close() override {
     {
       std::lock_guard<std::mutex> lock(g_sets_mu);
-      g_sets.erase(std::remove(g_sets.begin(), g_sets.end(), this), g_sets.end());
+      std::vector<EpollState*>& sets = live_sets();
+      sets.erase(std::remove(sets.begin(), sets.end(), this), sets.end());
     }
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [fd, m] : members) m.st.get()->epoll_refs.fetch_sub(1);
@@ -457,7 +468,7 @@ FdRef shadow_of(int epfd, int* err) {
     fd_table().set(epfd, s);
     s->unref();
     std::lock_guard<std::mutex> lock(g_sets_mu);
-    g_sets.push_back(s);
+    live_sets().push_back(s);
     set = fd_table().get(epfd);
   }
   if (!set || set.get()->kind() != FdState::Kind::kEpoll) {
@@ -528,7 +539,7 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
 
 void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
-  for (EpollState* s : g_sets) {
+  for (EpollState* s : live_sets()) {
     std::lock_guard<std::mutex> l2(s->mu);
     auto it = s->members.find(fd);
     if (it == s->members.end() || it->second.st.get() != pending) continue;
@@ -620,7 +631,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
 
 void epoll_forget(int fd) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
-  for (EpollState* s : g_sets) {
+  for (EpollState* s : live_sets()) {
     std::lock_guard<std::mutex> l2(s->mu);
     auto it = s->members.find(fd);
     if (it == s->members.end()) continue;

@@ -205,10 +205,10 @@ void encode_move_frame(const MoveFrame& in, uint8_t out[kMoveFrameBytes]) {
   memset(out, 0, kMoveFrameBytes);
   memcpy(out, kMoveMagic, 8);
   out[8] = static_cast<uint8_t>(in.type);
+  out[11] = in.flags;
   if (in.type == MoveType::kReset) return;  // nothing else: every other field is zero
   out[9] = in.ring_log2;
   out[10] = in.mtu;
-  out[11] = in.flags;
   put32(out + 12, in.qpn);
   put32(out + 16, in.psn);
   put32(out + 20, in.ring.rkey);
@@ -231,7 +231,9 @@ FrameScan scan_move_frame(const void* buf, size_t len, MoveFrame* out) {
   f.type = static_cast<MoveType>(p[8]);
   if (f.type == MoveType::kReset) {
     for (size_t i = 9; i < 72; ++i)
-      if (p[i] != 0) return FrameScan::kBad;
+      if (i != 11 && p[i] != 0) return FrameScan::kBad;
+    if ((p[11] & ~kMoveKernelBytes) != 0) return FrameScan::kBad;
+    f.flags = p[11];
     *out = f;
     return FrameScan::kFrame;
   }
@@ -246,9 +248,8 @@ FrameScan scan_move_frame(const void* buf, size_t len, MoveFrame* out) {
   f.rx_consumed = get64(p + 40);
   f.tx_sent = get64(p + 48);
   memcpy(f.gid, p + 56, 16);
-  if (!ring_log2_ok(f.ring_log2) || f.mtu < 1 || f.mtu > 5 ||
-      (f.flags & ~(kMoveFin | kMoveClosed)) != 0 || f.qpn == 0 || f.qpn >= (1u << 24) ||
-      f.psn >= (1u << 24) || f.nonce == 0)
+  if (!ring_log2_ok(f.ring_log2) || f.mtu < 1 || f.mtu > 5 || (f.flags & ~kMoveKnownFlags) != 0 ||
+      f.qpn == 0 || f.qpn >= (1u << 24) || f.psn >= (1u << 24) || f.nonce == 0)
     return FrameScan::kBad;
   *out = f;
   return FrameScan::kFrame;

@@ -155,18 +155,24 @@ inline constexpr size_t kMoveFrameBytes = 96;
 enum class MoveType : uint8_t {
   kMove = 1,   // a process took this end over: its queue pair and positions
   kMoved = 2,  // the other end's answer: its new queue pair and positions
-  kReset = 3   // the sender failed a move: the connection is reset
+  kReset = 3   // the sender reset the connection (a move failed, or kernel bytes)
 };
 
-// MoveFrame.flags: what the sender's end has signalled (sticky).
+// MoveFrame.flags: what the sender's end has signalled (sticky): FIN,
+// CLOSED, RESET (an abortive close, with CLOSED), KERNEL_BYTES (it reset the
+// connection because bytes reached its kernel socket behind librsock). A
+// kReset frame carries KERNEL_BYTES or nothing.
 inline constexpr uint8_t kMoveFin = 1u << 0;
 inline constexpr uint8_t kMoveClosed = 1u << 1;
+inline constexpr uint8_t kMoveReset = 1u << 2;
+inline constexpr uint8_t kMoveKernelBytes = 1u << 3;
+inline constexpr uint8_t kMoveKnownFlags = kMoveFin | kMoveClosed | kMoveReset | kMoveKernelBytes;
 
 struct MoveFrame {
   MoveType type = MoveType::kMove;
   uint8_t ring_log2 = 0;     // both rings have 2^ring_log2 bytes (must match ours)
   uint8_t mtu = 0;           // the sender's port MTU (enum ibv_mtu: 1..5 = 256..4096)
-  uint8_t flags = 0;         // kMoveFin, kMoveClosed
+  uint8_t flags = 0;         // kMoveFin, kMoveClosed, kMoveReset, kMoveKernelBytes
   uint32_t qpn = 0;          // the sender's new RC queue pair (24 bits)
   uint32_t psn = 0;          // its first packet sequence number (24 bits)
   RingInfo ring;             // the sender's receive ring (rkey of its own protection domain)

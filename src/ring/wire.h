@@ -12,7 +12,7 @@
 namespace rsock {
 
 inline constexpr uint64_t kRegionMagic = 0x31726b636f737272ull;  // "rrsockr1"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kCacheLine = 64;
 
 // Control words of one direction. The producer writes `head`,
@@ -42,6 +42,28 @@ struct WireAddr {  // an address as both ends name it: IPv4 stored as v4-mapped 
 };
 static_assert(sizeof(WireAddr) == 20);
 
+// What one end (side 0 server, 1 client) tells the other off the data path,
+// on a line of its own: only that end writes it (all of its processes,
+// after fork), and the other end reads it only on slow paths (draining its
+// doorbells, or once this end is gone), so the line costs the data path
+// nothing.
+struct EndpointControl {
+  // Doorbell bytes this end has put on the kernel TCP socket: counted
+  // before each send, taken back when the send fails. The other end drains
+  // its socket and counts what it took (`drained`, its own line): a drained
+  // total above this one is a byte that reached the socket behind librsock.
+  alignas(kCacheLine) std::atomic<uint64_t> doorbells;
+  std::atomic<uint64_t> drained;  // bytes this end has taken from its own kernel socket
+  // Bytes this end's application has read from its receive ring, exactly
+  // (the credits in DirectionControl::consumed may lag). Once this end has
+  // closed or died, the other end compares it with what it sent: any unread
+  // byte makes the end a reset, as the kernel resets a socket closed with
+  // unread data.
+  std::atomic<uint64_t> read;
+};
+static_assert(sizeof(EndpointControl) == kCacheLine);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
 // The start of the shared region (a memfd created by the accepting side).
 // Ring data follows at ring_offset[d], page-aligned, ring_bytes long each.
 struct RegionHeader {
@@ -54,6 +76,7 @@ struct RegionHeader {
   uint64_t region_bytes;
   std::atomic<uint32_t> holders[2];  // processes holding the server (0) / client (1) end
   alignas(kCacheLine) DirectionControl dir[2];
+  EndpointControl end[2];  // indexed by side: 0 server, 1 client (version 2)
   // Each side's own view of the TCP connection, [side][0] its local and
   // [side][1] its peer address (side 0 server, 1 client), written by that
   // side when it attaches and never by the other. A program that inherits
@@ -63,6 +86,7 @@ struct RegionHeader {
   WireAddr endpoint[2][2];
 };
 static_assert(offsetof(RegionHeader, dir) % kCacheLine == 0);
+static_assert(offsetof(RegionHeader, end) % kCacheLine == 0);
 
 inline constexpr size_t kPageBytes = 4096;
 static_assert(sizeof(RegionHeader) <= kPageBytes, "the header must fit its page");

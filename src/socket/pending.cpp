@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include <chrono>
+#include <new>
 #include <vector>
 
 #include "common/log.h"
@@ -27,10 +28,19 @@
 namespace rsock {
 namespace {
 
-// Pairings in flight, for fork.
+// Pairings in flight, for fork. The worker threads are detached, so one may
+// still signal the condition variable while the process exits and runs the
+// static destructors: it is built in static storage on first use and never
+// destroyed. (std::mutex is constant-initialised and trivially destructible:
+// nothing to fear at exit.)
 std::mutex g_flight_mu;
-std::condition_variable g_flight_cv;
-int g_in_flight = 0;
+int g_in_flight = 0;  // under g_flight_mu
+
+std::condition_variable& flight_cv() {
+  alignas(std::condition_variable) static unsigned char storage[sizeof(std::condition_variable)];
+  static auto* cv = new (storage) std::condition_variable;
+  return *cv;
+}
 
 struct Work {
   PendingState* pending;  // one reference, released at the end
@@ -84,8 +94,11 @@ void run_server(Work& w) {
     c = new_connection(w.sock, std::move(ch), w.job.path);
   else
     discard(std::move(ch));
-  hand_over(w, c);
+  // Counted before the hand-over: from then on the application may finish
+  // with the connection and exit, writing its stats, before this thread
+  // runs again.
   if (counted) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
+  hand_over(w, c);
   p->finish();
 }
 
@@ -133,12 +146,17 @@ void run_client(Work& w) {
     discard(std::move(ch));
     counted = false;
   }
-  hand_over(w, c);
+  // Before the hand-over, as in run_server.
   if (counted) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
+  hand_over(w, c);
   p->finish();
 }
 
 void* worker_main(void* arg) {
+  // Named here, not by the creator: the thread is detached and may be gone
+  // (its descriptor freed with its stack) by the time pthread_create()
+  // returns, and naming it through that pthread_t crashed the program.
+  pthread_setname_np(pthread_self(), "rsock-pair");
   auto* w = static_cast<Work*>(arg);
   if (w->job.server)
     run_server(*w);
@@ -149,7 +167,7 @@ void* worker_main(void* arg) {
   delete w;
   std::lock_guard<std::mutex> lock(g_flight_mu);
   --g_in_flight;
-  g_flight_cv.notify_all();
+  flight_cv().notify_all();
   return nullptr;
 }
 
@@ -179,12 +197,18 @@ FdRef PendingState::outcome() {
   return FdRef(outcome_);
 }
 
-FdRef PendingState::wait() {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+int PendingState::wait(OnSignal on_signal, FdRef* out) {
+  // The eventfd turns readable at finish() and stays so (nobody reads it).
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) break;
+    }
+    // -ERESTART: the call starts over, which here means waiting on.
+    if (sleep_on_fd(event_fd_, -1, on_signal) == -EINTR) return -EINTR;
   }
-  return outcome();
+  *out = outcome();
+  return 0;
 }
 
 void PendingState::resolve(FdState* outcome) {
@@ -237,7 +261,6 @@ int pending_start(PairJob& job, const Config& cfg) {
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   pthread_attr_destroy(&attr);
   if (rc == 0) {
-    pthread_setname_np(t, "rsock-pair");
     p->unref();  // the table's reference remains
     return 0;
   }
@@ -265,19 +288,44 @@ FdRef pending_settle(int fd, FdRef r) {
   return out;
 }
 
-void pending_before_fork() {
+namespace {
+
+// Waits (bounded) until no pairing is in flight; lock holds g_flight_mu.
+void wait_in_flight(std::unique_lock<std::mutex>& lock) {
   const Runtime* rt = runtime();
   if (!rt) return;
-  // The TCP handshake and the pairing are each bounded by the timeout.
-  const auto bound = std::chrono::milliseconds(2 * rt->config.connect_timeout_ms + 1000);
-  std::unique_lock<std::mutex> lock(g_flight_mu);
-  if (!g_flight_cv.wait_for(lock, bound, [] { return g_in_flight == 0; }))
+  // The TCP handshake is bounded by the timeout, a pairing by twice the
+  // timeout plus 4 s (past its deadline it waits for a peer that may be
+  // committing: docs/protocol.md section 7, commit points).
+  const auto bound = std::chrono::milliseconds(3 * rt->config.connect_timeout_ms + 5000);
+  if (!flight_cv().wait_for(lock, bound, [] { return g_in_flight == 0; }))
     LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);
 }
+
+}  // namespace
+
+void pending_before_fork() {
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  wait_in_flight(lock);
+}
+
+// For a fork, g_flight_mu stays held from the wait until the fork is done,
+// in both processes: no pairing can start between the wait and the fork
+// (another thread's connect()), and the child's copy of the mutex is never
+// one that a thread which does not exist there had locked (it would stay
+// locked, and the child's next nonblocking connect would hang).
+void pending_fork_prepare() {
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  wait_in_flight(lock);
+  lock.release();  // unlocked by pending_after_fork_parent / _child
+}
+
+void pending_after_fork_parent() { g_flight_mu.unlock(); }
 
 void pending_after_fork_child() {
   // No worker exists in the child: what was in flight stays plain TCP here.
   g_in_flight = 0;
+  g_flight_mu.unlock();
   std::vector<std::pair<int, FdState*>> stuck;
   fd_table().for_each([&](int fd, FdState* s) {
     if (s->kind() == FdState::Kind::kPending && !static_cast<PendingState*>(s)->resolved())

@@ -31,6 +31,7 @@
 #include <mutex>
 
 #include "fdtable/fdtable.h"
+#include "socket/interruptible.h"
 #include "stats/stats.h"
 
 namespace rsock {
@@ -50,8 +51,10 @@ class PendingState final : public FdState {
   int event_fd() const { return event_fd_; }  // readable once the outcome is in
   bool cancelled();
 
-  // Waits for the outcome. Returns it: the connection, or empty (plain TCP).
-  FdRef wait();
+  // Waits for the outcome (*out: the connection, or empty for plain TCP)
+  // and returns 0; or -EINTR when a signal handler ends the wait, as it
+  // would end the blocking call waiting here (socket/interruptible.h).
+  int wait(OnSignal on_signal, FdRef* out);
   // The outcome, valid once resolved() (which is set before any fd changes
   // hands).
   FdRef outcome();
@@ -96,8 +99,12 @@ int pending_start(PairJob& job, const Config& cfg);
 // place of its PendingState (fixing fd's slot); anything else unchanged.
 FdRef pending_settle(int fd, FdRef r);
 
-// Fork: waits (bounded) for every pairing in flight.
+// Waits (bounded) for every pairing in flight (exec).
 void pending_before_fork();
+// Fork's prepare handler: the same wait, then no pairing can start until
+// the fork is done (pending_after_fork_parent or _child must follow).
+void pending_fork_prepare();
+void pending_after_fork_parent();
 // Fork, in the child: pairings that were still in flight stay plain TCP.
 void pending_after_fork_child();
 

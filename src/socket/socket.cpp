@@ -12,7 +12,6 @@
 #include <stdint.h>
 
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
 #include "common/log.h"
@@ -107,6 +106,9 @@ uint32_t spin_ns() {
 ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path) {
   auto* c = new ConnectionState(std::move(ch), path, sock_fd);
   connection_options_from(sock_fd, c);
+  c->peer_len = sizeof c->peer_addr;
+  if (real().getpeername(sock_fd, reinterpret_cast<sockaddr*>(&c->peer_addr), &c->peer_len) != 0)
+    c->peer_len = 0;
   stats_connection(path);
   return c;
 }
@@ -148,13 +150,21 @@ ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, in
 ConnectionState::~ConnectionState() = default;
 
 void ConnectionState::on_last_close() {
-  stream_.close();
+  // SO_LINGER {1, 0}: the application asks for a reset, not a FIN.
+  bool abort = false;
+  if (const int ks = stream_.channel().kernel_socket(); ks >= 0) {
+    linger l = {};
+    socklen_t len = sizeof l;
+    abort =
+        real().getsockopt(ks, SOL_SOCKET, SO_LINGER, &l, &len) == 0 && l.l_onoff && l.l_linger == 0;
+  }
+  stream_.close(abort);
   stats_bytes(stream_.bytes_sent(), stream_.bytes_received());
 }
 
-int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
+int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on_signal) {
   auto ready = [&] {
-    StreamEvents ev = c.stream().events();
+    StreamEvents ev = c.stream().events(false);
     return want == kWantData ? ev.readable : ev.writable;
   };
   // Spin briefly: a peer that answers within the spin costs no syscall
@@ -179,46 +189,42 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
       ch.disarm(want);
       return 0;
     }
-    int timeout_ms = -1;
-    if (deadline_ns >= 0) {
-      int64_t left = deadline_ns - monotonic_ns();
-      if (left <= 0) {
-        ch.disarm(want);
-        return -EAGAIN;
-      }
-      timeout_ms = static_cast<int>((left + 999999) / 1000000);
+    if (deadline_ns >= 0 && deadline_ns <= monotonic_ns()) {
+      ch.disarm(want);
+      return -EAGAIN;
     }
     // The doorbell is shared by every thread of this connection, and
     // draining it consumes the wakeups meant for all of them: a reader that
     // drained the byte rung for a sleeping writer would leave that writer
     // asleep forever. So one thread sleeps on the doorbell; the others (still
     // armed, so the peer keeps ringing) wait until it returns, then re-check.
+    // Both sleeps end on a signal as the kernel's would (interruptible.h).
     std::unique_lock<std::mutex> lock(c.wait_mu);
     if (c.poller) {
-      const uint64_t gen = c.wake_gen;
-      auto woken = [&] { return c.wake_gen != gen; };
-      if (timeout_ms < 0)
-        c.wait_cv.wait(lock, woken);
-      else
-        c.wait_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), woken);
+      const uint32_t gen = c.wake_gen.load(std::memory_order_relaxed);
+      ++c.waiters;
+      lock.unlock();
+      int w = sleep_on_word(&c.wake_gen, gen, deadline_ns, on_signal);
+      lock.lock();
+      --c.waiters;
       lock.unlock();
       ch.disarm(want);
+      if (w == -EINTR) return -EINTR;
       if (ready()) return 0;
       continue;
     }
     c.poller = true;
     lock.unlock();
-    pollfd p = {ch.wait_fd(), POLLIN, 0};
-    int rc = real().poll(&p, 1, timeout_ms);
-    int err = errno;
+    const int rc = sleep_on_fd(ch.wait_fd(), deadline_ns, on_signal);
     ch.drain_wakeups();
     lock.lock();
     c.poller = false;
-    ++c.wake_gen;
+    c.wake_gen.fetch_add(1, std::memory_order_relaxed);
+    const bool wake = c.waiters > 0;
     lock.unlock();
-    c.wait_cv.notify_all();
+    if (wake) wake_word(&c.wake_gen);
     ch.disarm(want);
-    if (rc < 0 && err == EINTR) return -EINTR;
+    if (rc == -EINTR || rc == -ERESTART) return rc;
     // Woken: the caller's own retry looks at the stream (one look fewer on
     // the way to the reply); a spurious wakeup brings it back here.
     if (rc > 0) return 0;
@@ -226,15 +232,26 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns) {
   }
 }
 
+namespace {
+
+// How a blocked call answers a signal handler: restartable (SA_RESTART
+// decides) only while it has no timeout and has moved nothing (signal(7);
+// tcp_sendmsg and tcp_recvmsg return a partial count after any handler).
+OnSignal on_signal_for(int64_t deadline, size_t done) {
+  return deadline >= 0 || done > 0 ? OnSignal::kInterrupt : OnSignal::kRestartable;
+}
+
+}  // namespace
+
 ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
-  const bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+  bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
   const size_t total = iov_total(iov, iovcnt);
   if (total == 0) return c.stream().send(iov, iovcnt);
-  const int64_t deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
+  int64_t deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
-    ssize_t n = c.stream().send(cur.data(), cur.count());
+    ssize_t n = c.stream().send(cur.data(), cur.count(), done > 0);
     if (n > 0) {
       done += static_cast<size_t>(n);
       if (done == total || nonblock) return static_cast<ssize_t>(done);
@@ -243,23 +260,31 @@ ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
     }
     if (n != -EAGAIN) return done ? static_cast<ssize_t>(done) : n;
     if (nonblock) return done ? static_cast<ssize_t>(done) : -EAGAIN;
-    int w = conn_wait(c, kWantSpace, deadline);
+    int w = conn_wait(c, kWantSpace, deadline, on_signal_for(deadline, done));
+    if (w == -ERESTART) {
+      // The kernel starts the call over: with the flags and timeout the
+      // handler may have changed.
+      nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+      deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
+      continue;
+    }
     if (w < 0) return done ? static_cast<ssize_t>(done) : w;
   }
 }
 
 ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   if (flags & MSG_OOB) return -EINVAL;  // no urgent data on an accelerated stream
-  const bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+  bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
   const bool peek = flags & MSG_PEEK;
   const bool waitall = (flags & MSG_WAITALL) && !peek;
   const size_t total = iov_total(iov, iovcnt);
   if (total == 0) return 0;
-  const int64_t deadline = deadline_after_us(c.rcv_timeout_us.load(std::memory_order_relaxed));
+  int64_t deadline = deadline_after_us(c.rcv_timeout_us.load(std::memory_order_relaxed));
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
-    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek);
+    // A blocking call sleeps next, which sees a dead peer by itself.
+    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0, nonblock);
     if (n > 0) {
       done += static_cast<size_t>(n);
       if (!waitall || done == total) return static_cast<ssize_t>(done);
@@ -269,17 +294,25 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
     if (n == 0) return static_cast<ssize_t>(done);
     if (n != -EAGAIN) return done ? static_cast<ssize_t>(done) : n;
     if (nonblock) return done ? static_cast<ssize_t>(done) : -EAGAIN;
-    int w = conn_wait(c, kWantData, deadline);
+    int w = conn_wait(c, kWantData, deadline, on_signal_for(deadline, done));
+    if (w == -ERESTART) {
+      nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+      deadline = deadline_after_us(c.rcv_timeout_us.load(std::memory_order_relaxed));
+      continue;
+    }
     if (w < 0) return done ? static_cast<ssize_t>(done) : w;
   }
 }
 
 int conn_shutdown(ConnectionState& c, int how) {
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) return -EINVAL;
+  // As inet_shutdown() on a socket already in TCP_CLOSE (reset, or both
+  // FINs exchanged): applied, but ENOTCONN.
+  const bool closed = c.stream().closed();
   // The kernel socket is left open in both directions: it carries the
   // doorbells and liveness until close().
   c.stream().shutdown(how != SHUT_WR, how != SHUT_RD);
-  return 0;
+  return closed ? -ENOTCONN : 0;
 }
 
 namespace {
@@ -461,9 +494,10 @@ std::unique_ptr<Pairing> accept_pairing(const Config& cfg, ListenerState& l, int
   }
   *path = Path::kRdma;
   if (!verbs_listener_usable(l.verbs())) {
-    // A fork's child: the parent's listener cannot be read here, so we
+    // A fork's child (the parent's listener cannot be read here), or an
+    // SO_REUSEPORT sibling of the process that holds the rdma_cm port: we
     // connect to the client's rendezvous ourselves (a plain client has
-    // none: peer_not_accelerated at once).
+    // none: peer_not_accelerated).
     return verbs_reverse_pairing(sock, cfg);
   }
   if (negative_cache_hit(host)) {

@@ -12,12 +12,12 @@
 #include <sys/uio.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 
 #include "common/spin.h"
 #include "fdtable/fdtable.h"
+#include "socket/interruptible.h"
 #include "stats/stats.h"
 #include "stream/stream.h"
 
@@ -57,17 +57,24 @@ class ConnectionState final : public FdState {
   Stream& stream() { return stream_; }
   Path path() const { return path_; }
 
+  // The peer's address, as getpeername() gave it at the switch: the kernel
+  // socket's own state after that says what the doorbells met, not what
+  // the application would see (see the getpeername wrapper).
+  sockaddr_storage peer_addr = {};
+  socklen_t peer_len = 0;
+
   std::atomic<bool> nonblocking{false};
   std::atomic<int64_t> rcv_timeout_us{0};  // SO_RCVTIMEO, 0 = none
   std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO
   SpinGovernor spin;                       // conn_wait's spin length
 
   // Threads blocked in conn_wait: one sleeps in the kernel on the doorbell,
-  // the others wait here for it to come back (see conn_wait).
+  // the others sleep on wake_gen (a futex) until it comes back (see
+  // conn_wait).
   std::mutex wait_mu;
-  std::condition_variable wait_cv;
-  bool poller = false;    // a thread sleeps on the doorbell (under wait_mu)
-  uint64_t wake_gen = 0;  // bumped whenever that thread returns (under wait_mu)
+  bool poller = false;                // a thread sleeps on the doorbell (under wait_mu)
+  int waiters = 0;                    // threads asleep on wake_gen (under wait_mu)
+  std::atomic<uint32_t> wake_gen{0};  // bumped under wait_mu whenever the poller returns
 
  private:
   Stream stream_;
@@ -82,9 +89,11 @@ int conn_shutdown(ConnectionState& c, int how);
 
 // Waits until the stream has data (want = kWantData) or space
 // (kWantSpace), with the spin-then-block policy. deadline_ns is CLOCK_MONOTONIC
-// nanoseconds, or -1 for none. Returns 0 (ready, or woken: the caller
-// retries its call), -EAGAIN on timeout, -EINTR.
-int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns);
+// nanoseconds, or -1 for none; on_signal says how the calling socket call
+// answers a signal handler (socket/interruptible.h). Returns 0 (ready, or
+// woken: the caller retries its call), -EAGAIN on timeout, -EINTR (the call
+// fails, or returns what it moved) or -ERESTART (the call starts over).
+int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on_signal);
 
 // Connection setup, called by the wrappers with the runtime active.
 // Each returns the libc result of the underlying call, or a negative errno.

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/real.h"
 #include "socket/socket.h"
@@ -40,14 +41,19 @@ int64_t deadline_after_us(int64_t us) { return us > 0 ? monotonic_ns() + us * 10
 
 // Free ring space, waiting for some as send() would (O_NONBLOCK: -EAGAIN;
 // SO_SNDTIMEO: -EAGAIN after it). Errors are send()'s: -EPIPE, -ECONNRESET.
-ssize_t wait_room(ConnectionState& c, bool nonblock, int64_t deadline) {
+// A signal handler ends the wait as it ends send()'s: -EINTR once bytes
+// moved (done) or with a timeout, else an SA_RESTART handler restarts it.
+ssize_t wait_room(ConnectionState& c, bool nonblock, int64_t deadline, size_t done) {
   for (;;) {
     const size_t room = c.stream().writable_bytes();
     if (room > 0) return static_cast<ssize_t>(room);
     const ssize_t e = c.stream().send(nullptr, 0);  // the error a send would report
     if (e < 0) return e;
     if (nonblock) return -EAGAIN;
-    const int w = conn_wait(c, kWantSpace, deadline);
+    const OnSignal on_signal =
+        deadline >= 0 || done > 0 ? OnSignal::kInterrupt : OnSignal::kRestartable;
+    const int w = conn_wait(c, kWantSpace, deadline, on_signal);
+    if (w == -ERESTART) continue;  // nothing moved yet: as the restarted call
     if (w < 0) return w;
   }
 }
@@ -65,7 +71,7 @@ ssize_t send_all(ConnectionState& c, const char* p, size_t n) {
       continue;
     }
     if (k != -EAGAIN) return done ? static_cast<ssize_t>(done) : k;
-    (void)conn_wait(c, kWantSpace, -1);  // EINTR: the bytes must still go
+    (void)conn_wait(c, kWantSpace, -1, OnSignal::kContinue);  // the bytes must still go
   }
   return static_cast<ssize_t>(done);
 }
@@ -107,7 +113,9 @@ ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count
     if (pos < 0) pos = 0;  // not seekable: the checks below refuse it
   }
   if (static_cast<ssize_t>(count) < 0 || pos < 0) return -EINVAL;
-  if (static_cast<off_t>(pos + static_cast<off_t>(std::min(count, kMaxRwCount))) < 0)
+  // pos + count past the largest offset: EINVAL, as the kernel's. Checked
+  // without computing the sum, whose overflow would be undefined.
+  if (static_cast<off_t>(std::min(count, kMaxRwCount)) > std::numeric_limits<off_t>::max() - pos)
     return -EINVAL;
   count = std::min(count, kMaxRwCount);
   // Only a regular file or a block device can be the source (the kernel
@@ -124,7 +132,7 @@ ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count
   size_t done = 0;
   ssize_t err = 0;
   while (done < count) {
-    const ssize_t room = wait_room(c, nonblock, deadline);
+    const ssize_t room = wait_room(c, nonblock, deadline, done);
     if (room < 0) {
       err = room;
       break;
@@ -188,7 +196,7 @@ ssize_t conn_splice_from_pipe(ConnectionState& c, int pipe_fd, size_t len, unsig
         continue;
       }
     }
-    const ssize_t room = wait_room(c, nonblock, deadline);
+    const ssize_t room = wait_room(c, nonblock, deadline, done);
     if (room < 0) {
       err = room;
       break;

@@ -16,7 +16,8 @@ enum class Fallback : int {
   kPeerNotAccelerated,  // "peer_not_accelerated": no librsock listener/rendezvous at the peer
   kNotSameHost,         // "not_same_host": peer is remote and no RDMA transport is available
   kNegativeCache,       // "negative_cache": an earlier attempt to this peer failed recently
-  kPairTimeout,         // "pair_timeout": the peer did not complete the handshake in time
+  kPairTimeout,         // "pair_timeout": the handshake did not complete in time (ours or the
+                        // peer's: a peer that ran out of time left it)
   kPairFailed,          // "pair_failed": the handshake broke (declined, bad offer, I/O error)
   kResources,           // "resources": memfd/mmap/socket creation failed
   kTransportDisabled,   // "transport_disabled": the rule forces a transport that cannot serve

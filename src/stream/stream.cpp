@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include <algorithm>
 #include <new>
@@ -21,7 +22,116 @@ Stream::Stream(std::unique_ptr<Channel> channel)
 
 Stream::~Stream() = default;
 
-void Stream::fail() { broken_.store(true, std::memory_order_release); }
+void Stream::fail() {
+  broken_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(state_mu_);
+  reset_with(ECONNRESET);
+}
+
+void Stream::reset_with(int err) {
+  if (reset_.load(std::memory_order_relaxed)) return;
+  // The error before the flag: whoever sees the reset finds its error.
+  sk_err_.store(err, std::memory_order_release);
+  reset_.store(true, std::memory_order_release);
+}
+
+namespace {
+constexpr uint32_t kEndFlags = kPeerFin | kPeerClosed | kPeerReset | kTransportError | kKernelBytes;
+}  // namespace
+
+// The kernel decides FIN or reset when the peer's socket closes: a reset
+// if any byte we sent is still unread there (tcp_close) or if it asked
+// for one (SO_LINGER 0), else a FIN, after which our next segment draws a
+// reset (the socket is gone). A reset sets the pending error: EPIPE when
+// the peer's FIN came first (our side was in CLOSE_WAIT), else ECONNRESET
+// (tcp_reset). A dead peer's kernel closes its socket in the same way.
+void Stream::observe(uint32_t flags) {
+  flags &= kEndFlags;
+  if ((flags & ~observed_.load(std::memory_order_acquire)) == 0) return;
+  std::lock_guard<std::mutex> lock(state_mu_);
+  const uint32_t fresh = flags & ~observed_.load(std::memory_order_relaxed);
+  if (fresh == 0) return;
+  // An explicit FIN (shutdown) came before whatever follows it.
+  if (fresh & kPeerFin) fin_rcvd_.store(true, std::memory_order_release);
+  // Bytes behind our back: where they belonged in the stream nobody knows,
+  // so nothing more is delivered from the ring either (a loud reset, not a
+  // stream with a hole in it).
+  if (fresh & kKernelBytes) broken_.store(true, std::memory_order_release);
+  if (fresh & (kTransportError | kKernelBytes)) {
+    reset_with(ECONNRESET);
+  } else if ((fresh & kPeerClosed) && !reset_.load(std::memory_order_relaxed)) {
+    // The channel loads the peer's flags before its totals, so what the
+    // peer read is final by now.
+    const uint64_t read = channel_->peer_read_total();
+    // Once both FINs were exchanged the peer's socket has left the
+    // connection (TIME_WAIT): its close sends nothing, unread bytes or not.
+    const bool finished =
+        fin_rcvd_.load(std::memory_order_relaxed) && shut_wr_.load(std::memory_order_relaxed);
+    const uint64_t sent =
+        tx_origin_.load(std::memory_order_relaxed) + bytes_sent_.load(std::memory_order_acquire);
+    if (!finished && ((flags & kPeerReset) || sent > read)) {
+      const bool close_wait =
+          fin_rcvd_.load(std::memory_order_relaxed) && !shut_wr_.load(std::memory_order_relaxed);
+      reset_with(close_wait ? EPIPE : ECONNRESET);
+    } else {
+      fin_rcvd_.store(true, std::memory_order_release);
+      peer_gone_.store(true, std::memory_order_release);
+    }
+  } else if ((fresh & kPeerReset) && peer_gone_.load(std::memory_order_relaxed) &&
+             !reset_.load(std::memory_order_relaxed)) {
+    // A reset after the close (verbs: the TCP connection's, sent by a
+    // peer whose queue pair failed): the kernel would be in CLOSE_WAIT.
+    reset_with(shut_wr_.load(std::memory_order_relaxed) ? ECONNRESET : EPIPE);
+  }
+  observed_.fetch_or(fresh, std::memory_order_acq_rel);
+}
+
+bool Stream::maybe_probe(bool force) {
+  if (reset_.load(std::memory_order_relaxed)) return false;
+  // CLOCK_MONOTONIC_COARSE is a vDSO read of a few ns, ticking every few ms:
+  // a caller that keeps asking pays one system call per tick at most.
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  int64_t last = last_probe_.load(std::memory_order_relaxed);
+  if (!force && (last == now || !last_probe_.compare_exchange_strong(last, now))) return false;
+  channel_->probe();
+  return true;
+}
+
+// A channel call failed: the carrier broke (the channel reports it from now
+// on). The send fails the way a send after a reset does: with the pending
+// error, once, whichever call takes it first.
+ssize_t Stream::carrier_failed(bool moved) {
+  observe(poll_peer().flags);
+  if (!reset_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    reset_with(ECONNRESET);
+  }
+  const int e = take_pending(moved);
+  return e ? -e : -EPIPE;
+}
+
+// tcp_sendmsg and tcp_recvmsg take the pending error only in a call that
+// has moved nothing yet; one that has returns its count and leaves the
+// error for the next call.
+int Stream::take_pending(bool moved) {
+  return moved ? sk_err_.load(std::memory_order_acquire)
+               : sk_err_.exchange(0, std::memory_order_acq_rel);
+}
+
+int Stream::take_error() {
+  maybe_probe();
+  observe(poll_peer().flags);
+  return sk_err_.exchange(0, std::memory_order_acq_rel);
+}
+
+bool Stream::closed() {
+  maybe_probe();
+  observe(poll_peer().flags);
+  return reset_.load(std::memory_order_acquire) ||
+         (fin_rcvd_.load(std::memory_order_acquire) && shut_wr_.load(std::memory_order_relaxed));
+}
 
 namespace {
 // Release/acquire: a head folded in by one thread's poll is used by another
@@ -39,14 +149,18 @@ PeerState Stream::poll_peer() {
   PeerState s = channel_->poll();
   s.head = fold_max(peer_head_, s.head);
   s.consumed = fold_max(peer_consumed_, s.consumed);
+  observe(s.flags);
   return s;
 }
 
 namespace {
-// Leaves the channel's operation bracket (Channel::enter) on every return.
+// Leaves the channel's operation bracket (Channel::enter) on every return,
+// when there is one.
 struct Bracket {
   Channel* ch;
-  ~Bracket() { ch->leave(); }
+  ~Bracket() {
+    if (ch) ch->leave();
+  }
 };
 }  // namespace
 
@@ -75,28 +189,43 @@ void Stream::after_fork_child() {
   // Threads of the parent that held these at the fork do not exist here.
   new (&tx_mu_) std::mutex();
   new (&rx_mu_) std::mutex();
-  bytes_sent_.store(0, std::memory_order_relaxed);
+  new (&state_mu_) std::mutex();
+  // The stats count what this process moves; the stream's sent total (what
+  // the peer must have read for a close to be a FIN) stays.
+  tx_origin_.fetch_add(bytes_sent_.exchange(0, std::memory_order_relaxed),
+                       std::memory_order_relaxed);
   bytes_received_.store(0, std::memory_order_relaxed);
   channel_->after_fork_child();
 }
 
-ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
-  if (int rc = take_over(); rc < 0) return rc;
+ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
+  // A failed move resets the stream (take_over), reported below as any reset.
+  if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(tx_mu_);
-  if (int rc = channel_->enter(); rc < 0) return rc;
-  const Bracket bracket{channel_.get()};
-  if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
-  if (shut_wr_.load(std::memory_order_relaxed)) return -EPIPE;
+  const int entered = channel_->enter();
+  if (entered < 0) return entered;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  // A peer that died without a word: the kernel would know by now.
+  maybe_probe();
   const PeerState s = poll_peer();
-  if (s.flags & kTransportError) return -ECONNRESET;
-  if (s.flags & kPeerClosed) return -EPIPE;
-  if (!ledger_.on_credit(s.consumed)) {
-    fail();
-    return -ECONNRESET;
+  if (!ledger_.on_credit(s.consumed)) fail();
+  // tcp_sendmsg: a pending error first (reported once), then EPIPE.
+  if (reset_.load(std::memory_order_acquire) || shut_wr_.load(std::memory_order_relaxed)) {
+    const int e = take_pending(moved);
+    return e ? -e : -EPIPE;
   }
   size_t want = 0;
   for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
   if (want == 0) return 0;
+  if (peer_gone_.load(std::memory_order_acquire)) {
+    // The peer closed cleanly: the kernel sends these bytes, and the
+    // peer's kernel, whose socket is gone, answers with a reset. Nobody
+    // will read them.
+    bytes_sent_.fetch_add(want, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> state(state_mu_);
+    reset_with(fin_rcvd_.load(std::memory_order_relaxed) ? EPIPE : ECONNRESET);
+    return static_cast<ssize_t>(want);
+  }
   if (s.flags & kTxBlocked) return -EAGAIN;  // transport send window closed: as a full ring
   size_t room = ledger_.available();
   if (room == 0) return -EAGAIN;
@@ -111,16 +240,14 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt) {
     for (int k = 0; k < n; ++k) {
       // A channel error is a carrier failure, which poll() reports from now
       // on; it is not a violation, so the receive side still drains the ring.
-      int rc = channel_->write(spans[k].offset, src, spans[k].len);
-      if (rc < 0) return rc;
+      if (channel_->write(spans[k].offset, src, spans[k].len) < 0) return carrier_failed(moved);
       src += spans[k].len;
     }
     done += len;
   }
   ledger_.on_sent(done);
-  int rc = channel_->publish(ledger_.sent());
-  if (rc < 0) return rc;
-  bytes_sent_.fetch_add(done, std::memory_order_relaxed);
+  if (channel_->publish(ledger_.sent()) < 0) return carrier_failed(moved);
+  bytes_sent_.fetch_add(done, std::memory_order_release);
   return static_cast<ssize_t>(done);
 }
 
@@ -128,20 +255,41 @@ void Stream::refresh_rx(const PeerState& s) {
   if (!window_.on_arrival(s.head)) fail();
 }
 
-ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek) {
-  if (int rc = take_over(); rc < 0) return rc;
+ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved, bool look) {
+  if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(rx_mu_);
-  if (int rc = channel_->enter(); rc < 0) return rc;
-  const Bracket bracket{channel_.get()};
-  const PeerState s = poll_peer();
-  refresh_rx(s);
-  if (broken_.load(std::memory_order_acquire)) return -ECONNRESET;
-  const size_t readable = window_.readable();
-  if (readable == 0) {
-    if (shut_rd_.load(std::memory_order_relaxed)) return 0;
-    if (s.flags & kTransportError) return -ECONNRESET;
-    if (s.flags & kPeerFin) return 0;
-    return -EAGAIN;
+  const int entered = channel_->enter();
+  if (entered < 0) return entered;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  bool probed = !look;
+  size_t readable = 0;
+  PeerState s;
+  for (;;) {
+    s = poll_peer();
+    refresh_rx(s);
+    if (broken_.load(std::memory_order_acquire)) {
+      const int e = take_pending(moved);
+      return e ? -e : 0;
+    }
+    readable = window_.readable();
+    if (readable > 0) break;
+    // tcp_recvmsg with nothing queued: EOF after the peer's FIN, else the
+    // pending error (once), else EOF once receiving is shut down. Before
+    // the first EOF, one look at the carrier: bytes that reached it behind
+    // our back must reset the stream, not end it quietly short.
+    if (fin_rcvd_.load(std::memory_order_acquire)) {
+      if (!eof_checked_.exchange(true)) {
+        maybe_probe(true);
+        continue;
+      }
+      return 0;
+    }
+    if (const int e = take_pending(moved)) return -e;
+    if (shut_rd_.load(std::memory_order_relaxed) || reset_.load(std::memory_order_acquire))
+      return 0;
+    // Nothing yet: unless the peer died without a word.
+    if (probed || !maybe_probe()) return -EAGAIN;
+    probed = true;
   }
   size_t want = 0;
   for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
@@ -184,13 +332,15 @@ size_t Stream::readable_bytes() {
 size_t Stream::writable_bytes() {
   if (take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(tx_mu_);
-  if (broken_.load(std::memory_order_acquire) || shut_wr_.load(std::memory_order_relaxed)) return 0;
+  maybe_probe();
   const PeerState s = poll_peer();
-  if (s.flags & (kTransportError | kPeerClosed | kTxBlocked)) return 0;
-  if (!ledger_.on_credit(s.consumed)) {
-    fail();
-    return 0;
-  }
+  if (!ledger_.on_credit(s.consumed)) fail();
+  // Errors, and a stream shut for writing, are send()'s to report.
+  if (reset_.load(std::memory_order_acquire) || shut_wr_.load(std::memory_order_relaxed)) return 0;
+  // The peer's end is gone: a send goes out and resets (send()), whatever
+  // the credits say.
+  if (peer_gone_.load(std::memory_order_acquire)) return ledger_.ring_bytes();
+  if (s.flags & kTxBlocked) return 0;
   return ledger_.available();
 }
 
@@ -214,47 +364,58 @@ bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_g
   window_.restore(rx_granted);
   peer_head_.store(rx_granted, std::memory_order_relaxed);
   peer_consumed_.store(tx_credited, std::memory_order_relaxed);
+  // What this process sent itself (bytes_sent_, the stats) is part of
+  // tx_sent already.
+  const uint64_t mine = bytes_sent_.load(std::memory_order_relaxed);
+  tx_origin_.store(tx_sent >= mine ? tx_sent - mine : 0, std::memory_order_relaxed);
   shut_wr_.store(shut_wr, std::memory_order_relaxed);
   return true;
 }
 
-StreamEvents Stream::events() {
+StreamEvents Stream::events(bool look) {
   StreamEvents ev;
-  if (int rc = take_over(); rc < 0) {
-    // Moving here: nothing to report yet (the channel's wait_fd wakes the
-    // caller when the move can go on). Failed: an error, as a reset.
-    if (rc != -EAGAIN) ev.error = ev.readable = ev.writable = ev.hup = true;
-    return ev;
-  }
-  const PeerState s = poll_peer();
-  size_t readable, room;
-  {
-    std::lock_guard<std::mutex> lock(rx_mu_);
-    refresh_rx(s);
-    readable = window_.readable();
-    ev.rx_gen = window_.arrived();
-    // A receiver that stopped reading early must still let a stalled sender
-    // proceed once it has freed anything (see ReceiveWindow::should_grant).
-    if ((s.flags & kPeerStalled) && window_.should_grant(true)) {
-      (void)channel_->grant(window_.consumed());
-      window_.on_granted();
+  // Moving here: nothing to report yet (the channel's wait_fd wakes the
+  // caller when the move can go on). A failed move reset the stream, which
+  // shows below as any reset.
+  if (take_over() == -EAGAIN) return ev;
+  for (bool probed = !look;; probed = true) {
+    const PeerState s = poll_peer();
+    size_t readable, room;
+    {
+      std::lock_guard<std::mutex> lock(rx_mu_);
+      refresh_rx(s);
+      readable = window_.readable();
+      ev.rx_gen = window_.arrived();
+      // A receiver that stopped reading early must still let a stalled sender
+      // proceed once it has freed anything (see ReceiveWindow::should_grant).
+      if ((s.flags & kPeerStalled) && window_.should_grant(true)) {
+        (void)channel_->grant(window_.consumed());
+        window_.on_granted();
+      }
     }
+    {
+      std::lock_guard<std::mutex> lock(tx_mu_);
+      if (!ledger_.on_credit(s.consumed)) fail();
+      room = (s.flags & kTxBlocked) ? 0 : ledger_.available();
+      ev.tx_gen = ledger_.credited() + s.tx_epoch;
+    }
+    // tcp_poll(): RCV_SHUTDOWN (the peer's FIN, SHUT_RD, a reset) makes the
+    // socket readable and RDHUP; SEND_SHUTDOWN (SHUT_WR, a reset) writable;
+    // both, or a reset, HUP; a pending error ERR.
+    const bool reset = reset_.load(std::memory_order_acquire);
+    const bool rcv_shut = fin_rcvd_.load(std::memory_order_acquire) ||
+                          shut_rd_.load(std::memory_order_relaxed) || reset;
+    const bool snd_shut = shut_wr_.load(std::memory_order_relaxed) || reset;
+    ev.error = sk_err_.load(std::memory_order_acquire) != 0;
+    ev.readable = readable > 0 || rcv_shut || ev.error;
+    // Once the peer's end is gone a send does not wait (it resets).
+    ev.writable = room > 0 || snd_shut || ev.error || peer_gone_.load(std::memory_order_acquire);
+    ev.rdhup = rcv_shut;
+    ev.hup = (rcv_shut && snd_shut) || reset;
+    // Unless the peer died without a word (rate-limited: one system call
+    // per clock tick at most).
+    if (ev.rdhup || probed || !maybe_probe()) return ev;
   }
-  {
-    std::lock_guard<std::mutex> lock(tx_mu_);
-    if (!ledger_.on_credit(s.consumed)) fail();
-    room = (s.flags & kTxBlocked) ? 0 : ledger_.available();
-    ev.tx_gen = ledger_.credited() + s.tx_epoch;
-  }
-  const bool broken = broken_.load(std::memory_order_acquire) || (s.flags & kTransportError);
-  const bool fin = (s.flags & kPeerFin) != 0;
-  const bool wr_done = shut_wr_.load(std::memory_order_relaxed) || (s.flags & kPeerClosed);
-  ev.error = broken;
-  ev.readable = readable > 0 || fin || broken || shut_rd_.load(std::memory_order_relaxed);
-  ev.writable = room > 0 || wr_done || broken;
-  ev.rdhup = fin;
-  ev.hup = broken || (fin && wr_done);
-  return ev;
 }
 
 void Stream::shutdown(bool rd, bool wr) {
@@ -263,12 +424,34 @@ void Stream::shutdown(bool rd, bool wr) {
   if (wr && !shut_wr_.exchange(true)) channel_->signal(kSendFin);
 }
 
-void Stream::close() {
+void Stream::close(bool abort) {
+  // A last look: bytes left behind our back on the carrier are reported
+  // (and the peer told) rather than closed over.
+  maybe_probe(true);
   shut_rd_.store(true, std::memory_order_relaxed);
   shut_wr_.store(true, std::memory_order_relaxed);
+  {
+    // Credits for everything we read, so that the peer knows exactly what
+    // we left unread (a reset) even on a transport without another count.
+    std::lock_guard<std::mutex> lock(rx_mu_);
+    if (window_.consumed() > window_.granted()) {
+      (void)channel_->grant(window_.consumed());
+      window_.on_granted();
+    }
+  }
+  release_holder(abort);
+}
+
+void Stream::release_at_exit() {
+  release_holder(false);
+  channel_->at_exit();
+}
+
+void Stream::release_holder(bool abort) {
+  if (holder_dropped_.exchange(true)) return;
   // After fork, another process may still hold this end: only the last
   // holder tells the peer.
-  if (channel_->drop_holder()) channel_->signal(kSendClosed);
+  if (channel_->drop_holder()) channel_->signal(kSendClosed | (abort ? kSendReset : 0u));
 }
 
 }  // namespace rsock

@@ -1,7 +1,14 @@
 // Stream: a reliable, ordered byte stream in both directions over one
 // Channel, with credit-based flow control (src/ring). One implementation for
 // every transport. Calls never block: they return -EAGAIN and the socket
-// layer (src/socket) decides whether and how to wait.
+// layer (src/socket) decides whether and how to wait. The end of a stream
+// follows the kernel's TCP state machine (docs/protocol.md section 6): a
+// peer that closes or dies with none of our bytes unread is a FIN, after
+// which our first send succeeds and resets the connection (the kernel's
+// RST from a closed socket); one that leaves bytes unread, or asks for it
+// (SO_LINGER 0), is a reset at once; a reset leaves one pending error
+// (ECONNRESET, or EPIPE after the peer's FIN) that the next recv, send or
+// SO_ERROR reports.
 // Thread-safety: send-side calls serialise on one mutex, receive-side calls
 // on another, so one thread may send while another receives.
 #pragma once
@@ -19,13 +26,14 @@
 
 namespace rsock {
 
-// Readiness of a stream, in poll(2) terms.
+// Readiness of a stream, in poll(2) terms: what tcp_poll() reports for a
+// kernel socket in the same state.
 struct StreamEvents {
   bool readable = false;  // recv would not return -EAGAIN (data, EOF or error)
-  bool writable = false;  // send would not return -EAGAIN (space or error)
-  bool rdhup = false;     // the peer shut down its sending side
-  bool hup = false;       // both directions are finished
-  bool error = false;     // the carrier failed
+  bool writable = false;  // send would not return -EAGAIN (space, or it would fail)
+  bool rdhup = false;     // receiving is shut down (the peer's FIN, SHUT_RD, a reset)
+  bool hup = false;       // both directions are shut down, or the connection was reset
+  bool error = false;     // an error is pending (SO_ERROR would report it)
   uint64_t rx_gen = 0;    // bytes arrived so far: a change is a new edge for EPOLLET
   uint64_t tx_gen = 0;    // bytes credited so far: likewise for EPOLLOUT
 };
@@ -38,14 +46,28 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   // Copies as much of iov as fits. Returns the bytes copied (> 0), -EAGAIN
-  // when the ring is full, -EPIPE after shutdown(SHUT_WR) or once the peer
-  // closed, -ECONNRESET when the carrier failed.
-  ssize_t send(const struct iovec* iov, int iovcnt);
+  // when the ring is full, the pending error after a reset, else -EPIPE
+  // after shutdown(SHUT_WR) or a reset. Once the peer's end is gone, takes
+  // everything (nobody reads it) and resets the stream. moved: the caller's
+  // socket call has moved bytes already (it will return those): the
+  // pending error is then left for the next call, as the kernel leaves it.
+  ssize_t send(const struct iovec* iov, int iovcnt, bool moved = false);
 
   // Copies up to the readable bytes. Returns the count (> 0), 0 at end of
-  // stream, -EAGAIN when nothing is readable yet, -ECONNRESET when the
-  // carrier failed with the ring empty. With peek, nothing is consumed.
-  ssize_t recv(const struct iovec* iov, int iovcnt, bool peek);
+  // stream, -EAGAIN when nothing is readable yet, the pending error after a
+  // reset (once the ring is drained; then 0). With peek, nothing is
+  // consumed. moved: as for send. look: on an empty ring, look for a peer
+  // that died without a word (rate-limited) before answering -EAGAIN; a
+  // caller that will sleep next passes false (its sleep sees the death).
+  ssize_t recv(const struct iovec* iov, int iovcnt, bool peek, bool moved = false,
+               bool look = true);
+
+  // SO_ERROR: the pending error (a positive errno), cleared; or 0.
+  int take_error();
+
+  // Whether the kernel's socket would be in TCP_CLOSE: reset, or both FINs
+  // exchanged (getpeername() and shutdown() then give ENOTCONN).
+  bool closed();
 
   // Bytes readable right now (FIONREAD).
   size_t readable_bytes();
@@ -63,22 +85,41 @@ class Stream {
   void report_consumed();
   bool resume(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr);
 
-  StreamEvents events();
+  // look: the caller reports the answer to the application (poll, epoll),
+  // so a peer that died without a word must show (Channel::probe, rate-
+  // limited); a caller that only decides whether to wait (conn_wait)
+  // passes false: its sleep learns of a death by itself.
+  StreamEvents events(bool look = true);
 
   // A process that holds this end but not its carrier (a fork's child, an
   // exec'd image over verbs: Channel::needs_take_over) takes it over before
   // its first operation; every call below does this first. Returns 0,
   // -EAGAIN while the carrier moves here (wait on the channel's wait_fd),
-  // or another negative errno when the move failed (the stream is reset).
+  // or another negative errno when the move failed: the stream is then
+  // reset, and the calls report it as they report any reset (the pending
+  // ECONNRESET once).
   int take_over();
   // In a fork's child: the locks that the parent's other threads held at
-  // the fork are released, the byte counts (the parent's) start again, and
-  // the channel learns that it is in another process.
+  // the fork are released, the byte counts (the parent's, for the stats)
+  // start again (the stream's sent total stays: tx_origin_), and the
+  // channel learns that it is in another process.
   void after_fork_child();
 
   void shutdown(bool rd, bool wr);
-  // Tells the peer we are gone (it reads EOF after the ring, its writes fail).
-  void close();
+  // Tells the peer we are gone: a FIN to it when we read all it sent, else
+  // (or when abort, SO_LINGER {1, 0}) a reset.
+  void close(bool abort = false);
+  // At process exit, for a connection the program never closed (a forked
+  // child or an inetd service that just exits): this process stops holding
+  // the end and, if it was the last holder, tells the peer as close() does
+  // (the peer then tells a FIN from a reset by what we read). Without it
+  // the kernel closes the socket with the peer's unread doorbell bytes in
+  // it, which resets the connection. Nothing changes locally (other threads
+  // may still run during exit). A holder is dropped once per stream,
+  // whichever of this and close() comes first. Then the channel's own exit
+  // work (Channel::at_exit: verbs delivers what it posted, and an owner that
+  // other processes still hold hands the end over to them).
+  void release_at_exit();
 
   Channel& channel() { return *channel_; }
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -89,6 +130,17 @@ class Stream {
   void refresh_rx(const PeerState& s);  // under rx_mu_
   void fail();                          // protocol violation: reset
   bool resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr);
+  // Follows the peer's end (FIN, gone, reset) into our emulated TCP state.
+  void observe(uint32_t flags);
+  void reset_with(int err);            // the RST "arrived": both directions shut, err pending
+  ssize_t carrier_failed(bool moved);  // a channel call failed: reset; what send returns
+  int take_pending(bool moved);        // the pending error: taken, or only read when moved
+  // Looks at the carrier (Channel::probe) at most once per coarse clock
+  // tick, or now when forced. Returns whether it looked.
+  bool maybe_probe(bool force = false);
+  // Drops this process as a holder of the end, once; the last holder tells
+  // the peer (kSendClosed, with kSendReset when abort).
+  void release_holder(bool abort);
 
   std::unique_ptr<Channel> channel_;
   std::mutex tx_mu_;
@@ -97,15 +149,30 @@ class Stream {
   ReceiveWindow window_;
   std::atomic<bool> shut_rd_{false};
   std::atomic<bool> shut_wr_{false};
-  std::atomic<bool> broken_{false};  // protocol violation seen: behave as reset
+  std::atomic<bool> holder_dropped_{false};  // close() or release_at_exit() ran
+  std::atomic<bool> broken_{false};  // protocol violation seen: the ring is not to be trusted
+  // The kernel's view of this end (see the opening comment). Each moves
+  // one way only; observe() changes them under state_mu_.
+  std::mutex state_mu_;
+  std::atomic<uint32_t> observed_{0};     // peer flags already followed
+  std::atomic<bool> fin_rcvd_{false};     // the peer's FIN is behind its last byte (SOCK_DONE)
+  std::atomic<bool> peer_gone_{false};    // its end is closed: our next send resets
+  std::atomic<bool> reset_{false};        // reset: both directions shut (TCP_CLOSE)
+  std::atomic<int> sk_err_{0};            // pending error, reported once
+  std::atomic<int64_t> last_probe_{0};    // coarse clock of the last Channel::probe
+  std::atomic<bool> eof_checked_{false};  // the carrier was looked at before the first EOF
   // Largest totals any poll() has reported. A poll made for one direction
   // also delivers the other direction's notifications, and a later stale one
   // may replace them in the channel's PeerState: without these, a fresh
   // credit seen by recv() (or head seen by send()) could be lost for good.
   std::atomic<uint64_t> peer_head_{0};
   std::atomic<uint64_t> peer_consumed_{0};
-  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_sent_{0};  // by this process (stats)
   std::atomic<uint64_t> bytes_received_{0};
+  // Stream offset this process started sending at (resume() after an exec
+  // hand-off or a takeover, or what the parent had sent at a fork):
+  // tx_origin_ + bytes_sent_ is the stream's sent total.
+  std::atomic<uint64_t> tx_origin_{0};
 };
 
 }  // namespace rsock

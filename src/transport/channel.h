@@ -28,19 +28,30 @@ struct PeerState {
 };
 
 enum PeerFlag : uint32_t {
-  kPeerFin = 1u << 0,        // the peer will send no more (shutdown SHUT_WR or close)
-  kPeerClosed = 1u << 1,     // the peer closed: it reads no more, our writes fail with EPIPE
-  kPeerStalled = 1u << 2,    // the peer waits for credits: grant as soon as anything is freed
+  // The peer shut down its sending side (shutdown SHUT_WR): after its last
+  // byte, EOF. Not set by a close: the stream tells a close from a reset.
+  kPeerFin = 1u << 0,
+  // The peer's end is gone: it closed the socket, or its process died (the
+  // kernel socket ended). Whether that reads as a FIN or a reset here is the
+  // stream's decision (docs/protocol.md section 6).
+  kPeerClosed = 1u << 1,
+  kPeerStalled = 1u << 2,     // the peer waits for credits: grant as soon as anything is freed
   kTransportError = 1u << 3,  // the carrier broke (reset, QP error): ECONNRESET
   // The transport cannot take a publication now (verbs: out of message
   // credits): a send must wait exactly as if the ring were full.
-  kTxBlocked = 1u << 4
+  kTxBlocked = 1u << 4,
+  kPeerReset = 1u << 5,  // the peer closed with SO_LINGER {1, 0}: a reset, as the kernel sends
+  // Bytes reached a kernel socket of this connection behind librsock (seen
+  // here or by the peer): the connection is reset (Reset::kKernelBytes).
+  kKernelBytes = 1u << 6,
 };
 
 // Flags this side sends with Channel::signal().
 enum LocalFlag : uint32_t {
-  kSendFin = 1u << 0,    // we shut down our sending direction
-  kSendClosed = 1u << 1  // we closed the socket (implies kSendFin)
+  kSendFin = 1u << 0,          // we shut down our sending direction
+  kSendClosed = 1u << 1,       // we closed the socket (not a FIN by itself: see kPeerClosed)
+  kSendReset = 1u << 2,        // with kSendClosed: an abortive close (SO_LINGER {1, 0})
+  kSendKernelBytes = 1u << 3,  // we reset the connection: bytes reached our kernel socket
 };
 
 // Where a process that took an end over continues (Channel::take_over).
@@ -96,8 +107,29 @@ class Channel {
   virtual int wait_fd() const = 0;
 
   // Consumes pending wakeups after wait_fd() was readable; notices a carrier
-  // failure (reported from then on by poll() as kTransportError or kPeerFin).
+  // failure or a peer that is gone (reported from then on by poll() as
+  // kTransportError or kPeerClosed) and bytes that reached the kernel socket
+  // behind librsock (kKernelBytes).
   virtual void drain_wakeups() = 0;
+
+  // Looks at the carrier without consuming anything (one system call): a
+  // peer that died shows in poll() from then on, as do bytes that reached
+  // the kernel socket behind librsock. For callers that would otherwise
+  // report "nothing yet" without sleeping (a sleeper learns both by itself).
+  virtual void probe() {}
+
+  // Bytes of ours the peer's application has read, as exactly as this
+  // transport knows it (at least the credited total). Asked once the peer
+  // is gone, to tell a clean close from one that left our bytes unread.
+  virtual uint64_t peer_read_total() = 0;
+  // Reports that our application has read `total` bytes in all (exact, not
+  // a credit: see peer_read_total; verbs also keeps it for the process that
+  // takes the end over next). Under the receive lock, inside the bracket
+  // (enter) of the recv that read them.
+  virtual void note_read(uint64_t total) {}
+
+  // The private dup of the connection's kernel TCP socket, or -1.
+  virtual int kernel_socket() const { return -1; }
 
   // Process holders of this end (fork): a forked child adds itself; a
   // process that closes its copy drops itself, and only the last one tells
@@ -118,18 +150,18 @@ class Channel {
   virtual bool needs_take_over() { return false; }
   virtual int take_over(EndPositions* /*at*/) { return 0; }
   // Brackets every stream operation that moves bytes (send, recv): enter()
-  // returns 0, or a negative errno when this process may not use the end
-  // (another one took it over: the call fails, nothing moved). Inside the
-  // bracket, note_read() reports the total our application has read (exact,
-  // not a credit), for the process that takes over next.
+  // returns 0 (inside the bracket: leave() ends it), 1 (no bracket needed:
+  // the connection is reset here, and the call goes on to report it as a
+  // reset), or a negative errno when this process may not use the end
+  // (another one took it over: the call fails, nothing moved).
   virtual int enter() { return 0; }
   virtual void leave() {}
-  virtual void note_read(uint64_t /*total*/) {}
   // In a fork's child, before anything else: the carrier stays the
   // parent's (and locks held by the parent's other threads are void here).
   virtual void after_fork_child() {}
-  // The process exits without closing this end: deliver what was posted
-  // (bounded), and let another holder take it over.
+  // The process exits without closing this end (after drop_holder, and the
+  // signal of the last holder): deliver what was posted (bounded), and let
+  // another holder take it over.
   virtual void at_exit() {}
 };
 

@@ -1,12 +1,16 @@
 // Shared harness of the preload tests: spawns the test programs of
-// test/progs (build/progs/NAME) as real processes, with or without
-// LD_PRELOAD=build/librsock.so and with an exact environment, captures their
+// test/progs (BUILD/progs/NAME) as real processes, with or without
+// LD_PRELOAD=BUILD/librsock.so and with an exact environment, captures their
 // stdout/stderr in files of a per-test scratch directory, waits for them with
 // bounded timeouts, and kills (by pid) and reaps whatever is left in
 // TearDown. It also parses the RSOCK_STATS JSON lines (a small, strict JSON
 // reader) and the "RESULT k=v ..." lines the programs print. Free ports come
-// from binding port 0. Everything is relative to the current directory (the
-// repository root). Thread-safety: one fixture per test, used by one thread.
+// from binding port 0. BUILD is the folder of the running test binary
+// (build/, or build-tsan/ for `make tsan`), or RSOCK_TEST_BUILD when set, so
+// that a sanitizer build spawns its own instrumented library and programs.
+// Under a sanitizer, every spawned process writes its reports to files in
+// the scratch directory, and a test with any such report fails (TearDown).
+// Thread-safety: one fixture per test, used by one thread.
 #pragma once
 
 #include <arpa/inet.h>
@@ -15,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <link.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -26,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <fstream>
@@ -474,6 +480,75 @@ inline std::map<std::string, std::string> parse_result(const std::string& text,
 
 inline uint64_t to_u64(const std::string& s) { return strtoull(s.c_str(), nullptr, 10); }
 
+// ---- build folder and sanitizers ---------------------------------------------------
+
+// The build folder whose library and programs the tests spawn:
+// RSOCK_TEST_BUILD, else the folder of this test binary (the Makefile puts
+// BUILD/preload_tests beside BUILD/librsock.so), else "build".
+inline std::string build_dir() {
+  const char* env = getenv("RSOCK_TEST_BUILD");
+  if (env && *env) return env;
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return "build";
+  std::string path(exe, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+// The sanitizer runtimes loaded into this (instrumented) test binary: the
+// programs of its build folder carry the same ones.
+struct Sanitizers {
+  // The runtime that must come first in a spawned program's LD_PRELOAD, or
+  // "". ASan refuses to start unless its runtime is the first object after
+  // the program; a call of the program then goes ASan -> librsock -> libc
+  // (each finds the next with dlsym(RTLD_NEXT)), so librsock still sits
+  // between the program and libc, and ASan still checks the program's
+  // buffers. TSan is left where the program's own dependencies put it,
+  // after the preloaded librsock (either runtime still starts first: the
+  // instrumented program calls its init from .preinit_array, before any
+  // library's constructor). TSan ignores the interceptors, locks and
+  // atomics called from inside a blocking call it intercepts (poll,
+  // epoll_wait, recv, ...), so with TSan first, librsock's locks taken
+  // inside the program's poll() would be invisible and every hand-over
+  // under them a false race. With librsock first, its calls reach libc
+  // through TSan like the program's own. UBSan intercepts nothing and needs
+  // no place.
+  std::string preload_first;
+  std::vector<std::string> option_vars;  // ASAN_OPTIONS, ... of the loaded runtimes
+  // How much slower instrumented programs run: the harness's waits are
+  // upper bounds against hangs, stretched by this much (TSan moves the 1 GiB
+  // transfer in 70 to 120 s on a loaded 2-core machine, against 1 to 3 s
+  // plain). The plain build keeps the bounds the tests state.
+  int slowdown = 1;
+};
+
+inline Sanitizers loaded_sanitizers() {
+  Sanitizers found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* arg) {
+        auto* f = static_cast<Sanitizers*>(arg);
+        const char* name = info->dlpi_name;
+        const char* base = name ? strrchr(name, '/') : nullptr;
+        base = base ? base + 1 : name;
+        if (!base) return 0;
+        const bool asan = strncmp(base, "libasan.so", 10) == 0;
+        const bool tsan = strncmp(base, "libtsan.so", 10) == 0;
+        if (asan) f->preload_first = name;
+        const bool ubsan = strncmp(base, "libubsan.so", 11) == 0;
+        if (asan) f->option_vars.push_back("ASAN_OPTIONS");
+        if (tsan) f->option_vars.push_back("TSAN_OPTIONS");
+        if (ubsan) f->option_vars.push_back("UBSAN_OPTIONS");
+        f->slowdown = std::max(f->slowdown, tsan ? 5 : asan ? 3 : ubsan ? 2 : 1);
+        return 0;
+      },
+      &found);
+  return found;
+}
+
+// The prefix of the report files a spawned process writes (the runtime
+// appends ".PID").
+inline constexpr const char* kSanitizerLog = "sanitizer-report";
+
 // ---- ports ----------------------------------------------------------------------
 
 // A port that was free a moment ago on addr (bind port 0, read it, close).
@@ -518,6 +593,7 @@ struct Proc {
   std::string err_path;
   bool reaped = false;
   int status = 0;
+  bool sanitizer_to_stderr = false;  // its sanitizer reports go to err_path
 
   std::string out() const { return read_file(out_path); }
   std::string err() const { return read_file(err_path); }
@@ -542,16 +618,18 @@ class PreloadTest : public ::testing::Test {
     char tmpl[] = "/tmp/rsock-preload-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr) << strerror(errno);
     dir_ = tmpl;
-    char* lib = realpath("build/librsock.so", nullptr);
-    ASSERT_NE(lib, nullptr) << "build/librsock.so not found: run the tests from the repository "
-                               "root after `make all`";
+    const std::string build = build_dir();
+    char* lib = realpath((build + "/librsock.so").c_str(), nullptr);
+    ASSERT_NE(lib, nullptr) << build << "/librsock.so not found: run the tests from the "
+                            << "repository root after `make all`";
     lib_ = lib;
     free(lib);
-    char* progs = realpath("build/progs", nullptr);
-    ASSERT_NE(progs, nullptr) << "build/progs not found: run `make all` first";
+    char* progs = realpath((build + "/progs").c_str(), nullptr);
+    ASSERT_NE(progs, nullptr) << build << "/progs not found: run `make all` first";
     progs_ = progs;
     free(progs);
     stats_path_ = dir_ + "/stats.jsonl";
+    san_ = loaded_sanitizers();
   }
 
   void TearDown() override {
@@ -565,6 +643,7 @@ class PreloadTest : public ::testing::Test {
       p->reaped = true;
       p->status = st;
     }
+    expect_no_sanitizer_reports();
     if (HasFailure()) {
       for (auto& p : procs_) std::cerr << p->describe() << "\n";
       std::cerr << "--- stats ---\n"
@@ -607,7 +686,40 @@ class PreloadTest : public ::testing::Test {
       if (env.count(key)) continue;
       env_s.push_back(kv);
     }
-    for (auto& [k, v] : env) env_s.push_back(k + "=" + v);
+    for (auto& [k, v] : env) {
+      if (std::find(san_.option_vars.begin(), san_.option_vars.end(), k) != san_.option_vars.end())
+        continue;  // below
+      // The sanitizer runtime first, then what the test preloads (see
+      // Sanitizers).
+      if (k == "LD_PRELOAD" && !san_.preload_first.empty() && !v.empty())
+        env_s.push_back(k + "=" + san_.preload_first + " " + v);
+      else
+        env_s.push_back(k + "=" + v);
+    }
+    // Reports go to files of the scratch directory, which TearDown checks:
+    // a report must fail the test even from a process killed on purpose or
+    // whose exit status the test does not look at. The sanitizer's own exit
+    // status (66) makes exited_ok() fail too. A later option overrides an
+    // earlier one: this process's options, then the test's, then ours. A
+    // program run as another user cannot create files in the (private)
+    // scratch directory: its reports go to its stderr, which TearDown reads.
+    p->sanitizer_to_stderr = as_user >= 0;
+    for (const std::string& var : san_.option_vars) {
+      const char* base = getenv(var.c_str());
+      std::string kv = var + "=" + (base ? base : "");
+      if (env.count(var)) kv += ":" + env.at(var);
+      if (!p->sanitizer_to_stderr) kv += ":log_path=" + dir_ + "/" + kSanitizerLog;
+      kv += ":exitcode=66";
+      std::erase_if(env_s, [&](const std::string& e) { return e.rfind(var + "=", 0) == 0; });
+      env_s.push_back(kv);
+    }
+    // Test programs that wait on purpose (rs_sem's nb_* cases) stretch their
+    // windows by the same factor as the harness's bounds.
+    if (san_.slowdown > 1 && !env.count("RS_TEST_SLOWDOWN")) {
+      std::erase_if(env_s,
+                    [](const std::string& e) { return e.rfind("RS_TEST_SLOWDOWN=", 0) == 0; });
+      env_s.push_back("RS_TEST_SLOWDOWN=" + std::to_string(san_.slowdown));
+    }
     std::vector<char*> argv, envp;
     for (auto& s : argv_s) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -641,9 +753,10 @@ class PreloadTest : public ::testing::Test {
     return *procs_.back();
   }
 
-  // Waits (bounded) for p to exit; false on timeout (p keeps running).
+  // Waits (bounded; the bound stretched under a sanitizer) for p to exit;
+  // false on timeout (p keeps running).
   bool wait_exit(Proc& p, int timeout_ms) {
-    const int64_t end = now_ms() + timeout_ms;
+    const int64_t end = now_ms() + int64_t{timeout_ms} * san_.slowdown;
     for (;;) {
       if (p.reaped) return true;
       int st = 0;
@@ -659,10 +772,10 @@ class PreloadTest : public ::testing::Test {
     }
   }
 
-  // Waits (bounded) until p's stdout has a line starting with `prefix`;
-  // false when p exits first or on timeout.
+  // Waits (bounded, as wait_exit) until p's stdout has a line starting with
+  // `prefix`; false when p exits first or on timeout.
   bool wait_line(Proc& p, const std::string& prefix, int timeout_ms) {
-    const int64_t end = now_ms() + timeout_ms;
+    const int64_t end = now_ms() + int64_t{timeout_ms} * san_.slowdown;
     for (;;) {
       for (const std::string& line : split_lines(p.out()))
         if (line.rfind(prefix, 0) == 0) return true;
@@ -715,8 +828,51 @@ class PreloadTest : public ::testing::Test {
     return count == 1 ? found : std::nullopt;
   }
 
+  // The report files the spawned processes wrote so far (paths).
+  std::vector<std::string> sanitizer_reports() const {
+    std::vector<std::string> out;
+    DIR* d = opendir(dir_.c_str());
+    if (!d) return out;
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind(kSanitizerLog, 0) == 0) out.push_back(dir_ + "/" + name);
+    }
+    closedir(d);
+    return out;
+  }
+
+  // Fails the test for every sanitizer report a spawned process wrote.
+  // One notice is not a report: LeakSanitizer in the child of a fork made
+  // while another thread was still running (a pairing thread on its way
+  // out) names that thread, which does not exist in the child, as "not
+  // suspended" before it checks. Any leak it then finds is written below
+  // the notice and still fails the test.
+  void expect_no_sanitizer_reports() const {
+    for (const std::string& path : sanitizer_reports()) {
+      const std::string text = read_file(path);
+      bool report = false;
+      for (const std::string& line : split_lines(text))
+        if (!line.empty() &&
+            line.find("was not suspended. False leaks are possible.") == std::string::npos)
+          report = true;
+      if (report)
+        ADD_FAILURE() << "sanitizer report from a spawned process (" << path << "):\n" << text;
+    }
+    for (const auto& p : procs_) {
+      if (!p->sanitizer_to_stderr) continue;
+      const std::string text = p->err();
+      if (text.find("Sanitizer") != std::string::npos ||
+          text.find(" runtime error: ") != std::string::npos)
+        ADD_FAILURE() << "sanitizer report from " << p->name << " (pid " << p->pid << "):\n"
+                      << text;
+    }
+  }
+
+  const Sanitizers& sanitizers() const { return san_; }
+
   const std::string& dir() const { return dir_; }
   const std::string& lib() const { return lib_; }
+  const std::string& progs() const { return progs_; }
   const std::string& stats_path() const { return stats_path_; }
 
  private:
@@ -724,6 +880,7 @@ class PreloadTest : public ::testing::Test {
   std::string lib_;
   std::string progs_;
   std::string stats_path_;
+  Sanitizers san_;  // the runtimes of this build (none in a plain build)
   std::vector<std::unique_ptr<Proc>> procs_;
 };
 

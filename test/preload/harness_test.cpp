@@ -134,5 +134,58 @@ TEST_F(FixtureTest, SpawnCaptureWaitAndKill) {
   EXPECT_FALSE(bad.exited_ok());
 }
 
+// The objects of a preloaded program in lookup order: the sanitizer
+// runtime first where it must be (ASan), then librsock, and librsock ahead
+// of libc (and of TSan's runtime), so that the program's socket calls reach
+// librsock. In a plain build librsock simply comes first.
+TEST_F(FixtureTest, PreloadedLibraryPrecedesLibc) {
+  Proc& p = spawn("linkmap", "rs_probe", {"linkmap"}, preloaded());
+  ASSERT_TRUE(wait_exit(p, kExitTimeoutMs));
+  ASSERT_TRUE(p.exited_ok()) << p.describe();
+  std::vector<std::string> objs;
+  // Objects with a path: the vDSO ("linux-vdso.so.1") is not looked up.
+  for (const std::string& line : split_lines(p.out()))
+    if (line.rfind("OBJ /", 0) == 0) objs.push_back(line.substr(4));
+  auto index_of = [&](const std::string& part) {
+    for (size_t i = 0; i < objs.size(); ++i)
+      if (objs[i].find(part) != std::string::npos) return static_cast<int>(i);
+    return -1;
+  };
+  const int rsock = index_of("librsock.so");
+  const int libc = index_of("/libc.so");
+  ASSERT_GE(rsock, 0) << p.out();
+  ASSERT_GE(libc, 0) << p.out();
+  EXPECT_LT(rsock, libc) << p.out();
+  const int asan = index_of("/libasan.so");
+  const int tsan = index_of("/libtsan.so");
+  EXPECT_EQ(asan >= 0 ? asan : rsock, 0) << p.out();
+  if (asan >= 0) {
+    EXPECT_EQ(rsock, asan + 1) << p.out();
+  }
+  if (tsan >= 0) {
+    EXPECT_LT(rsock, tsan) << p.out();
+  }
+}
+
+// Under a sanitizer, a report in a spawned process reaches the test: the
+// process exits with the sanitizers' status 66 and leaves a report file that
+// TearDown would turn into a failure (removed here, where it is expected).
+TEST_F(FixtureTest, SanitizerReportInAChildIsNoticed) {
+  if (sanitizers().option_vars.empty()) GTEST_SKIP() << "not a sanitizer build";
+  Proc& p = spawn("bug", "rs_probe", {"bug"}, preloaded());
+  ASSERT_TRUE(wait_exit(p, kExitTimeoutMs));
+  EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 66) << p.describe();
+  const std::vector<std::string> reports = sanitizer_reports();
+  ASSERT_FALSE(reports.empty()) << p.describe();
+  for (const std::string& path : reports) {
+    const std::string text = read_file(path);
+    EXPECT_TRUE(text.find("ThreadSanitizer: data race") != std::string::npos ||
+                text.find("runtime error: signed integer overflow") != std::string::npos ||
+                text.find("AddressSanitizer: heap-buffer-overflow") != std::string::npos)
+        << text;
+    unlink(path.c_str());
+  }
+}
+
 }  // namespace
 }  // namespace rsock_test

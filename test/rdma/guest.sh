@@ -23,7 +23,9 @@
 # (build/progs), TIER_ECHO, TIER_FORGE, TIER_CASES (the case names to run, in order),
 # TIER_SECONDS (tool run time), TIER_CONNECT_TIMEOUT_MS, TIER_BYTES,
 # TIER_MATRIX_BYTES, TIER_SMALL_BYTES, TIER_KILL_AFTER, TIER_MEMLOCK_LIMIT
-# (bytes), TIER_LOSS_BOUND (s).
+# (bytes), TIER_LOSS_BOUND (s), TIER_FORKSRV (build/apps/forksrv),
+# TIER_FORK_CONNS, TIER_FORK_BYTES, TIER_AB_REQUESTS, TIER_REDIS_C1,
+# TIER_REDIS_C50 (redis-benchmark -n).
 
 # SC2317: the case_* functions are called by name ("case_$CASE").
 # shellcheck disable=SC2317
@@ -282,21 +284,21 @@ move_server() {
 }
 # Fork per connection, the parent closes at once, before the child's first
 # call; the child closes and exits; three connections in a row.
-case_fork-conn() { move_server 7571 3 --role fork --count 3 --close before --child-exit close; }
+case_fork-conn() { move_server 7581 3 --role fork --count 3 --close before --child-exit close; }
 # The parent closes after the child's first call; the child exits without
 # closing (exit: exit handlers run).
-case_fork-conn-late() { move_server 7572 2 --role fork --count 2 --close after --child-exit exit; }
+case_fork-conn-late() { move_server 7582 2 --role fork --count 2 --close after --child-exit exit; }
 # The child leaves with _exit without closing (no exit handlers).
-case_fork-conn-noclose() { move_server 7573 2 --role fork --count 2 --close before --child-exit _exit; }
+case_fork-conn-noclose() { move_server 7583 2 --role fork --count 2 --close before --child-exit _exit; }
 # The parent exits right after it closed its copy: the child serves alone.
-case_fork-conn-orphan() { move_server 7576 1 --role fork --count 1 --close before --child-exit close --parent-exit; }
+case_fork-conn-orphan() { move_server 7586 1 --role fork --count 1 --close before --child-exit close --parent-exit; }
 # inetd: fork, the connection on stdin/stdout, closefrom(3), exec.
-case_inetd() { move_server 7574 2 --role inetd --count 2; }
+case_inetd() { move_server 7584 2 --role inetd --count 2; }
 
 # Parent and child write records on one connection at once; the client
 # checks every record and both sequences.
 case_both-write() {
-  local port=7575
+  local port=7585
   if [ "$HOST" = A ]; then
     env_for srv "$port" yes
     start srv "$TIER_BIN/rs_move" --role both-write --addr "$SRV_IP" --port "$port"
@@ -314,6 +316,66 @@ case_both-write() {
 
 # Unmodified sockperf, shim on both ends; the server is stopped with SIGINT
 # once the client is done (it then prints its totals and writes its stats).
+# Pairing under load (run.sh's header says what is judged): a server of
+# WORKERS rs_pairstress workers on A (SHARE fork: one inherited wildcard
+# listener, so each worker pairs through the client's rendezvous; reuseport:
+# SO_REUSEPORT siblings, each with its own listener), CLIENTS client
+# processes on B (odd ones blocking, even ones event-loop), CONNS
+# connections each, PARALLEL at a time, every connection checked end to end
+# by rs_pairstress. TIMEOUTS: pairing timeouts (ms) cycled over the server
+# and the clients; empty: the tier's. Rings of 64 KiB keep the pinned
+# memory of the guests small.
+# pairing_stress PORT SHARE CLIENTS CONNS PARALLEL ROUNDS "TIMEOUTS"
+pairing_stress() {
+  local port=$1 share=$2 clients=$3 conns=$4 parallel=$5 rounds=$6 c io
+  local -a timeouts
+  read -ra timeouts <<< "$7"
+  # The pairing timeout of process number $1 (the server is 0).
+  timeout_of() {
+    if [ ${#timeouts[@]} -gt 0 ]; then echo "${timeouts[$(($1 % ${#timeouts[@]}))]}"; else echo "$TIER_CONNECT_TIMEOUT_MS"; fi
+  }
+  cm_counters "$HOST.cm-before"
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    ENVV+=(RSOCK_RING_SIZE=64K RSOCK_CONNECT_TIMEOUT_MS="$(timeout_of 0)")
+    start srv "$TIER_BIN/rs_pairstress" --role server --addr 0.0.0.0 --port "$port" --workers 2 \
+      --share "$share" --io mixed --stop "$DIR/stop"
+    ready srv "$port" yes
+    await_clients
+    touch "$DIR/stop"
+    finish srv 120
+  else
+    await_server
+    for ((c = 1; c <= clients; c++)); do
+      env_for "cli$c" "$port" yes
+      ENVV+=(RSOCK_RING_SIZE=64K RSOCK_CONNECT_TIMEOUT_MS="$(timeout_of "$c")")
+      io=block
+      [ $((c % 2)) = 0 ] && io=epoll
+      start "cli$c" "$TIER_BIN/rs_pairstress" --role client --addr "$SRV_IP" --port "$port" \
+        --id "$c" --conns "$conns" --parallel "$parallel" --io "$io" --rounds "$rounds" \
+        --hold-ms 20 --bytes 8192
+    done
+    for ((c = 1; c <= clients; c++)); do finish "cli$c" 240; done
+    rsock_signal "$CASE.cli-done"
+  fi
+  cm_counters "$HOST.cm-after"
+}
+# The IB CM's message counters of this host (sent, received, retries), for
+# the record: a connection that one side tore down and the other never
+# heard of shows as a message sent here and not received there.
+cm_counters() {
+  local d f
+  for d in /sys/class/infiniband/"$RSOCK_VM_DEV"/ports/*/cm_* /sys/class/infiniband_cm/"$RSOCK_VM_DEV"/*/cm_*; do
+    for f in "$d"/*; do [ -r "$f" ] && echo "${d##*/}/${f##*/} $(cat "$f")"; done
+  done > "$DIR/$1" 2> /dev/null
+}
+case_pairing-stress() { pairing_stress 7571 fork 4 12 4 2 ""; }
+case_pairing-stress-reuseport() { pairing_stress 7572 reuseport 4 12 4 2 ""; }
+# 1-5 ms: every step of the handshake runs into a deadline somewhere. Each
+# client process stops pairing after its first timeout (negative cache), so
+# many processes with few connections each.
+case_pairing-stress-tiny() { pairing_stress 7573 fork 12 4 4 1 "1 5 2 3 4 1"; }
+
 sockperf_case() {
   local port=$1 mode=$2
   if [ "$HOST" = A ]; then
@@ -386,6 +448,27 @@ case_peer-killed() {
   fi
 }
 
+# Bytes behind librsock: the client (writer) sends "hello", writes "RAW" on
+# its socket with a raw syscall(SYS_sendto), then "bye"; the server (reader)
+# reads. Over RDMA nothing may arrive on the TCP socket after the switch, so
+# both ends must reset (rs_raw, run.sh's judge).
+case_kernel-bytes() {
+  local port=7561
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_BIN/rs_raw" --role reader --addr "$SRV_IP" --port "$port"
+    ready srv "$port" yes
+    finish srv 90 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    start cli "$TIER_BIN/rs_raw" --role writer --addr "$SRV_IP" --port "$port" --mode sendto
+    finish cli 90
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
 # Registration failure: the preloaded client may pin only 64 KiB
 # (RLIMIT_MEMLOCK, set with prlimit) and runs without CAP_IPC_LOCK (dropped
 # with setpriv from every set: as root it would ignore the limit), so
@@ -413,6 +496,124 @@ case_memlock() {
     ENVV=("${limited[@]}" "${ENVV[@]}") # each execs the next: $! stays the program
     start cli "$RS" --role client "${common[@]}" --tx-seed 52 --rx-seed 51
     finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# Fork per connection (test/apps/forksrv.c, built by `make all`): the parent
+# accepts on the wildcard address (it opens no RDMA device itself), forks a
+# child per connection and closes its copy at once; the child echoes and
+# exits. 10 connections from B, 2 at a time, 64 KiB each, echoed and checked.
+case_fork-per-connection() {
+  local port=7571
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_FORKSRV" server --addr 0.0.0.0 --port "$port" --count "$TIER_FORK_CONNS" --mode at-once
+    ready srv "$port" yes
+    finish srv 150 "$CASE.cli-done" 30
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    start cli "$TIER_FORKSRV" client --addr "$SRV_IP" --port "$port" --count "$TIER_FORK_CONNS" \
+      --threads 2 --bytes "$TIER_FORK_BYTES"
+    finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# nginx (Debian's, two workers, sendfile on, the wildcard listener of a
+# default configuration) on A serving files to curl on B (one connection per
+# file, then all over one kept-alive connection), then to ab (100 requests, 4
+# at a time, a connection each). Files and the config live in the case's
+# results directory, which both guests see.
+case_nginx-workers() {
+  local port=7572 prefix=$DIR/nginx f size
+  if [ "$HOST" = A ]; then
+    mkdir -p "$prefix/www" "$prefix/tmp" "$prefix/logs"
+    for size in 1 65537 1048576 3145735; do head -c "$size" /dev/urandom > "$prefix/www/file_$size.bin"; done
+    head -c 20000 /dev/urandom > "$prefix/www/page.bin"
+    cat > "$prefix/nginx.conf" << EOF
+user root;
+worker_processes 2;
+daemon off;
+master_process on;
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 64; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_timeout 30;
+  default_type application/octet-stream;
+  client_body_temp_path $prefix/tmp/body;
+  proxy_temp_path $prefix/tmp/proxy;
+  fastcgi_temp_path $prefix/tmp/fastcgi;
+  uwsgi_temp_path $prefix/tmp/uwsgi;
+  scgi_temp_path $prefix/tmp/scgi;
+  server {
+    listen $port;
+    root $prefix/www;
+  }
+}
+EOF
+    env_for srv "$port" yes
+    start srv nginx -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/logs/error.log"
+    ready srv "$port" yes
+    await_clients
+    kill -QUIT "${PID[srv]}" 2> /dev/null
+    finish srv 60
+  else
+    await_server
+    local -a keep=()
+    env_for cli "$port" yes
+    for size in 1 65537 1048576 3145735; do
+      f=file_$size.bin
+      "${ENVV[@]}" curl -sS --max-time 60 -o "$DIR/got.$f" "http://$SRV_IP:$port/$f" >> "$DIR/cli.out" 2>&1 ||
+        echo "curl $f: status $?" >> "$DIR/cli.out"
+      keep+=(-o "$DIR/keep.$f" "http://$SRV_IP:$port/$f")
+    done
+    "${ENVV[@]}" curl -sS --max-time 90 "${keep[@]}" >> "$DIR/cli.out" 2>&1 ||
+      echo "curl kept-alive: status $?" >> "$DIR/cli.out"
+    start cli ab -q -n "$TIER_AB_REQUESTS" -c 4 "http://$SRV_IP:$port/page.bin"
+    finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
+# redis-server on A (bound to its address), redis-cli and redis-benchmark on
+# B: values of 1 B to 1 MiB set and read back, then redis-benchmark -c 1 and
+# -c 50 -P 16 (SET and GET), the server's own command counts asked before
+# and after (INFO commandstats).
+case_redis() {
+  local port=7573 size
+  if [ "$HOST" = A ]; then
+    mkdir -p "$DIR/redis"
+    env_for srv "$port" yes
+    start srv redis-server --port "$port" --bind "$SRV_IP" --save '' --appendonly no --dir "$DIR/redis" \
+      --logfile '' --protected-mode no
+    ready srv "$port" yes
+    await_clients
+    kill -TERM "${PID[srv]}" 2> /dev/null
+    finish srv 60
+  else
+    await_server
+    env_for cli "$port" yes
+    local -a rc=(timeout -k 5 120 "${ENVV[@]}" redis-cli -h "$SRV_IP" -p "$port")
+    for size in 1 4096 65537 1048576; do
+      head -c "$size" /dev/urandom > "$DIR/val.$size"
+      "${rc[@]}" -x SET "key:$size" < "$DIR/val.$size" > "$DIR/set.$size" 2>&1
+      "${rc[@]}" --raw GET "key:$size" > "$DIR/get.$size" 2>&1
+    done
+    "${rc[@]}" INFO commandstats > "$DIR/info0" 2>&1
+    timeout -k 5 150 "${ENVV[@]}" redis-benchmark -h "$SRV_IP" -p "$port" -c 1 -n "$TIER_REDIS_C1" \
+      -t set,get --csv > "$DIR/bench-c1.out" 2>&1
+    echo "$?" > "$DIR/bench-c1.rc"
+    timeout -k 5 150 "${ENVV[@]}" redis-benchmark -h "$SRV_IP" -p "$port" -c 50 -P 16 -n "$TIER_REDIS_C50" \
+      -t set,get --csv > "$DIR/bench-c50.out" 2>&1
+    echo "$?" > "$DIR/bench-c50.rc"
+    "${rc[@]}" INFO commandstats > "$DIR/info1" 2>&1
     rsock_signal "$CASE.cli-done"
   fi
 }

@@ -1,8 +1,8 @@
 // Unit tests for src/fdtable: set/get/clear, dup-style sharing (two fds, one
 // state: on_last_close only at the last clear), replacing a slot (dup2 over
 // an fd), references that outlive a clear, fds outside [0, kMaxFd), chunk
-// boundaries, for_each, FdRef moves, replace (a pairing's hand-over), and a
-// multi-threaded get/clear/set stress in which every state counts its
+// boundaries, for_each, FdRef moves, replace (a pairing's hand-over), slot
+// locks across fork, and a multi-threaded get/clear/set stress in which every state counts its
 // lifecycle events and poisons itself on destruction, so that a use after
 // free or a double close is detected (definitively when built with
 // -fsanitize=address).
@@ -10,6 +10,10 @@
 #include "fdtable/fdtable.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -369,6 +373,61 @@ TEST(FdTable, ConcurrentGetVersusClearAndReplace) {
   EXPECT_EQ(c.bad_destroy.load(), 0);
   EXPECT_GT(hits.load(), 0u);  // the readers did race with the writer
   RecordProperty("reader_hits", std::to_string(hits.load()));
+}
+
+// A fork copies the slot locks that other threads hold at that moment, and
+// those threads do not exist in the child: after_fork_child() must release
+// them, or the child's first look at such an fd spins forever. Readers keep
+// the lock of one slot busy while the test forks; every child must get the
+// state at once.
+TEST(FdTable, ForkChildDoesNotInheritHeldSlotLocks) {
+  auto t = new_table();
+  Counters c;
+  constexpr int kFd = 7;
+  constexpr int kForks = 100;
+  auto* s = new TestState(&c);
+  t->set(kFd, s);
+  s->unref();
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> gets{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 2; ++i)
+    readers.emplace_back([&] {
+      while (!done.load(std::memory_order_relaxed)) {
+        FdRef r = t->get(kFd);
+        gets.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (gets.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  int hung = 0, failed = 0;
+  for (int i = 0; i < kForks && hung == 0; ++i) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0) << strerror(errno);
+    if (pid == 0) {
+      t->after_fork_child();
+      FdRef r = t->get(kFd);
+      _exit(r && r.get() == s ? 0 : 1);
+    }
+    // Bounded: a child stuck on a stale lock never exits by itself.
+    int st = 0;
+    pid_t got = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((got = waitpid(pid, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (got == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      ++hung;
+    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      ++failed;
+    }
+  }
+  done.store(true);
+  for (auto& th : readers) th.join();
+  EXPECT_EQ(hung, 0) << "a child spun on a slot lock held by a thread of its parent";
+  EXPECT_EQ(failed, 0) << "a child did not find the state";
+  t->clear(kFd);
 }
 
 }  // namespace

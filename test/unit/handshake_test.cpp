@@ -235,6 +235,13 @@ TEST(MoveFrame, RoundTripsEveryField) {
   MoveFrame out;
   ASSERT_EQ(scan_move_frame(buf, sizeof buf, &out), FrameScan::kFrame);
   EXPECT_EQ(out.type, MoveType::kReset);
+  EXPECT_EQ(out.flags, 0);
+  // A reset for bytes behind librsock says so.
+  reset.flags = kMoveKernelBytes;
+  encode_move_frame(reset, buf);
+  ASSERT_EQ(scan_move_frame(buf, sizeof buf, &out), FrameScan::kFrame);
+  EXPECT_EQ(out.type, MoveType::kReset);
+  EXPECT_EQ(out.flags, kMoveKernelBytes);
 }
 
 TEST(MoveFrame, IsToldFromOtherBytesByItsPrefix) {
@@ -261,16 +268,16 @@ TEST(MoveFrame, RefusesFieldsNoLibrsockWrites) {
     b[off] = v;
     return scan_move_frame(b, sizeof b, &out);
   };
-  EXPECT_EQ(bad_with(8, 0), FrameScan::kBad);   // type
-  EXPECT_EQ(bad_with(8, 4), FrameScan::kBad);   // type
-  EXPECT_EQ(bad_with(9, 2), FrameScan::kBad);   // ring size below the minimum
-  EXPECT_EQ(bad_with(9, 40), FrameScan::kBad);  // ring size beyond the immediates' range
-  EXPECT_EQ(bad_with(10, 0), FrameScan::kBad);  // mtu
-  EXPECT_EQ(bad_with(10, 6), FrameScan::kBad);  // mtu
-  EXPECT_EQ(bad_with(11, 4), FrameScan::kBad);  // unknown flag
-  EXPECT_EQ(bad_with(12, 1), FrameScan::kBad);  // qpn beyond 24 bits
-  EXPECT_EQ(bad_with(16, 1), FrameScan::kBad);  // psn beyond 24 bits
-  EXPECT_EQ(bad_with(95, 1), FrameScan::kBad);  // reserved
+  EXPECT_EQ(bad_with(8, 0), FrameScan::kBad);    // type
+  EXPECT_EQ(bad_with(8, 4), FrameScan::kBad);    // type
+  EXPECT_EQ(bad_with(9, 2), FrameScan::kBad);    // ring size below the minimum
+  EXPECT_EQ(bad_with(9, 40), FrameScan::kBad);   // ring size beyond the immediates' range
+  EXPECT_EQ(bad_with(10, 0), FrameScan::kBad);   // mtu
+  EXPECT_EQ(bad_with(10, 6), FrameScan::kBad);   // mtu
+  EXPECT_EQ(bad_with(11, 16), FrameScan::kBad);  // unknown flag
+  EXPECT_EQ(bad_with(12, 1), FrameScan::kBad);   // qpn beyond 24 bits
+  EXPECT_EQ(bad_with(16, 1), FrameScan::kBad);   // psn beyond 24 bits
+  EXPECT_EQ(bad_with(95, 1), FrameScan::kBad);   // reserved
   MoveFrame zero = sample_move();
   uint8_t b[kMoveFrameBytes];
   zero.qpn = 0;
@@ -280,12 +287,17 @@ TEST(MoveFrame, RefusesFieldsNoLibrsockWrites) {
   zero.nonce = 0;
   encode_move_frame(zero, b);
   EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kBad);
-  // A reset carries nothing else.
+  // A reset carries nothing else, but for the kernel-bytes flag.
   MoveFrame reset;
   reset.type = MoveType::kReset;
   encode_move_frame(reset, b);
   b[40] = 1;
   EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kBad);
+  encode_move_frame(reset, b);
+  b[11] = kMoveFin;
+  EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kBad);
+  b[11] = kMoveKernelBytes;
+  EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kFrame);
 }
 
 }  // namespace

@@ -345,7 +345,16 @@ TEST(WireLayout, MagicSpellsTheProtocolName) {
   const uint64_t magic = kRegionMagic;
   memcpy(text, &magic, 8);  // little-endian host
   EXPECT_STREQ(text, "rrsockr1");
-  EXPECT_EQ(kProtocolVersion, 1u);
+  EXPECT_EQ(kProtocolVersion, 2u);
+}
+
+TEST(WireLayout, EndpointLinesAreAppendedOnTheirOwnCacheLines) {
+  // Version 2 appended end[] after dir[]: nothing before it moved.
+  EXPECT_EQ(offsetof(RegionHeader, end),
+            offsetof(RegionHeader, dir) + 2 * sizeof(DirectionControl));
+  EXPECT_EQ(sizeof(EndpointControl), kCacheLine);
+  EXPECT_EQ(offsetof(RegionHeader, end) % kCacheLine, 0u);
+  EXPECT_LE(sizeof(RegionHeader), kPageBytes);
 }
 
 }  // namespace

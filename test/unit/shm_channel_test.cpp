@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ring/wire.h"
+#include "stats/stats.h"
 #include "stream/stream.h"
 #include "stream_test_support.h"
 
@@ -53,6 +54,7 @@ RegionHeader* header(void* map) { return static_cast<RegionHeader*>(map); }
 struct ShmPair {
   std::unique_ptr<ShmChannel> server;
   std::unique_ptr<ShmChannel> client;
+  RegionHeader* region = nullptr;  // the server's mapping (valid while server lives)
 };
 
 ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce) {
@@ -69,6 +71,7 @@ ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce) {
   int sv[2];
   EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   p.server = std::make_unique<ShmChannel>(smap, len, true, sv[0]);
+  p.region = static_cast<RegionHeader*>(smap);
   if (rc == 0) p.client = std::make_unique<ShmChannel>(cmap, len, false, sv[1]);
   return p;
 }
@@ -269,8 +272,10 @@ TEST(ShmChannel, FlagsReachThePeer) {
   p.server->signal(kSendClosed);
   EXPECT_EQ(p.client->poll().flags, uint32_t{kPeerFin | kPeerClosed});
   EXPECT_EQ(p.server->poll().flags, 0u);
-  p.client->signal(kSendClosed);  // closed implies FIN
-  EXPECT_EQ(p.server->poll().flags, uint32_t{kPeerFin | kPeerClosed});
+  // A close is not a FIN by itself (the stream decides FIN or reset), and
+  // an abortive one says so.
+  p.client->signal(kSendClosed | kSendReset);
+  EXPECT_EQ(p.server->poll().flags, uint32_t{kPeerClosed | kPeerReset});
 }
 
 TEST(ShmChannel, StalledPeerIsReported) {
@@ -334,7 +339,7 @@ TEST(ShmChannel, DoorbellRingsOnlyForAnArmedPeer) {
   EXPECT_EQ(queued_bytes(cfd), 0);
 }
 
-TEST(ShmChannel, PeerSocketCloseIsFinAndClosed) {
+TEST(ShmChannel, PeerSocketCloseIsPeerGone) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);
   const int cfd = p.client->wait_fd();
@@ -343,37 +348,96 @@ TEST(ShmChannel, PeerSocketCloseIsFinAndClosed) {
   EXPECT_TRUE(fd_readable(cfd));
   p.client->drain_wakeups();
   const uint32_t flags = p.client->poll().flags;
-  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerFin | kPeerClosed});
-  EXPECT_FALSE(flags & kTransportError);
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
+  EXPECT_FALSE(flags & (kTransportError | kKernelBytes));
 }
 
-TEST(ShmChannel, PeerSocketResetIsTransportError) {
+TEST(ShmChannel, PeerSocketResetIsPeerGoneNotAnError) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);
   // A doorbell the server never reads: closing a unix socket with unread data
-  // resets the connection (the client's recv fails with ECONNRESET).
+  // resets the connection (the client's recv fails with ECONNRESET). Only
+  // doorbells sat there: the peer is gone, and the stream decides from the
+  // ring whether that is a FIN or a reset.
   p.client->signal(kSendFin);
   ASSERT_EQ(queued_bytes(p.server->wait_fd()), 1);
   p.server.reset();
   p.client->drain_wakeups();
-  EXPECT_EQ(p.client->poll().flags & (kTransportError | kPeerFin | kPeerClosed),
-            uint32_t{kTransportError | kPeerFin | kPeerClosed});
+  const uint32_t flags = p.client->poll().flags;
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
+  EXPECT_FALSE(flags & (kTransportError | kKernelBytes));
 }
 
 TEST(ShmChannel, ResetAfterACleanCloseIsNotAnError) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);
-  // The client's doorbell stays unread in the server's socket, so closing it
-  // resets the connection; but the server had set CLOSED first (a clean
-  // close), so the client reads EOF, not ECONNRESET.
   p.client->signal(kSendFin);
   ASSERT_EQ(queued_bytes(p.server->wait_fd()), 1);
   p.server->signal(kSendClosed);
   p.server.reset();
   p.client->drain_wakeups();
   const uint32_t flags = p.client->poll().flags;
-  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerFin | kPeerClosed});
+  EXPECT_EQ(flags & (kPeerFin | kPeerClosed), uint32_t{kPeerClosed});
   EXPECT_FALSE(flags & kTransportError);
+}
+
+TEST(ShmChannel, DoorbellsAreCountedAndNeverForeign) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  RegionHeader* h = p.region;
+  const int cfd = p.client->wait_fd();
+  p.client->arm(kWantData);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(p.server->publish(static_cast<uint64_t>(i) + 1), 0);
+    if (i % 7 == 0) p.client->drain_wakeups();
+  }
+  p.client->drain_wakeups();
+  p.client->disarm(kWantData);
+  EXPECT_EQ(queued_bytes(cfd), 0);
+  EXPECT_EQ(h->end[0].doorbells.load(), 100u);  // the server is side 0
+  EXPECT_EQ(h->end[1].drained.load(), 100u);
+  EXPECT_FALSE(p.client->poll().flags & kKernelBytes);
+  EXPECT_FALSE(p.server->poll().flags & kKernelBytes);
+}
+
+TEST(ShmChannel, ADoorbellThatCannotBeSentIsTakenBack) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  RegionHeader* h = p.region;
+  // Fill the client's socket until the server's sends fail with EAGAIN.
+  const int cfd = p.client->wait_fd();
+  p.client->arm(kWantData);
+  int before = -1;
+  for (int i = 0; i < 1000000 && queued_bytes(cfd) != before; ++i) {
+    before = queued_bytes(cfd);
+    for (int k = 0; k < 64; ++k) ASSERT_EQ(p.server->publish(static_cast<uint64_t>(i) + 1), 0);
+  }
+  p.client->disarm(kWantData);
+  // Only the doorbells that went are counted.
+  EXPECT_EQ(h->end[0].doorbells.load(), static_cast<uint64_t>(queued_bytes(cfd)));
+  p.client->drain_wakeups();
+  EXPECT_FALSE(p.client->poll().flags & kKernelBytes);
+}
+
+TEST(ShmChannel, AForeignByteResetsBothEndsOnce) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  const uint64_t resets = stats_resets(Reset::kKernelBytes);
+  // A byte written to the client's socket behind librsock (the client's
+  // end of the socket pair is the server's peer).
+  p.client->arm(kWantData);
+  ASSERT_EQ(p.server->publish(1), 0);  // one honest doorbell
+  ASSERT_EQ(::send(p.server->wait_fd(), "x", 1, MSG_NOSIGNAL), 1);
+  p.client->drain_wakeups();
+  p.client->disarm(kWantData);
+  EXPECT_TRUE(p.client->poll().flags & kKernelBytes);
+  // The server is told (and woken): both ends reset, each counted once.
+  EXPECT_TRUE(fd_readable(p.server->wait_fd()));
+  EXPECT_TRUE(p.server->poll().flags & kKernelBytes);
+  p.client->drain_wakeups();
+  (void)p.client->poll();
+  (void)p.server->poll();
+  EXPECT_EQ(stats_resets(Reset::kKernelBytes), resets + 2);
 }
 
 // ------------------------------------------------------- Stream over shm
@@ -392,7 +456,49 @@ TEST(ShmStream, PeerThatDiesLeavesDataThenEof) {
   EXPECT_EQ(memcmp(buf, "last", 4), 0);
   EXPECT_EQ(client.recv(&in, 1, false), -EAGAIN);  // the death is seen on the socket
   client.channel().drain_wakeups();
+  // It had read everything: a FIN. Our first write goes and draws the
+  // reset of a closed socket (EPIPE pending, as in CLOSE_WAIT).
   EXPECT_EQ(client.recv(&in, 1, false), 0);
+  EXPECT_FALSE(client.events().hup);
+  EXPECT_EQ(client.send(&v, 1), 4);
+  EXPECT_TRUE(client.events().hup);
+  EXPECT_EQ(client.send(&v, 1), -EPIPE);
+  EXPECT_EQ(client.send(&v, 1), -EPIPE);
+}
+
+TEST(ShmStream, PeerThatDiesHavingReadEverythingIsAFinEvenWithoutCredits) {
+  ShmPair p = make_shm_pair(1 << 16);
+  ASSERT_TRUE(p.server && p.client);
+  auto server = std::make_unique<Stream>(std::move(p.server));
+  Stream client(std::move(p.client));
+  iovec v = {const_cast<char*>("request"), 7};
+  ASSERT_EQ(client.send(&v, 1), 7);
+  char buf[16];
+  iovec in = {buf, sizeof buf};
+  ASSERT_EQ(server->recv(&in, 1, false), 7);  // too little to return credits
+  server.reset();                             // dies without close()
+  client.channel().drain_wakeups();
+  char rb[16];
+  iovec rin = {rb, sizeof rb};
+  EXPECT_EQ(client.recv(&rin, 1, false), 0);
+  EXPECT_EQ(client.take_error(), 0);
+}
+
+TEST(ShmStream, PeerThatDiesWithUnreadBytesIsAReset) {
+  ShmPair p = make_shm_pair(1 << 16);
+  ASSERT_TRUE(p.server && p.client);
+  auto server = std::make_unique<Stream>(std::move(p.server));
+  Stream client(std::move(p.client));
+  iovec v = {const_cast<char*>("request"), 7};
+  ASSERT_EQ(client.send(&v, 1), 7);
+  server.reset();
+  client.channel().drain_wakeups();
+  StreamEvents ev = client.events();
+  EXPECT_TRUE(ev.error && ev.hup && ev.rdhup);
+  char rb[16];
+  iovec rin = {rb, sizeof rb};
+  EXPECT_EQ(client.recv(&rin, 1, false), -ECONNRESET);
+  EXPECT_EQ(client.recv(&rin, 1, false), 0);
   EXPECT_EQ(client.send(&v, 1), -EPIPE);
 }
 
@@ -413,6 +519,10 @@ TEST(ShmStream, CloseAndShutdown) {
   EXPECT_EQ(client.recv(&in, 1, false), 4);
   EXPECT_EQ(memcmp(buf, "pong", 4), 0);
   client.close();
+  // The client read everything: a FIN (the server's first write goes and
+  // draws the reset, the next fails).
+  EXPECT_FALSE(server.events().hup);
+  EXPECT_EQ(server.send(&v, 1), 4);
   EXPECT_EQ(server.send(&v, 1), -EPIPE);
   EXPECT_TRUE(server.events().hup);
 }

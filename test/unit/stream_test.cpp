@@ -232,21 +232,108 @@ TEST(StreamFake, ShutdownWriteGivesEofAfterTheData) {
   EXPECT_FALSE(p.a->events().rdhup);
 }
 
-TEST(StreamFake, CloseGivesEofToThePeerAndEpipeToItsWrites) {
+TEST(StreamFake, CloseIsAFinAndTheNextWriteDrawsAReset) {
   StreamPair p = make_pair(4096);
   ASSERT_EQ(send_str(*p.a, "last words"), 10);
   p.a->close();
   EXPECT_EQ(send_str(*p.a, "x"), -EPIPE);
+  // a read everything b sent (nothing): a FIN, as the kernel sends.
+  StreamEvents ev = p.b->events();
+  EXPECT_TRUE(ev.readable);
+  EXPECT_TRUE(ev.rdhup);
+  EXPECT_TRUE(ev.writable);
+  EXPECT_FALSE(ev.hup);  // CLOSE_WAIT: only the receive side is shut
+  EXPECT_FALSE(ev.error);
   EXPECT_EQ(recv_str(*p.b, 64), "last words");
   ssize_t rc;
   recv_str(*p.b, 64, &rc);
   EXPECT_EQ(rc, 0);
+  // The first write goes (the kernel sends it; the closed socket answers
+  // with a reset): the reset leaves EPIPE pending, once.
+  EXPECT_EQ(send_str(*p.b, "anyone?"), 7);
+  ev = p.b->events();
+  EXPECT_TRUE(ev.hup);
+  EXPECT_TRUE(ev.error);
+  EXPECT_TRUE(ev.writable);
+  EXPECT_EQ(p.b->take_error(), EPIPE);
+  EXPECT_EQ(p.b->take_error(), 0);
+  EXPECT_FALSE(p.b->events().error);
   EXPECT_EQ(send_str(*p.b, "anyone?"), -EPIPE);
+  recv_str(*p.b, 64, &rc);
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(StreamFake, CloseWithUnreadBytesIsAReset) {
+  StreamPair p = make_pair(4096);
+  ASSERT_EQ(send_str(*p.b, "unread"), 6);
+  ASSERT_EQ(send_str(*p.a, "last"), 4);
+  p.a->close();
+  // a left b's bytes unread: a reset. What a sent is still delivered (as
+  // the kernel keeps what it had queued), then ECONNRESET once, then EOF.
   StreamEvents ev = p.b->events();
-  EXPECT_TRUE(ev.rdhup);
-  EXPECT_TRUE(ev.writable);  // a write would not block: it fails
+  EXPECT_TRUE(ev.hup);
+  EXPECT_TRUE(ev.error);
+  EXPECT_EQ(recv_str(*p.b, 64), "last");
+  ssize_t rc;
+  recv_str(*p.b, 64, &rc);
+  EXPECT_EQ(rc, -ECONNRESET);
+  recv_str(*p.b, 64, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(send_str(*p.b, "x"), -EPIPE);
+}
+
+TEST(StreamFake, AbortiveCloseIsAReset) {
+  StreamPair p = make_pair(4096);
+  p.a->close(true);
+  EXPECT_EQ(send_str(*p.b, "x"), -ECONNRESET);
+  EXPECT_EQ(send_str(*p.b, "x"), -EPIPE);
+  ssize_t rc;
+  recv_str(*p.b, 64, &rc);
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(StreamFake, ResetAfterTheFinLeavesEpipe) {
+  StreamPair p = make_pair(4096);
+  p.a->shutdown(false, true);
+  ASSERT_EQ(send_str(*p.b, "unread"), 6);
+  p.a->close();
+  // The FIN came first (CLOSE_WAIT), then the reset: EPIPE pending, and
+  // reads see the FIN (EOF), not the error.
+  ssize_t rc;
+  recv_str(*p.b, 64, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(p.b->take_error(), EPIPE);
+  EXPECT_EQ(send_str(*p.b, "x"), -EPIPE);
+}
+
+TEST(StreamFake, ACallThatMovedBytesLeavesTheErrorForTheNext) {
+  StreamPair p = make_pair(4096);
+  p.link->fail();
+  // As tcp_sendmsg/tcp_recvmsg: a call that has moved bytes returns them
+  // and leaves the pending error for the next call.
+  iovec v = {const_cast<char*>("x"), 1};
+  EXPECT_EQ(p.a->send(&v, 1, true), -ECONNRESET);  // ignored by its caller
+  EXPECT_EQ(p.a->send(&v, 1, true), -ECONNRESET);
+  EXPECT_EQ(p.a->send(&v, 1), -ECONNRESET);  // taken now
+  EXPECT_EQ(p.a->send(&v, 1), -EPIPE);
+  char buf[8];
+  iovec in = {buf, sizeof buf};
+  EXPECT_EQ(p.b->recv(&in, 1, false, true), -ECONNRESET);
+  EXPECT_EQ(p.b->recv(&in, 1, false), -ECONNRESET);  // still pending: now taken
+  EXPECT_EQ(p.b->recv(&in, 1, false), 0);
+}
+
+TEST(StreamFake, CloseAfterBothFinsIsSilent) {
+  StreamPair p = make_pair(4096);
+  ASSERT_EQ(send_str(*p.b, "unread"), 6);
+  p.a->shutdown(false, true);
+  p.b->shutdown(false, true);
+  (void)p.b->events();  // b has seen a's FIN before a closes
+  p.a->close();
+  StreamEvents ev = p.b->events();
   EXPECT_TRUE(ev.hup);
   EXPECT_FALSE(ev.error);
+  EXPECT_EQ(p.b->take_error(), 0);
 }
 
 TEST(StreamFake, ShutdownReadGivesEofLocally) {
@@ -268,13 +355,16 @@ TEST(StreamFake, CarrierFailureDeliversReceivedBytesThenResets) {
   ASSERT_EQ(send_bytes(*p.a, out.data(), out.size()), 3000);
   ASSERT_EQ(send_str(*p.b, "reply"), 5);
   p.link->fail();
+  // One ECONNRESET per end, to whichever call comes first; EPIPE and EOF
+  // after it (tcp_sendmsg, tcp_recvmsg once sk_err is taken).
   EXPECT_EQ(send_str(*p.a, "x"), -ECONNRESET);
+  EXPECT_EQ(send_str(*p.a, "x"), -EPIPE);
   StreamEvents ev = p.b->events();
   EXPECT_TRUE(ev.error);
   EXPECT_TRUE(ev.hup);
   EXPECT_TRUE(ev.readable);
-  // stream.h: -ECONNRESET only once the ring is empty. The first read frees
-  // more than half the ring, so it also tries (and fails) to grant.
+  // The bytes received before the failure are read first. The first read
+  // frees more than half the ring, so it also tries (and fails) to grant.
   iovec v = {in.data(), 2100};
   ASSERT_EQ(p.b->recv(&v, 1, false), 2100);
   v = {in.data() + 2100, 900};
@@ -283,11 +373,11 @@ TEST(StreamFake, CarrierFailureDeliversReceivedBytesThenResets) {
   ssize_t rc;
   recv_str(*p.b, 64, &rc);
   EXPECT_EQ(rc, -ECONNRESET);
-  EXPECT_EQ(send_str(*p.b, "x"), -ECONNRESET);
+  EXPECT_EQ(send_str(*p.b, "x"), -EPIPE);
   // a's failed send does not hide what b sent before the failure.
   EXPECT_EQ(recv_str(*p.a, 64), "reply");
   recv_str(*p.a, 64, &rc);
-  EXPECT_EQ(rc, -ECONNRESET);
+  EXPECT_EQ(rc, 0);
 }
 
 TEST(StreamFake, FailureWithEmptyRingIsResetNotEof) {
@@ -313,11 +403,15 @@ TEST(StreamFake, HeadBeyondTheRingIsAViolation) {
   EXPECT_EQ(b.readable_bytes(), 4096u);
   EXPECT_FALSE(b.events().error);
   ASSERT_EQ(raw->publish(3 + 4096 + 1), 0);
+  EXPECT_TRUE(b.events().error);
+  EXPECT_TRUE(b.events().hup);
   ssize_t rc;
   recv_str(b, 64, &rc);
   EXPECT_EQ(rc, -ECONNRESET);
-  EXPECT_TRUE(b.events().error);
-  EXPECT_EQ(send_str(b, "x"), -ECONNRESET);
+  EXPECT_FALSE(b.events().error);  // reported once
+  EXPECT_EQ(send_str(b, "x"), -EPIPE);
+  recv_str(b, 64, &rc);
+  EXPECT_EQ(rc, 0);  // the ring is not trusted any more: nothing more is read
 }
 
 TEST(StreamFake, StaleHeadIsNotAViolation) {
@@ -350,10 +444,13 @@ TEST(StreamFake, CreditBeyondSentIsAViolation) {
     ASSERT_EQ(send_str(a, std::string(100, 'x')), 100);
     ASSERT_EQ(raw->grant(101), 0);
     EXPECT_EQ(send_str(a, "y"), -ECONNRESET);
-    EXPECT_TRUE(a.events().error);
+    // A violation resets the whole stream: the error once, then EOF.
+    StreamEvents ev = a.events();
+    EXPECT_FALSE(ev.error);
+    EXPECT_TRUE(ev.hup);
     ssize_t rc;
     recv_str(a, 64, &rc);
-    EXPECT_EQ(rc, -ECONNRESET);  // a violation resets the whole stream
+    EXPECT_EQ(rc, 0);
   }
 }
 
@@ -589,11 +686,25 @@ TEST_P(StreamFakeFailure, BothSidesEndWithResetAndNoCorruption) {
     ASSERT_LT(++steps, uint64_t{5000000}) << "a side never saw the failure";
     step(dirs[rng() % 2], rng, ring);
   }
+  // Each end has one pending ECONNRESET: its first call after the failure
+  // gets it, the other direction then ends as after a reset (EPIPE, EOF).
+  // End a sends dirs[0] and receives dirs[1]; b the reverse.
+  for (int end = 0; end < 2; ++end) {
+    const Direction& tx = dirs[end];
+    const Direction& rx = dirs[1 - end];
+    const bool tx_got_it = tx.tx_error == -ECONNRESET;
+    const bool rx_got_it = rx.rx_error == -ECONNRESET;
+    EXPECT_NE(tx_got_it, rx_got_it)
+        << "end " << end << ": one ECONNRESET, not " << tx.tx_error << " and " << rx.rx_error;
+    if (!tx_got_it) {
+      EXPECT_EQ(tx.tx_error, -EPIPE) << "end " << end;
+    }
+    if (!rx_got_it) {
+      EXPECT_TRUE(rx.eof && rx.rx_error == 0) << "end " << end;
+    }
+  }
   for (const Direction& d : dirs) {
     EXPECT_EQ(d.first_bad, UINT64_MAX) << "corrupt byte at position " << d.first_bad;
-    EXPECT_EQ(d.tx_error, -ECONNRESET);
-    EXPECT_EQ(d.rx_error, -ECONNRESET);
-    EXPECT_FALSE(d.eof);
     EXPECT_LT(d.sent, total);
     // Nothing is invented; with immediate in-order notifications every byte
     // whose send() succeeded is delivered before the reset.
@@ -682,8 +793,17 @@ TEST(StreamFakeThreadedFailure, CarrierFailureMidStreamEndsEveryThread) {
     run_threaded(p, uint64_t{1} << 30, run, wp);  // far more than can pass before the failure
     ASSERT_FALSE(run.shared.deadlock.load()) << "fail_after " << fail_after;
     for (int e = 0; e < 2; ++e) {
-      EXPECT_EQ(run.send[e].error, -ECONNRESET) << "fail_after " << fail_after;
-      EXPECT_EQ(run.recv[e].error, -ECONNRESET) << "fail_after " << fail_after;
+      // End e sends in send[e] and receives in recv[1 - e]: one of them
+      // takes the ECONNRESET, the other ends with EPIPE or EOF.
+      const int tx = run.send[e].error, rx = run.recv[1 - e].error;
+      EXPECT_NE(tx == -ECONNRESET, rx == -ECONNRESET)
+          << "fail_after " << fail_after << " end " << e << ": " << tx << " " << rx;
+      if (tx != -ECONNRESET) {
+        EXPECT_EQ(tx, -EPIPE) << "fail_after " << fail_after;
+      }
+      if (rx != -ECONNRESET) {
+        EXPECT_TRUE(rx == 0 && run.recv[1 - e].eof) << "fail_after " << fail_after;
+      }
       EXPECT_LE(run.recv[e].received, run.send[e].sent);
       EXPECT_EQ(run.recv[e].first_bad, UINT64_MAX);
     }

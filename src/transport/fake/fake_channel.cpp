@@ -37,7 +37,7 @@ class FakeChannel final : public Channel {
     link_->tick_locked();
     link_->deliver_ready_locked(side_);
     PeerState s = link_->ends_[side_].seen;
-    if (link_->failed_) s.flags |= kTransportError | kPeerFin | kPeerClosed;
+    if (link_->failed_) s.flags |= kTransportError | kPeerClosed;
     return s;
   }
   void arm(uint32_t) override {
@@ -49,6 +49,15 @@ class FakeChannel final : public Channel {
     link_->ends_[side_].waiting--;
   }
   int wait_fd() const override { return link_->ends_[side_].event_fd; }
+  // Out of band and exact, as the shared-memory transport's count.
+  uint64_t peer_read_total() override {
+    std::lock_guard<std::mutex> lock(link_->mu_);
+    return link_->ends_[1 - side_].read;
+  }
+  void note_read(uint64_t total) override {
+    std::lock_guard<std::mutex> lock(link_->mu_);
+    link_->ends_[side_].read = total;
+  }
   void drain_wakeups() override {
     uint64_t v;
     while (::read(link_->ends_[side_].event_fd, &v, sizeof v) == sizeof v) {
@@ -115,7 +124,8 @@ void FakeLink::deliver_locked(size_t index) {
     case 1: s.consumed = n.value; break;
     case 2:
       if (n.value & kSendFin) s.flags |= kPeerFin;
-      if (n.value & kSendClosed) s.flags |= kPeerFin | kPeerClosed;
+      if (n.value & kSendClosed) s.flags |= kPeerClosed;
+      if (n.value & kSendReset) s.flags |= kPeerReset;
       break;
   }
   ++delivered_;

@@ -50,6 +50,7 @@ class FakeLink : public std::enable_shared_from_this<FakeLink> {
     std::vector<uint8_t> ring;  // this end's receive ring
     PeerState seen;             // what this end knows of its peer
     uint32_t waiting = 0;       // armed sleepers (peer rings our eventfd)
+    uint64_t read = 0;          // bytes this end's application has read (note_read)
     int event_fd = -1;
   };
   FakeLink(size_t ring_bytes, FakeFaults faults);

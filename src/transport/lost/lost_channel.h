@@ -1,10 +1,11 @@
 // LostChannel: the carrier of a connection that this program image cannot
 // reach any more. A program that inherits an accelerated fd through exec,
-// and cannot take the connection over (an RDMA queue pair, which cannot
-// cross exec; a region that fails validation), attaches a stream over this
-// channel so that every call on the fd fails loudly, as a reset connection
-// does, instead of reaching the kernel socket, whose peer no longer reads
-// it: reads return ECONNRESET, writes ECONNRESET, poll reports an error.
+// and cannot take the connection over (a region or an RDMA end that fails
+// validation, a connection that was still pairing; an RDMA end itself moves
+// to the new image, docs/protocol.md section 8), attaches a stream over
+// this channel so that the calls on the fd fail loudly, as on a reset
+// connection, instead of reaching the kernel socket, whose peer no longer
+// reads it: the first gets ECONNRESET, poll reports an error.
 // Thread-safety: immutable after construction.
 #pragma once
 
@@ -30,13 +31,14 @@ class LostChannel final : public Channel {
   void signal(uint32_t) override {}
   PeerState poll() override {
     PeerState s;
-    s.flags = kTransportError | kPeerFin;
+    s.flags = kTransportError;  // a reset: the first call fails with ECONNRESET
     return s;
   }
   void arm(uint32_t) override {}
   void disarm(uint32_t) override {}
   int wait_fd() const override { return wait_fd_; }
   void drain_wakeups() override {}
+  uint64_t peer_read_total() override { return 0; }
 
  private:
   int wait_fd_;

@@ -141,6 +141,19 @@ void close_fds(int* fds, int n) {
   for (int i = 0; i < n; ++i) real().close(fds[i]);
 }
 
+// The peer closed its end of the pairing connection (EOF, or a failed send
+// or receive because it is gone)?
+bool peer_gone(ssize_t rc) { return rc == 0 || rc == -ECONNRESET || rc == -EPIPE; }
+
+// Why a pairing ends when its peer leaves before it finished. A librsock
+// peer leaves in the middle only when its own deadline passed (a check
+// that fails on its side ends with a decline or its own logged reason), so
+// this side records that as a timeout too: the pairing did not complete in
+// time. Anything else that breaks the exchange is a failure.
+Fallback when_peer_left(ssize_t rc) {
+  return peer_gone(rc) ? Fallback::kPairTimeout : Fallback::kPairFailed;
+}
+
 // A private, close-on-exec dup of the connection's socket: the doorbell fd
 // outlives the application's own fd numbering (dup2, close of one of two).
 int private_dup(int fd) { return real().fcntl(fd, F_DUPFD_CLOEXEC, 0); }
@@ -268,10 +281,17 @@ class ShmServerPairing final : public Pairing {
   bool run(int64_t limit_ms) override {
     while (stage_ != Stage::kDone) {
       const int64_t now = now_ms();
+      if (stage_ == Stage::kConnect && now >= deadline_) {
+        // Too late to pair, but one look at the rendezvous still tells a
+        // plain client (none: peer_not_accelerated) from one that is
+        // waiting for us (pair_timeout); nothing is sent.
+        connect_step(now, true);
+        return true;
+      }
       if (now >= deadline_) return timed_out();
       if (now >= limit_ms) return false;
       if (stage_ == Stage::kConnect) {
-        connect_step(std::min(limit_ms, deadline_));
+        connect_step(std::min(limit_ms, deadline_), false);
         continue;
       }
       int w = wait_readable(conn_, std::min(limit_ms, deadline_));
@@ -313,7 +333,8 @@ class ShmServerPairing final : public Pairing {
     return finish(Fallback::kPairTimeout);
   }
 
-  void connect_step(int64_t until) {
+  // late: the deadline has passed; only find out whether the client waits.
+  void connect_step(int64_t until, bool late) {
     WireAddr local, peer;
     if (!fd_addrs(tcp_fd_, &local, &peer)) {
       finish(Fallback::kPairFailed);
@@ -329,6 +350,10 @@ class ShmServerPairing final : public Pairing {
     sockaddr_un un;
     socklen_t ulen = abstract_addr(name, &un);
     if (real().connect(conn_, reinterpret_cast<sockaddr*>(&un), ulen) != 0) {
+      if (errno == EAGAIN && late) {
+        finish(Fallback::kPairTimeout);
+        return;
+      }
       if (errno == EAGAIN) {
         // The rendezvous's backlog is full (a flood): its owner drains it.
         const int64_t left = until - now_ms();
@@ -338,6 +363,10 @@ class ShmServerPairing final : public Pairing {
       // No rendezvous: a client without librsock (or one that gave up).
       finish(errno == ECONNREFUSED || errno == ENOENT ? Fallback::kPeerNotAccelerated
                                                       : Fallback::kPairFailed);
+      return;
+    }
+    if (late) {
+      finish(Fallback::kPairTimeout);
       return;
     }
     // Whoever holds the name must be the user who owns the client's socket:
@@ -366,7 +395,7 @@ class ShmServerPairing final : public Pairing {
     rc = send_msg(conn_, &hello, sizeof hello, &proof, 1);
     real().close(proof);
     if (rc != 0) {
-      finish(Fallback::kPairFailed);
+      finish(when_peer_left(rc));  // (the client closes its rendezvous at its deadline)
       return;
     }
     stage_ = Stage::kAwaitProof;
@@ -381,7 +410,7 @@ class ShmServerPairing final : public Pairing {
                         nfds == 1 && proof_names(fd, client_.inode, tcp_fd_);
     close_fds(&fd, nfds);
     if (n <= 0) {
-      finish(Fallback::kPairFailed);  // the client went away
+      finish(when_peer_left(n));  // the client went away
       return;
     }
     if (!proven) {
@@ -407,8 +436,8 @@ class ShmServerPairing final : public Pairing {
     offer.region_bytes = map_len_;
     offer.server = local;
     offer.client = peer;
-    if (send_msg(conn_, &offer, sizeof offer, &memfd_, 1) != 0) {
-      finish(Fallback::kPairFailed);
+    if (int rc = send_msg(conn_, &offer, sizeof offer, &memfd_, 1); rc != 0) {
+      finish(when_peer_left(rc));
       return;
     }
     stage_ = Stage::kAwaitAnswer;
@@ -427,8 +456,10 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
       return;
     }
-    // Declined, or the client went away before committing: both on TCP.
-    finish(Fallback::kPairFailed);
+    // Declined (the offer failed the client's checks), or the client went
+    // away before committing (its deadline passed; after our SHUT_RD at
+    // ours, an empty queue reads as EOF): both on TCP.
+    finish(n > 0 ? Fallback::kPairFailed : when_peer_left(n));
   }
 
   int tcp_fd_;
@@ -460,7 +491,7 @@ class ShmClientPairing final : public Pairing {
       : tcp_fd_(tcp_fd), listener_(rendezvous_fd), deadline_(now_ms() + cfg.connect_timeout_ms) {}
   ~ShmClientPairing() override {
     close_listener();
-    drop_all();
+    release_all();
     if (server_ >= 0) real().close(server_);
   }
 
@@ -471,7 +502,8 @@ class ShmClientPairing final : public Pairing {
       if (now >= limit_ms) return false;
       const int64_t until = std::min(limit_ms, deadline_);
       if (server_ < 0) {
-        if (!look_for_server(until)) return finish(Fallback::kPairFailed);
+        Fallback why;
+        if (!look_for_server(until, &why)) return finish(why);
         continue;
       }
       int w = wait_readable(server_, until);
@@ -497,9 +529,11 @@ class ShmClientPairing final : public Pairing {
     why_ = why;
     done_ = true;
     // Closing the rendezvous now means a server that is late gets
-    // ECONNREFUSED and falls back too: both ends always agree.
+    // ECONNREFUSED (or its connection reset) and falls back too: both ends
+    // always agree. A connector not heard from yet may be that server:
+    // it is not counted as an intruder.
     close_listener();
-    drop_all();
+    release_all();
     return true;
   }
 
@@ -518,9 +552,14 @@ class ShmClientPairing final : public Pairing {
   void drop_all() {
     while (!candidates_.empty()) drop(candidates_.size() - 1);
   }
+  // Closes the connectors without judging them.
+  void release_all() {
+    for (const Candidate& c : candidates_) real().close(c.fd);
+    candidates_.clear();
+  }
 
-  // Waits for connectors and their hellos. false: an unrecoverable error.
-  bool look_for_server(int64_t until) {
+  // Waits for connectors and their hellos. false: the pairing ends (*why).
+  bool look_for_server(int64_t until, Fallback* why) {
     // A full house leaves further connectors in the kernel's backlog (a
     // server there retries); a slot frees when a connector that has been
     // silent for kSilentGraceMs is dropped. A real server sends its hello
@@ -536,14 +575,19 @@ class ShmClientPairing final : public Pairing {
     int64_t left = until - now;
     if (!room) left = std::min(left, candidates_[0].since_ms + kSilentGraceMs + 1 - now);
     int rc = real().poll(p, static_cast<nfds_t>(n), static_cast<int>(left < 0 ? 0 : left));
-    if (rc < 0) return errno == EINTR;
+    if (rc < 0) {
+      *why = Fallback::kPairFailed;
+      return errno == EINTR;
+    }
     for (size_t i = n - 1; i >= 1; --i) {
       if (!p[i].revents) continue;
       switch (check_hello(candidates_[i - 1].fd)) {
         case Hello::kNone:
           break;
         case Hello::kGone:
-          drop(i - 1);
+          // Closed without a word: a server that gave up, or anyone.
+          real().close(candidates_[i - 1].fd);
+          candidates_.erase(candidates_.begin() + static_cast<ptrdiff_t>(i - 1));
           break;
         case Hello::kUnproven:
           LOG_INFO("shm pairing: a process that does not hold the connection tried to pair");
@@ -552,7 +596,7 @@ class ShmClientPairing final : public Pairing {
         case Hello::kProven:
           server_ = candidates_[i - 1].fd;
           candidates_.erase(candidates_.begin() + static_cast<ptrdiff_t>(i - 1));
-          return answer_server();
+          return answer_server(why);
       }
     }
     if (p[0].revents) {
@@ -578,23 +622,38 @@ class ShmClientPairing final : public Pairing {
     // turning the handshake into a socket): then this hello cannot be the
     // server's (it accepts before it connects here), and we look again for
     // the next one.
-    if (server_sock_.inode == 0 && peer_socket_of(tcp_fd_, &server_sock_) != 0)
+    if (server_sock_.inode == 0 && peer_socket_of(tcp_fd_, &server_sock_) != 0) {
       server_sock_.inode = 0;
+      // Or it is gone already: the server accepted, spoke and closed the
+      // connection (its application did, while the pairing ran in the
+      // background). That hello can no longer be checked, but it was no
+      // intruder's: it is not counted.
+      pollfd p = {tcp_fd_, POLLRDHUP, 0};
+      if (real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        close_fds(&fd, nfds);
+        return Hello::kGone;
+      }
+    }
     const bool proven = n > 0 && decode_hello(&m, static_cast<size_t>(n), MsgType::kHello) &&
                         nfds == 1 && proof_names(fd, server_sock_.inode, tcp_fd_);
     close_fds(&fd, nfds);
     return proven ? Hello::kProven : Hello::kUnproven;
   }
 
-  // The server proved itself: the others go, and we prove ourselves.
-  bool answer_server() {
+  // The server proved itself: the others go (whoever they are, they are
+  // not our server), and we prove ourselves.
+  bool answer_server(Fallback* why) {
     drop_all();
     close_listener();
     int proof = possession_proof(tcp_fd_);
-    if (proof < 0) return false;
+    if (proof < 0) {
+      *why = Fallback::kResources;
+      return false;
+    }
     HelloMsg m = {static_cast<uint32_t>(MsgType::kProof), kHandshakeVersion};
     int rc = send_msg(server_, &m, sizeof m, &proof, 1);
     real().close(proof);
+    *why = when_peer_left(rc);  // (the server closes its end at its deadline)
     return rc == 0;
   }
 
@@ -612,8 +671,15 @@ class ShmClientPairing final : public Pairing {
                                       &map) == 0;
     if (!ok) {
       close_fds(&memfd, nfds);
-      if (n > 0) LOG_WARN("shm pairing: rejected an offer that failed verification");
-      finish(Fallback::kPairFailed);  // closing the socket tells the server
+      if (n <= 0) {
+        finish(when_peer_left(n));  // the server gave up
+        return;
+      }
+      LOG_WARN("shm pairing: rejected an offer that failed verification");
+      AnswerMsg decline = {static_cast<uint32_t>(MsgType::kAnswer),
+                           static_cast<uint32_t>(AnswerCode::kDecline), offer.nonce};
+      send_msg(server_, &decline, sizeof decline, nullptr, 0);  // best effort
+      finish(Fallback::kPairFailed);
       return;
     }
     int doorbell = private_dup(tcp_fd_);

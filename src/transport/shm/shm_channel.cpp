@@ -10,12 +10,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <new>
 
 #include "common/real.h"
 #include "ring/region.h"
 #include "ring/ring.h"
 #include "transport/addr.h"
+#include "transport/carrier.h"
 
 namespace rsock {
 
@@ -138,6 +140,8 @@ void ShmChannel::init(void* map, bool is_server) {
   rx_ = &h->dir[rx_dir];
   tx_ring_ = base + region_header_bytes() + static_cast<size_t>(tx_dir) * ring_bytes_;
   rx_ring_ = base + region_header_bytes() + static_cast<size_t>(rx_dir) * ring_bytes_;
+  me_ = &h->end[is_server ? 0 : 1];
+  peer_ = &h->end[is_server ? 1 : 0];
   // Only the peer writes our receive ring: in this process it is read-only.
   mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
   // The kernel socket now carries only doorbells. A doorbell held back by
@@ -161,10 +165,37 @@ int ShmChannel::write(size_t offset, const void* src, size_t len) {
 }
 
 void ShmChannel::ring_doorbell() {
+  // No peer to wake once its end is gone; a byte now would only make its
+  // kernel answer with a reset.
+  if (carrier_flags_.load(std::memory_order_relaxed) & kPeerClosed) return;
   // One byte on the kernel socket wakes a peer asleep in poll/epoll on it.
-  // A full socket buffer means wakeups are already pending: ignore EAGAIN.
+  // Counted before it is sent (the peer must never drain an uncounted
+  // doorbell), taken back if the send fails. A full socket buffer means
+  // wakeups are already pending: EAGAIN is fine.
   static const char kByte = 1;
-  real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
+  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) return;
+  const int err = errno;
+  me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
+  // The peer's kernel reset the connection: its end is gone.
+  if (err == EPIPE || err == ECONNRESET) peer_gone(kPeerClosed);
+}
+
+void ShmChannel::peer_gone(uint32_t flags) {
+  carrier_flags_.fetch_or(flags, std::memory_order_release);
+}
+
+// Bytes reached our kernel socket behind librsock: the stream resets
+// (ECONNRESET), the peer is told (kSendKernelBytes, with a doorbell for a
+// sleeper), and the reset is reported once in this process.
+void ShmChannel::kernel_bytes_seen() {
+  if (carrier_flags_.fetch_or(kKernelBytes, std::memory_order_acq_rel) & kKernelBytes) return;
+  tx_->producer_flags.fetch_or(kSendKernelBytes, std::memory_order_seq_cst);
+  if (!kernel_bytes_reported_.exchange(true)) report_kernel_bytes("shm", true);
+  static const char kByte = 1;
+  me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
+  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1)
+    me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // The seq_cst fence between our store and the load of the peer's waiting
@@ -185,7 +216,6 @@ int ShmChannel::grant(uint64_t consumed) {
 }
 
 void ShmChannel::signal(uint32_t flags) {
-  if (flags & kSendClosed) flags |= kSendFin;
   tx_->producer_flags.fetch_or(flags, std::memory_order_seq_cst);
   if (flags & kSendClosed) rx_->consumer_flags.fetch_or(kSendClosed, std::memory_order_seq_cst);
   ring_doorbell();
@@ -204,7 +234,12 @@ PeerState ShmChannel::poll() {
   s.consumed = tx_->consumed.load(std::memory_order_acquire);
   if (producer & kSendFin) s.flags |= kPeerFin;
   if ((producer | consumer) & kSendClosed) s.flags |= kPeerClosed;
+  if (producer & kSendReset) s.flags |= kPeerReset;
   if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) s.flags |= kPeerStalled;
+  if (__builtin_expect((producer & kSendKernelBytes) != 0, 0)) {
+    s.flags |= kKernelBytes;
+    if (!kernel_bytes_reported_.exchange(true)) report_kernel_bytes("shm", false);
+  }
   s.flags |= carrier;
   return s;
 }
@@ -278,25 +313,58 @@ bool ShmChannel::drop_holder_unless_last() {
 
 void ShmChannel::drain_wakeups() {
   char buf[256];
+  uint64_t took = 0;
+  int err = 0;
+  bool eof = false;
   for (;;) {
     ssize_t n = real().recv(doorbell_fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) continue;
-    if (n == 0) {
-      // The peer's kernel socket closed. A peer that closed cleanly set its
-      // flags first; one that died did not. Either way no more bytes will
-      // come: what is in the ring is delivered, then EOF.
-      carrier_flags_.fetch_or(kPeerFin | kPeerClosed, std::memory_order_release);
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      // A peer that closed cleanly set kSendClosed before its close(); its
-      // kernel then resets the connection if our doorbell bytes were still
-      // unread there. That reset is a close, not a failure: EOF, not ECONNRESET.
-      uint32_t f = kPeerFin | kPeerClosed;
-      if (!(rx_->producer_flags.load(std::memory_order_acquire) & kSendClosed))
-        f |= kTransportError;
-      carrier_flags_.fetch_or(f, std::memory_order_release);
+    if (n > 0) {
+      took += static_cast<uint64_t>(n);
+      continue;
     }
-    return;
+    if (n == 0)
+      eof = true;
+    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      err = errno;
+    break;
   }
+  if (took > 0) {
+    // Every doorbell was counted before it was sent, so a total drained
+    // above the peer's count (loaded after our recv) is foreign.
+    const uint64_t drained = me_->drained.fetch_add(took, std::memory_order_acq_rel) + took;
+    if (drained > peer_->doorbells.load(std::memory_order_acquire)) kernel_bytes_seen();
+  }
+  // The peer's kernel socket closed (EOF), or reset us: its doorbell bytes
+  // or ours sat unread there, or it asked for a reset, or it died. Which of
+  // those the application sees (a FIN or a reset) the stream decides from
+  // the peer's flags and its unread bytes; any other error breaks the
+  // carrier.
+  if (eof || err == ECONNRESET || err == EPIPE)
+    peer_gone(kPeerClosed);
+  else if (err != 0)
+    peer_gone(kPeerClosed | kTransportError);
 }
+
+void ShmChannel::probe() {
+  CarrierInfo ci;
+  if (carrier_info(doorbell_fd_, &ci) != 0) return;
+  if (!ci.open) peer_gone(kPeerClosed);
+  // What was drained and what still waits, against the doorbells the peer
+  // counted before sending them. Loaded in this order, a concurrent drain
+  // can only make the sum smaller (never a false alarm), and every doorbell
+  // among the bytes is in the count loaded last. (tcpi_bytes_received
+  // would do without SIOCINQ, but TCP_INFO reads the state before the
+  // counters, so a FIN processed in between looks like a foreign byte.)
+  const uint64_t drained = me_->drained.load(std::memory_order_acquire);
+  const uint64_t queued = carrier_unread(doorbell_fd_);
+  if (drained + queued > peer_->doorbells.load(std::memory_order_acquire)) kernel_bytes_seen();
+}
+
+uint64_t ShmChannel::peer_read_total() {
+  return std::max(peer_->read.load(std::memory_order_acquire),
+                  tx_->consumed.load(std::memory_order_acquire));
+}
+
+void ShmChannel::note_read(uint64_t total) { me_->read.store(total, std::memory_order_release); }
 
 }  // namespace rsock

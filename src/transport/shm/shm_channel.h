@@ -3,8 +3,11 @@
 // sender's "DMA" is one memcpy into the peer's ring and a release store of
 // the head; a sleeping peer is woken by a one-byte doorbell on the kernel TCP
 // socket, which stays open under the application's fd and also carries
-// liveness (a peer that dies closes it). The channel keeps the region's
-// memfd (close-on-exec) so that an exec'd program can take this end over
+// liveness (a peer that dies closes it). Both ends count the doorbells they
+// send and the bytes they drain in the region, so that a byte that reached
+// the socket behind librsock is found and resets the connection instead of
+// being drained as a doorbell. The channel keeps the region's memfd
+// (close-on-exec) so that an exec'd program can take this end over
 // (src/lifecycle/exec_handoff.h); everything the new image needs besides the
 // socket is in the region. Thread-safety: as Channel; the accessors for the
 // exec hand-off read atomics and may be called from any thread.
@@ -78,6 +81,10 @@ class ShmChannel final : public Channel {
   void disarm(uint32_t want) override;
   int wait_fd() const override { return doorbell_fd_; }
   void drain_wakeups() override;
+  void probe() override;
+  uint64_t peer_read_total() override;
+  void note_read(uint64_t total) override;
+  int kernel_socket() const override { return doorbell_fd_; }
   void add_holder() override;
   bool drop_holder() override;
 
@@ -98,6 +105,8 @@ class ShmChannel final : public Channel {
  private:
   void init(void* map, bool is_server);
   void ring_doorbell();
+  void peer_gone(uint32_t flags);
+  void kernel_bytes_seen();
 
   void* map_;
   size_t map_len_;
@@ -105,14 +114,18 @@ class ShmChannel final : public Channel {
   std::atomic<uint32_t>* holders_;  // processes holding our end
   DirectionControl* tx_;  // we produce
   DirectionControl* rx_;  // we consume
+  EndpointControl* me_;   // our end's own line
+  EndpointControl* peer_;
   uint8_t* tx_ring_;      // the peer's receive ring
   const uint8_t* rx_ring_;
   int doorbell_fd_;
   int memfd_;
   bool is_server_;
-  std::atomic<uint32_t> carrier_flags_{0};  // kPeerFin/kTransportError seen on the TCP socket
-  std::atomic<uint32_t> armed_data_{0};     // this process's share of consumer_waiting
-  std::atomic<uint32_t> armed_space_{0};    // and of producer_waiting
+  // kPeerClosed/kTransportError/kKernelBytes seen on the TCP socket.
+  std::atomic<uint32_t> carrier_flags_{0};
+  std::atomic<bool> kernel_bytes_reported_{false};
+  std::atomic<uint32_t> armed_data_{0};   // this process's share of consumer_waiting
+  std::atomic<uint32_t> armed_space_{0};  // and of producer_waiting
 };
 
 }  // namespace rsock

@@ -88,6 +88,7 @@
 #include "ring/ring.h"
 #include "stats/stats.h"
 #include "transport/addr.h"
+#include "transport/carrier.h"
 #include "transport/verbs/verbs_qp.h"
 #include "transport/verbs/verbs_setup.h"
 
@@ -136,25 +137,36 @@ uint64_t random_nonce() {
   return v;
 }
 
-// The end's sticky flags in frame form, from verbs_imm::Flag bits.
+// The end's sticky flags in frame form (MoveFrame.flags, and the end's
+// flags_sent / peer_flags), from verbs_imm::Flag bits, and back. CLOSED
+// does not imply FIN: a close is a FIN or a reset by what was read
+// (docs/protocol.md section 6).
 uint32_t frame_flags(uint32_t imm_flags) {
   uint32_t f = 0;
   if (imm_flags & verbs_imm::kFin) f |= kMoveFin;
   if (imm_flags & verbs_imm::kClosed) f |= kMoveClosed;
+  if (imm_flags & verbs_imm::kReset) f |= kMoveReset;
+  if (imm_flags & verbs_imm::kKernelBytes) f |= kMoveKernelBytes;
   return f;
 }
 uint32_t imm_flags_of(uint32_t frame) {
   uint32_t f = 0;
   if (frame & kMoveFin) f |= verbs_imm::kFin;
-  if (frame & kMoveClosed) f |= verbs_imm::kFin | verbs_imm::kClosed;
+  if (frame & kMoveClosed) f |= verbs_imm::kClosed;
+  if (frame & kMoveReset) f |= verbs_imm::kReset;
+  if (frame & kMoveKernelBytes) f |= verbs_imm::kKernelBytes;
   return f;
 }
 uint32_t peer_flags_of(uint32_t frame) {
   uint32_t f = 0;
   if (frame & kMoveFin) f |= kPeerFin;
-  if (frame & kMoveClosed) f |= kPeerFin | kPeerClosed;
+  if (frame & kMoveClosed) f |= kPeerClosed;
+  if (frame & kMoveReset) f |= kPeerReset;
+  if (frame & kMoveKernelBytes) f |= kKernelBytes;
   return f;
 }
+// The sticky flags a new queue pair carries again after a move.
+constexpr uint32_t kStickyFlags = verbs_imm::kFin | verbs_imm::kClosed | verbs_imm::kReset;
 
 // Completion errors that mean the other end's queue pair went away (its
 // process closed, exited, exec'd or died; or it moved) rather than a
@@ -444,13 +456,16 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
   const bool is_recv = wc.wr_id == kRecvWrId;
   if (wc.status != IBV_WC_SUCCESS) {
     // A flush after the peer closed cleanly (it disconnects after CLOSED) is
-    // the end of the stream.
-    // (So is any error after it: its queue pair may be gone already.)
-    if (peer_flags_ & kPeerClosed) {
-      carrier_lost(kPeerFin | kPeerClosed);
+    // the end of the stream. (So is any error after it: its queue pair may
+    // be gone already; and after a kernel-bytes reset, which ends the
+    // connection too.) Whether that end reads as a FIN or a reset is the
+    // stream's decision.
+    if (peer_flags_ & (kPeerClosed | kKernelBytes)) {
+      carrier_lost(kPeerClosed);
       return;
     }
-    if (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) return;
+    // After a broken carrier, or a kernel-bytes reset of ours, what follows.
+    if (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kKernelBytes)) return;
     const int st = state_.load(std::memory_order_relaxed);
     if (st == kDetached) return;  // what the gone queue pair leaves behind
     if (remote_went_away(wc.status) && (st == kOwned || st == kAwaitHello)) {
@@ -460,7 +475,7 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
     }
     LOG_INFO("rdma: completion error: %s (%s)", ibv_wc_status_str(wc.status),
              is_recv ? "receive" : "send");
-    carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+    carrier_lost(kTransportError | kPeerClosed);
     return;
   }
   if (!is_recv) {
@@ -470,7 +485,7 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
   ++recv_done_;
   if (state_.load(std::memory_order_relaxed) == kAwaitHello) hello_seen_ = true;
   if (!(wc.wc_flags & IBV_WC_WITH_IMM)) {
-    carrier_lost(kTransportError | kPeerFin | kPeerClosed);  // not our protocol
+    carrier_lost(kTransportError | kPeerClosed);  // not our protocol
     return;
   }
   const uint32_t imm = ntohl(wc.imm_data);
@@ -485,8 +500,10 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
       break;
     case verbs_imm::kFlags:
       if (v & verbs_imm::kFin) peer_flags_ |= kPeerFin;
-      if (v & verbs_imm::kClosed) peer_flags_ |= kPeerFin | kPeerClosed;
+      if (v & verbs_imm::kClosed) peer_flags_ |= kPeerClosed;
+      if (v & verbs_imm::kReset) peer_flags_ |= kPeerReset;
       if (v & verbs_imm::kStalled) peer_stalled_ = true;
+      if (v & verbs_imm::kKernelBytes) kernel_bytes_from_peer_locked();
       // The other end's owner closed, exited or exec'd while other
       // processes of its host hold the end: wait for one to take it over.
       if ((v & verbs_imm::kDetach) && !(v & verbs_imm::kClosed)) detach_pending_ = true;
@@ -505,7 +522,7 @@ int VerbsChannel::poll_cq_locked() {
   for (;;) {
     int n = ibv_poll_cq(cq_, 32, wc);
     if (n < 0) {
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+      carrier_lost(kTransportError | kPeerClosed);
       break;
     }
     for (int i = 0; i < n; ++i) on_completion(wc[i]);
@@ -535,7 +552,7 @@ void VerbsChannel::flush_reposts_locked() {
   if (due == 0 || !qp_ || (carrier_flags_.load(std::memory_order_relaxed) & kTransportError))
     return;
   if (repost_locked(static_cast<uint32_t>(due)) < 0) {
-    carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+    carrier_lost(kTransportError | kPeerClosed);
     return;
   }
   recv_reposted_ = recv_done_;
@@ -587,7 +604,7 @@ int VerbsChannel::reserve_sq_locked(int count) {
     if (now_ms() > deadline) {
       LOG_WARN("rdma: send queue stuck for %lld ms: failing the connection",
                static_cast<long long>(kSqWaitMs));
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+      carrier_lost(kTransportError | kPeerClosed);
       return -ECONNRESET;
     }
     poll_cq_locked();
@@ -614,7 +631,7 @@ int VerbsChannel::post_locked(void* first_wr, int count) {
   int rc = ibv_post_send(qp_, wr, &bad);
   if (rc != 0) {
     LOG_INFO("rdma: ibv_post_send: %s", strerror(rc));
-    carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+    carrier_lost(kTransportError | kPeerClosed);
     return -ECONNRESET;
   }
   return 0;
@@ -713,7 +730,9 @@ void VerbsChannel::signal(uint32_t flags) {
   std::lock_guard<std::mutex> lock(mu_);
   uint32_t bits = 0;
   if (flags & kSendFin) bits |= verbs_imm::kFin;
-  if (flags & kSendClosed) bits |= verbs_imm::kFin | verbs_imm::kClosed;
+  if (flags & kSendClosed) bits |= verbs_imm::kClosed;
+  if (flags & kSendReset) bits |= verbs_imm::kReset;
+  if (flags & kSendKernelBytes) bits |= verbs_imm::kKernelBytes;
   if ((bits & ~flags_sent_) == 0) return;
   flags_sent_ |= bits;
   // Not the end's owner yet (it moves here): sent once it has.
@@ -726,8 +745,15 @@ void VerbsChannel::signal(uint32_t flags) {
   h->flags_sent.fetch_or(frame_flags(bits), std::memory_order_acq_rel);
   // Posted after every publication so far: the peer sees FIN after the
   // last head (RC order). While the connection moves, the replay carries it.
-  if (state_.load(std::memory_order_relaxed) == kOwned)
+  if (state_.load(std::memory_order_relaxed) == kOwned) {
+    // The peer tells a FIN from a reset by what we read: our exact total
+    // goes before CLOSED (close() grants it, an exit does not).
+    const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+    if ((bits & verbs_imm::kClosed) && consumed > granted_ &&
+        post_imm_locked(verbs_imm::kCredit, consumed) == 0)
+      granted_ = consumed;
     (void)post_imm_locked(verbs_imm::kFlags, flags_sent_);
+  }
   end_leave(h);
 }
 
@@ -742,7 +768,7 @@ PeerState VerbsChannel::poll() {
   }
   if (st == kLost) {
     report_lost_locked();
-    s.flags = kTransportError | kPeerFin | kPeerClosed;
+    s.flags = kTransportError | kPeerClosed;
     return s;
   }
   // Carrier flags before the CQ: the peer's last immediates complete here
@@ -762,7 +788,7 @@ PeerState VerbsChannel::poll() {
   s.flags = peer_flags_ | carrier | carrier_flags_.load(std::memory_order_acquire);
   if (state_.load(std::memory_order_relaxed) == kLost) {
     report_lost_locked();
-    s.flags |= kTransportError | kPeerFin | kPeerClosed;
+    s.flags |= kTransportError | kPeerClosed;
   }
   if (peer_stalled_) s.flags |= kPeerStalled;
   if (state_.load(std::memory_order_relaxed) == kOwned && !data_window_open_locked())
@@ -814,13 +840,14 @@ void VerbsChannel::drain_cm_events_locked() {
       if (!cm_connected_) continue;  // the queue pair before a move
       cm_connected_ = false;
       poll_cq_locked();  // the peer's last immediates precede its disconnect
-      if (peer_flags_ & kPeerClosed)
-        carrier_lost(kPeerFin | kPeerClosed);
+      if ((peer_flags_ & (kPeerClosed | kKernelBytes)) ||
+          (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes))
+        carrier_lost(kPeerClosed);
       else
         detach_locked();
     } else if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || type == RDMA_CM_EVENT_ADDR_CHANGE) {
       LOG_INFO("rdma: %s: failing the connection", rdma_event_str(type));
-      carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+      carrier_lost(kTransportError | kPeerClosed);
     }
   }
 }
@@ -929,6 +956,9 @@ void VerbsChannel::report_lost_locked() {
 int VerbsChannel::enter() {
   const int st = state_.load(std::memory_order_acquire);
   if (st == kNotMine || st == kTaking) return -EAGAIN;  // take_over() comes first
+  // Reset here (a move failed, or kernel bytes while moving): nothing moves,
+  // and the stream reports the reset as it reports any.
+  if (st == kFailed) return 1;
   // epoch_ changes only in take_over(), under both of the stream's locks,
   // one of which our caller holds.
   const bool owner = st == kOwned || st == kDetached || st == kAwaitHello;
@@ -953,9 +983,13 @@ void VerbsChannel::record_rx_locked() {
   while (peer_head_ > cur &&
          !h->rx_head.compare_exchange_weak(cur, peer_head_, std::memory_order_acq_rel)) {
   }
+  // What the peer told us (its FLAGS; not what a carrier loss here made of
+  // it), for the process that takes the end over next.
   uint32_t pf = 0;
   if (peer_flags_ & kPeerFin) pf |= kMoveFin;
   if (peer_flags_ & kPeerClosed) pf |= kMoveClosed;
+  if (peer_flags_ & kPeerReset) pf |= kMoveReset;
+  if (peer_flags_ & kKernelBytes) pf |= kMoveKernelBytes;
   if (pf) h->peer_flags.fetch_or(pf, std::memory_order_acq_rel);
 }
 
@@ -999,6 +1033,7 @@ void VerbsChannel::after_fork_child() {
   cq_armed_ = event_owed_ = false;
   hello_seen_ = detach_pending_ = false;
   last_close_ = detach_close_ = exited_ = lost_reported_ = false;
+  kernel_bytes_reported_ = false;  // this process counts its own resets
   // This process never owned the end, whatever the parent did with it: its
   // first use takes it over (a reset connection stays reset).
   if (state_.load(std::memory_order_relaxed) != kFailed)
@@ -1015,6 +1050,8 @@ void VerbsChannel::after_fork_child() {
 void VerbsChannel::detach_locked(bool bounded) {
   const int st = state_.load(std::memory_order_relaxed);
   if (st != kOwned && st != kAwaitHello) return;
+  // Reset for kernel bytes (either end): nobody takes a reset connection over.
+  if ((carrier_flags_.load(std::memory_order_relaxed) | peer_flags_) & kKernelBytes) return;
   record_rx_locked();
   state_.store(kDetached, std::memory_order_release);
   deadline_ms_ = bounded ? now_ms() + kVerbsMoveMs : 0;
@@ -1029,7 +1066,7 @@ void VerbsChannel::check_deadline_locked() {
   const int st = state_.load(std::memory_order_relaxed);
   if ((st != kAwaitHello && st != kDetached) || deadline_ms_ == 0 || now_ms() < deadline_ms_)
     return;
-  if (carrier_flags_.load(std::memory_order_relaxed) & (kPeerClosed | kTransportError)) return;
+  if (ended_locked()) return;
   fail_move_locked(st == kAwaitHello
                        ? "the process that took the other end over did not come up in time"
                        : "the other end's queue pair went away and no process took it over in "
@@ -1040,33 +1077,46 @@ void VerbsChannel::check_deadline_locked() {
 void VerbsChannel::fail_move_locked(const char* why, bool tell_peer) {
   if (state_.load(std::memory_order_relaxed) == kFailed) return;
   state_.store(kFailed, std::memory_order_release);
-  carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+  carrier_lost(kTransportError | kPeerClosed);
   arm_timer(timer_fd_, 0);
   stats_reset_connection(Reset::kMoveFailed);
   LOG_WARN("rdma: moving the connection to another process failed (%s): it is reset", why);
-  if (tell_peer && tcp_fd_ >= 0 && end_.hdr() && end_lock_frames(end_.hdr(), now_ms() + 100)) {
-    MoveFrame r;
-    r.type = MoveType::kReset;
-    (void)send_frame_locked(r);
-    end_unlock_frames(end_.hdr());
-  }
+  if (tell_peer) send_reset_frame_locked(0);
   unwatch_tcp_locked();
+}
+
+// A RESET frame to the other end (flags: kMoveKernelBytes or 0), for when
+// no queue pair of ours reaches it. Best effort, bounded.
+void VerbsChannel::send_reset_frame_locked(uint8_t flags) {
+  if (tcp_fd_ < 0 || !end_.hdr() || !end_lock_frames(end_.hdr(), now_ms() + 100)) return;
+  MoveFrame r;
+  r.type = MoveType::kReset;
+  r.flags = flags;
+  (void)send_frame_locked(r);
+  end_unlock_frames(end_.hdr());
 }
 
 // The one reader of the connection's kernel socket. After the switch only
 // move frames (MoveFrame) may arrive there; they are looked at (MSG_PEEK)
-// and consumed only by the process they are for. Anything else is bytes
-// that reached the socket behind librsock (README, "What librsock
-// intercepts"). *len: the bytes looked at.
+// and consumed only by the process they are for. Anything else (kForeign,
+// or kBad: the magic with fields no librsock writes) is bytes that reached
+// the socket behind librsock (README, "What librsock intercepts"): the
+// callers reset the connection on both ends for them (kernel_bytes). The
+// end of the socket: kEnd (the other end's last holder closed or died: a
+// FIN from its kernel), kReset (a reset from its kernel: an abortive close,
+// or a peer whose queue pair failed, ~VerbsChannel; never unread bytes of
+// ours, since nothing is sent on it but frames, which are all read), kError
+// (anything else). *len: the bytes looked at.
 VerbsChannel::Kernel VerbsChannel::read_kernel_socket_locked(MoveFrame* frame, size_t* len) {
   uint8_t buf[kMoveFrameBytes];
   *len = 0;
   if (tcp_fd_ < 0) return Kernel::kNothing;
   const ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
   if (n == 0) return Kernel::kEnd;
-  if (n < 0)
-    return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? Kernel::kNothing
-                                                                       : Kernel::kError;
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Kernel::kNothing;
+    return (errno == ECONNRESET || errno == EPIPE) ? Kernel::kReset : Kernel::kError;
+  }
   *len = static_cast<size_t>(n);
   switch (scan_move_frame(buf, static_cast<size_t>(n), frame)) {
     case FrameScan::kNeedMore: {
@@ -1141,32 +1191,37 @@ void VerbsChannel::service_kernel_socket_locked() {
   for (int i = 0; i < 4; ++i) {
     MoveFrame f;
     size_t len = 0;
-    switch (read_kernel_socket_locked(&f, &len)) {
+    const Kernel k = read_kernel_socket_locked(&f, &len);
+    switch (k) {
       case Kernel::kNothing:
       case Kernel::kPartial:
         return;
       case Kernel::kEnd:
-        // The other end's last holder closed (or died): what reached the
-        // ring is delivered, then EOF.
-        poll_cq_locked();
-        carrier_lost(kPeerFin | kPeerClosed);
-        unwatch_tcp_locked();
-        arm_timer(timer_fd_, 0);
-        return;
+      case Kernel::kReset:
       case Kernel::kError:
+        // The other end's last holder closed (or died): what reached the
+        // ring is delivered, then the stream decides between EOF and a
+        // reset by what the other end read (a reset from its kernel is
+        // one in any case).
         poll_cq_locked();
-        carrier_lost(kTransportError | kPeerFin | kPeerClosed);
+        carrier_lost(k == Kernel::kEnd     ? kPeerClosed
+                     : k == Kernel::kReset ? kPeerClosed | kPeerReset
+                                           : kTransportError | kPeerClosed);
         unwatch_tcp_locked();
         arm_timer(timer_fd_, 0);
         return;
       case Kernel::kForeign:
-        // Bytes behind librsock's back (a raw write, io_uring, stdio on the
-        // peer's fd): they belong to no frame and are dropped.
-        consume_kernel_locked(len, false);
-        continue;
       case Kernel::kBad:
-        fail_move_locked("the other end sent a malformed move frame", true);
-        return;
+        // Bytes behind librsock's back (a raw write, io_uring, stdio on the
+        // peer's fd; a forged frame): they belong to no frame. They are
+        // dropped, and the connection is reset on both ends.
+        if (!end_owns(end_.hdr(), epoch_)) {
+          become_lost_locked();  // the new owner's to report
+          return;
+        }
+        consume_kernel_locked(len, false);
+        kernel_bytes_seen_locked();
+        continue;
       case Kernel::kFrame:
         break;
     }
@@ -1180,12 +1235,22 @@ void VerbsChannel::service_kernel_socket_locked() {
       return;
     }
     consume_kernel_locked(kMoveFrameBytes, true);
+    if ((carrier_flags_.load(std::memory_order_relaxed) | peer_flags_) & kKernelBytes) {
+      // Reset for kernel bytes: a process of the other end that takes it
+      // over learns so instead of a new queue pair.
+      end_unlock_frames(h);
+      if (f.type == MoveType::kMove) send_reset_frame_locked(kMoveKernelBytes);
+      continue;
+    }
     if (f.type == MoveType::kMove) {
       handle_move_locked(f);
     } else if (f.type == MoveType::kReset) {
       end_unlock_frames(h);
       poll_cq_locked();
-      fail_move_locked("the other end failed to move", false);
+      if (f.flags & kMoveKernelBytes)
+        kernel_bytes_from_peer_locked();
+      else
+        fail_move_locked("the other end failed to move", false);
       return;
     }  // kMoved: an answer to a takeover that another one superseded
     end_unlock_frames(h);
@@ -1285,8 +1350,12 @@ void VerbsChannel::on_hello_locked() {
   state_.store(kOwned, std::memory_order_release);
   deadline_ms_ = 0;
   arm_timer(timer_fd_, 0);
+  // Our read total as of now (the MOVED frame had it as of then): a close
+  // that comes with the flags below must find it exact at the taker.
+  const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+  if (post_imm_locked(verbs_imm::kCredit, consumed) == 0) granted_ = consumed;
   if (post_range_locked(replay_from_, posted_head_) < 0) return;
-  const uint32_t sticky = flags_sent_ & (verbs_imm::kFin | verbs_imm::kClosed);
+  const uint32_t sticky = flags_sent_ & kStickyFlags;
   if (sticky) (void)post_imm_locked(verbs_imm::kFlags, sticky);
 }
 
@@ -1341,18 +1410,19 @@ int VerbsChannel::continue_take_over_locked(EndPositions* at) {
       case Kernel::kPartial:
         return -EAGAIN;
       case Kernel::kForeign:
-        consume_kernel_locked(len, false);
-        continue;
       case Kernel::kBad:
-        fail_move_locked("the other end sent a malformed move frame", true);
+        // Not a frame: bytes behind librsock's back (or a forged frame).
+        // The connection is reset on both ends.
+        consume_kernel_locked(len, false);
+        kernel_bytes_seen_locked();
         return -ECONNRESET;
       case Kernel::kEnd:
+      case Kernel::kReset:
       case Kernel::kError: {
         // The other end is gone before it answered: what reached the ring
         // while the previous owner had the end is all there will be. It
         // recorded how far that is when it last looked at its queue (its
         // close, exit or exec looks once more).
-        const bool reset = r == Kernel::kError;
         const int64_t deadline = now_ms() + kVerbsMoveMs;
         while (!(h->peer_flags.load(std::memory_order_acquire) & kMoveClosed) &&
                prev_owner_ != static_cast<int>(getpid()) && !pid_gone(prev_owner_) &&
@@ -1362,8 +1432,14 @@ int VerbsChannel::continue_take_over_locked(EndPositions* at) {
         const uint64_t head = std::max(h->rx_head.load(std::memory_order_acquire), consumed);
         if (head - consumed <= ring_bytes_) peer_head_ = head;
         peer_flags_ |= peer_flags_of(h->peer_flags.load(std::memory_order_acquire));
+        // What the other end read of ours it told a process that is gone
+        // (its credits): the end reads as its kernel reported it, a FIN as
+        // EOF, a reset as a reset.
+        peer_consumed_ = posted_head_;
         state_.store(kOwned, std::memory_order_release);
-        carrier_lost(reset ? kTransportError | kPeerFin | kPeerClosed : kPeerFin | kPeerClosed);
+        carrier_lost(r == Kernel::kEnd     ? kPeerClosed
+                     : r == Kernel::kReset ? kPeerClosed | kPeerReset
+                                           : kTransportError | kPeerClosed);
         unwatch_tcp_locked();
         at->tx_sent = at->tx_credited = posted_head_;
         at->rx_consumed = consumed;
@@ -1388,7 +1464,10 @@ int VerbsChannel::continue_take_over_locked(EndPositions* at) {
     consume_kernel_locked(kMoveFrameBytes, true);
     end_unlock_frames(h);
     if (f.type == MoveType::kReset) {
-      fail_move_locked("the other end failed to move", false);
+      if (f.flags & kMoveKernelBytes)
+        kernel_bytes_from_peer_locked();
+      else
+        fail_move_locked("the other end failed to move", false);
       return -ECONNRESET;
     }
     // MOVED, our answer; or the other end's own MOVE (it moves at the same
@@ -1430,7 +1509,7 @@ int VerbsChannel::connect_taker_locked(const MoveFrame& f, EndPositions* at) {
   // ours, and our flags.
   if (post_imm_locked(verbs_imm::kCredit, consumed) == 0) granted_ = consumed;
   (void)post_range_locked(f.rx_consumed, posted_head_);
-  const uint32_t sticky = flags_sent_ & (verbs_imm::kFin | verbs_imm::kClosed);
+  const uint32_t sticky = flags_sent_ & kStickyFlags;
   if (sticky) {
     end_.hdr()->flags_sent.fetch_or(frame_flags(sticky), std::memory_order_acq_rel);
     (void)post_imm_locked(verbs_imm::kFlags, sticky);
@@ -1455,6 +1534,7 @@ int VerbsChannel::take_over(EndPositions* at) {
   if (st == kLost || st == kFailed) return -ECONNRESET;
   if (st != kNotMine && st != kTaking) return -ECONNRESET;  // (not called then)
   if (st == kNotMine) {
+    if (reset_for_kernel_bytes_locked()) return -ECONNRESET;
     if (int rc = prepare_take_over_locked(); rc < 0) {
       // Nothing was changed for the other processes: the end stays with its
       // owner; here it is unusable (and our close must not reset it).
@@ -1475,6 +1555,10 @@ int VerbsChannel::take_over(EndPositions* at) {
     if (fenced < 0) {
       end_unlock_frames(h);
       fail_move_locked("the previous owner stayed inside an operation", true);
+      return -ECONNRESET;
+    }
+    if (reset_for_kernel_bytes_locked()) {  // since the look above
+      end_unlock_frames(h);
       return -ECONNRESET;
     }
     posted_head_ = h->tx_sent.load(std::memory_order_acquire);
@@ -1544,7 +1628,7 @@ void VerbsChannel::settle_locked(std::unique_lock<std::mutex>& lock, int64_t dea
                                  bool last_holder) {
   for (;;) {
     const int st = state_.load(std::memory_order_relaxed);
-    if (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kPeerClosed)) return;
+    if (ended_locked()) return;
     if (st == kTaking) {
       EndPositions at;
       if (continue_take_over_locked(&at) != -EAGAIN) continue;
@@ -1589,9 +1673,7 @@ void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool det
       const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
       if (consumed > granted_ && post_imm_locked(verbs_imm::kCredit, consumed) == 0)
         granted_ = consumed;
-      (void)post_imm_locked(
-          verbs_imm::kFlags,
-          (flags_sent_ & (verbs_imm::kFin | verbs_imm::kClosed)) | verbs_imm::kDetach);
+      (void)post_imm_locked(verbs_imm::kFlags, (flags_sent_ & kStickyFlags) | verbs_imm::kDetach);
     }
     flush_posted_locked(std::min(deadline, now_ms() + kCloseWaitMs));
   }
@@ -1669,6 +1751,96 @@ void VerbsChannel::exec_failed() {
   rx_ring_ = tx_buf_ = nullptr;
   cq_armed_ = event_owed_ = false;
   state_.store(kNotMine, std::memory_order_release);
+}
+
+// ------------------------------------------- the end of the kernel socket --
+
+// The connection has ended here: the other end is gone (kPeerClosed from
+// the socket or the queue pair), the carrier broke, or bytes behind
+// librsock reset it.
+bool VerbsChannel::ended_locked() const {
+  return (carrier_flags_.load(std::memory_order_relaxed) &
+          (kPeerClosed | kTransportError | kKernelBytes)) != 0;
+}
+
+// Bytes reached our TCP socket behind librsock (no move frame: see
+// read_kernel_socket_locked): the connection resets here (ECONNRESET), the
+// other end is told, and the reset is reported once in this process. The
+// other end hears it on the queue pair (FLAGS KERNEL_BYTES) when ours is
+// connected to it, else (the connection moves) on the kernel socket, in a
+// RESET frame that says KERNEL_BYTES, which whichever process of the other
+// end takes it over reads first. The end's memory keeps it (flags_sent), so
+// that another process holding this end that would take it over stays reset
+// instead (reset_for_kernel_bytes_locked), and a MOVE that comes later is
+// answered with that RESET frame (service_kernel_socket_locked).
+void VerbsChannel::kernel_bytes_seen_locked() {
+  if (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes) return;
+  if (!kernel_bytes_reported_) report_kernel_bytes("rdma", true);
+  kernel_bytes_reported_ = true;
+  flags_sent_ |= verbs_imm::kKernelBytes;
+  if (end_.hdr()) end_.hdr()->flags_sent.fetch_or(kMoveKernelBytes, std::memory_order_acq_rel);
+  if (state_.load(std::memory_order_relaxed) == kOwned && qp_ &&
+      (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
+      wr_posted_ - wr_done_ + 1 <= kVerbsSendDepth)
+    (void)post_imm_locked(verbs_imm::kFlags, flags_sent_);
+  else
+    send_reset_frame_locked(kMoveKernelBytes);
+  carrier_lost(kKernelBytes);
+  stop_moving_locked();
+}
+
+// The other end reset the connection for bytes that reached its kernel
+// socket behind librsock (FLAGS KERNEL_BYTES, or a RESET frame saying so).
+void VerbsChannel::kernel_bytes_from_peer_locked() {
+  if (peer_flags_ & kKernelBytes) return;
+  peer_flags_ |= kKernelBytes;
+  if (!kernel_bytes_reported_) report_kernel_bytes("rdma", false);
+  kernel_bytes_reported_ = true;
+  record_rx_locked();  // into the end's peer_flags, for another holder
+  stop_moving_locked();
+}
+
+// A process about to take the end over: was the connection reset for
+// kernel bytes while another process owned it (found on this end's socket,
+// or told by the other end)? Then it is reset here too, with no move.
+bool VerbsChannel::reset_for_kernel_bytes_locked() {
+  VerbsEndHeader* h = end_.hdr();
+  const bool here = h->flags_sent.load(std::memory_order_acquire) & kMoveKernelBytes;
+  const bool there = h->peer_flags.load(std::memory_order_acquire) & kMoveKernelBytes;
+  if (!here && !there) return false;
+  if (!kernel_bytes_reported_) report_kernel_bytes("rdma", here);
+  kernel_bytes_reported_ = true;
+  if (here) flags_sent_ |= verbs_imm::kKernelBytes;
+  if (there) peer_flags_ |= kKernelBytes;
+  carrier_lost(kKernelBytes);
+  state_.store(kFailed, std::memory_order_release);
+  return true;
+}
+
+// A reset ends a move under way: no deadline, no frame to wait for.
+void VerbsChannel::stop_moving_locked() {
+  const int st = state_.load(std::memory_order_relaxed);
+  if (st != kDetached && st != kAwaitHello && st != kTaking) return;
+  state_.store(kFailed, std::memory_order_release);
+  deadline_ms_ = 0;
+  arm_timer(timer_fd_, 0);
+}
+
+// One look at the kernel socket (a MSG_PEEK that finds nothing, as a rule):
+// a peer that died without a word, bytes behind librsock, or a MOVE for a
+// program that keeps busy without sleeping. Only the owner reads it: a
+// taker reads its answer in take_over(), and a process that lost the end
+// leaves it to the new owner.
+void VerbsChannel::probe() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ended_locked()) return;
+  if (!check_owner_locked() || state_.load(std::memory_order_relaxed) == kTaking) return;
+  service_kernel_socket_locked();
+}
+
+uint64_t VerbsChannel::peer_read_total() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_consumed_;
 }
 
 }  // namespace rsock

@@ -18,8 +18,10 @@
 // (MoveFrame, src/ring/handshake.h); the previous owner fails every call
 // from then on. Every read of that socket goes through one function
 // (read_kernel_socket_locked): after the switch only those frames may be
-// there. docs/protocol.md section 7 ("Moving a connection") has the wire
-// side, docs/design.md ("RDMA connections that move") the why.
+// there, and any other byte reached the socket behind librsock: the
+// connection is reset on both ends (kernel_bytes). docs/protocol.md
+// section 7 ("Moving a connection") has the wire side, docs/design.md
+// ("RDMA connections that move") the why.
 // Thread-safety: as Channel; all verbs state is under one internal mutex
 // (poll may be called from any thread).
 #pragma once
@@ -59,9 +61,12 @@ namespace rsock {
 //                  ring (a 64-bit total: our byte credits) mod 2^30.
 //   type 2 FLAGS   value = bit 0 FIN, bit 1 CLOSED (sticky), bit 2 STALLED
 //                  (the sender waits for byte credits: grant as soon as
-//                  anything is freed), bit 8 DETACH (not sticky: this queue
-//                  pair goes away, the end stays with another process of
-//                  the sender's host); the other bits zero.
+//                  anything is freed), bit 3 RESET (with CLOSED: an abortive
+//                  close, SO_LINGER 0), bit 4 KERNEL_BYTES (the sender reset
+//                  the connection: bytes reached its TCP socket behind
+//                  librsock), bit 8 DETACH (not sticky: this queue pair goes
+//                  away, the end stays with another process of the sender's
+//                  host); the other bits zero.
 //   type 3 ACK     value = receive WQEs the sender has re-posted in total
 //                  (= our immediates it has consumed) mod 2^30: message
 //                  credits.
@@ -75,7 +80,14 @@ namespace verbs_imm {
 inline constexpr int kTypeShift = 30;
 inline constexpr uint32_t kValueMask = (1u << kTypeShift) - 1;
 enum Type : uint32_t { kData = 0, kCredit = 1, kFlags = 2, kAck = 3 };
-enum Flag : uint32_t { kFin = 1u << 0, kClosed = 1u << 1, kStalled = 1u << 2, kDetach = 1u << 8 };
+enum Flag : uint32_t {
+  kFin = 1u << 0,
+  kClosed = 1u << 1,
+  kStalled = 1u << 2,
+  kReset = 1u << 3,
+  kKernelBytes = 1u << 4,
+  kDetach = 1u << 8,
+};
 inline constexpr uint32_t encode(Type t, uint64_t value) {
   return (static_cast<uint32_t>(t) << kTypeShift) | (static_cast<uint32_t>(value) & kValueMask);
 }
@@ -140,6 +152,9 @@ class VerbsChannel final : public Channel {
   void disarm(uint32_t want) override;
   int wait_fd() const override { return epoll_fd_; }
   void drain_wakeups() override;
+  void probe() override;
+  uint64_t peer_read_total() override;
+  int kernel_socket() const override { return tcp_fd_; }
   void add_holder() override;
   bool drop_holder() override;
   bool needs_take_over() override;
@@ -195,6 +210,11 @@ class VerbsChannel final : public Channel {
   bool data_window_open_locked() const;
   void carrier_lost(uint32_t flags);
   void drain_cm_events_locked();
+  bool ended_locked() const;
+  void kernel_bytes_seen_locked();
+  void kernel_bytes_from_peer_locked();
+  bool reset_for_kernel_bytes_locked();
+  void stop_moving_locked();
   void teardown(bool destroy_id);
   void forget_verbs_objects();
   void destroy_qp_locked();
@@ -208,7 +228,7 @@ class VerbsChannel final : public Channel {
   void report_lost_locked();
   void detach_locked(bool bounded = true);
   void record_rx_locked();
-  enum class Kernel { kNothing, kPartial, kFrame, kForeign, kBad, kEnd, kError };
+  enum class Kernel { kNothing, kPartial, kFrame, kForeign, kBad, kEnd, kReset, kError };
   Kernel read_kernel_socket_locked(MoveFrame* frame, size_t* len);
   void consume_kernel_locked(size_t len, bool frame);
   void service_kernel_socket_locked();
@@ -223,6 +243,7 @@ class VerbsChannel final : public Channel {
   void on_hello_locked();
   void check_deadline_locked();
   void fail_move_locked(const char* why, bool tell_peer);
+  void send_reset_frame_locked(uint8_t flags);
   void settle_locked(std::unique_lock<std::mutex>& lock, int64_t deadline_ms, bool last_holder);
   void hand_over_locked(std::unique_lock<std::mutex>& lock, bool detach);
 
@@ -261,7 +282,7 @@ class VerbsChannel final : public Channel {
   // Receive side: what the peer told us.
   uint64_t peer_head_ = 0;
   uint64_t peer_consumed_ = 0;
-  uint32_t peer_flags_ = 0;  // kPeerFin / kPeerClosed from FLAGS messages
+  uint32_t peer_flags_ = 0;  // kPeerFin / kPeerClosed / kPeerReset / kKernelBytes from FLAGS
   bool peer_stalled_ = false;
   uint64_t recv_done_ = 0;      // receive completions polled
   uint64_t recv_reposted_ = 0;  // their WQEs re-posted (<= recv_done_, see kRepostBatch)
@@ -303,6 +324,7 @@ class VerbsChannel final : public Channel {
   // is still unread in the completion channel: read before the next sleep.
   bool event_owed_ = false;
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
+  bool kernel_bytes_reported_ = false;      // the one log line and count of kernel_bytes
 };
 
 }  // namespace rsock

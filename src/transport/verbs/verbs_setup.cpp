@@ -45,6 +45,14 @@ constexpr size_t kMaxCandidates = 4;
 // A server asleep in a pairing wakes at least this often to read the shared
 // listener (other accepting threads may be waiting for its requests).
 constexpr int kListenerSliceMs = 20;
+// Past its deadline, a pairing whose peer may be committing waits for the
+// peer's decision rather than guess (docs/protocol.md section 7, commit
+// points): the peer decides by its own deadline, which may come later
+// (another setting, a slower process). This long beyond one timeout more,
+// a peer that still has not decided is broken or an impostor: the server
+// then fails the connection loudly; the client waits a little longer, so
+// that it is never the one to give up on a server that is answering.
+constexpr int64_t kResolveGraceMs = 2000;
 
 int64_t now_ms() {
   timespec ts;
@@ -179,6 +187,16 @@ rdma_conn_param conn_param(const void* priv, size_t len) {
   cp.retry_count = 7;
   cp.rnr_retry_count = 7;  // infinite: see verbs_channel.cpp, message credits
   return cp;
+}
+
+// Sends the connect request `req` on ch's id. false (logged) on failure.
+bool send_request(VerbsChannel& ch, const ConnectInfo& req) {
+  uint8_t priv[kConnectPrivBytes];
+  encode_connect_priv(req, priv);
+  rdma_conn_param cp = conn_param(priv, sizeof priv);
+  if (rdma_connect(ch.id(), &cp) == 0) return true;
+  LOG_INFO("rdma: rdma_connect: %s", strerror(errno));
+  return false;
 }
 
 // The active side of one attempt: an rdma_cm id of its own, resolved from
@@ -464,7 +482,8 @@ class VerbsClientPairing final : public Pairing {
       : tcp_fd_(tcp_fd),
         rdv_(rdv),
         ring_log2_(log2_of(cfg.ring_bytes)),
-        deadline_(now_ms() + cfg.connect_timeout_ms) {}
+        deadline_(now_ms() + cfg.connect_timeout_ms),
+        answer_deadline_(deadline_ + cfg.connect_timeout_ms + 2 * kResolveGraceMs) {}
 
   bool run(int64_t /*limit_ms*/) override {
     if (!done_) why_ = pair();
@@ -491,13 +510,7 @@ class VerbsClientPairing final : public Pairing {
       req.flags = rdv_ ? kPrivClientListens : 0;
       req.client = local_;
       req.server = peer_;
-      uint8_t priv[kConnectPrivBytes];
-      encode_connect_priv(req, priv);
-      rdma_conn_param cp = conn_param(priv, sizeof priv);
-      if (rdma_connect(ch->id(), &cp) != 0) {
-        LOG_INFO("rdma: rdma_connect: %s", strerror(errno));
-        return Fallback::kPairFailed;
-      }
+      if (!send_request(*ch, req)) return Fallback::kPairFailed;
       // The answer comes on our request (a server that reads its listener),
       // or as the server's own request at our rendezvous (a forked worker).
       rdma_event_channel* own = ch->id()->channel;
@@ -573,7 +586,12 @@ class VerbsClientPairing final : public Pairing {
 
   // The rdma_cm connection is up: our proof in band, then the server's
   // answer in band. From the moment our proof is written the server may
-  // commit, so a failure after it fails the connection loudly.
+  // commit, so from then on only its answer decides: we wait for it past
+  // our deadline (the server answers every proof it reads, and it reads
+  // the first bytes of every connection it accepted a request for), and
+  // keep our queue pair meanwhile (tearing it down would tell the server
+  // that we gave up). Only a server that does not answer at all, or a
+  // broken connection, fails it loudly.
   Fallback prove(std::unique_ptr<VerbsChannel> ch, uint64_t challenge) {
     ClientProof proof;
     proof.challenge = challenge;
@@ -581,7 +599,7 @@ class VerbsClientPairing final : public Pairing {
     proof.ring = {ch->rx_rkey(), ch->rx_addr()};
     uint8_t out[kClientProofBytes];
     encode_client_proof(proof, out);
-    if (int rc = send_all(tcp_fd_, out, sizeof out, deadline_); rc < 0) {
+    if (int rc = send_all(tcp_fd_, out, sizeof out, answer_deadline_); rc < 0) {
       fail_connection(tcp_fd_);
       return rc == -ETIMEDOUT ? Fallback::kPairTimeout : Fallback::kPairFailed;
     }
@@ -603,7 +621,8 @@ class VerbsClientPairing final : public Pairing {
         if (s == ProofScan::kProof) break;
       }
       pollfd p = {tcp_fd_, POLLIN, 0};
-      if (real().poll(&p, 1, ms_left(deadline_)) == 0) {
+      if (real().poll(&p, 1, ms_left(answer_deadline_)) == 0) {
+        LOG_WARN("rdma: no answer to our proof from the server: failing the connection");
         fail_connection(tcp_fd_);
         return Fallback::kPairTimeout;
       }
@@ -630,7 +649,8 @@ class VerbsClientPairing final : public Pairing {
   int tcp_fd_;
   std::unique_ptr<VerbsRendezvous> rdv_;
   const int ring_log2_;
-  const int64_t deadline_;
+  const int64_t deadline_;         // for everything before our proof
+  const int64_t answer_deadline_;  // for the server's answer to it
   WireAddr local_ = {}, peer_ = {};
   bool done_ = false;
   std::unique_ptr<Channel> channel_;
@@ -659,6 +679,10 @@ class VerbsListener {
   rdma_cm_id* id = nullptr;
   std::vector<Pending> pending;
   bool inherited = false;  // a fork's child: the parent's listener, unusable here
+  // Another process holds this rdma_cm port (an SO_REUSEPORT sibling, or
+  // a squatter): no listener here (ch and id are null); like a fork's
+  // child, this process pairs through each client's rendezvous.
+  bool elsewhere = false;
 
   ~VerbsListener() {
     if (inherited) {
@@ -720,6 +744,26 @@ class VerbsListener {
   }
 };
 
+namespace {
+
+// An rdma_cm id binds to `ss` with port 0: the address has an RDMA device
+// (a wildcard always binds).
+bool address_has_device(const sockaddr_storage& ss) {
+  sockaddr_storage any = ss;
+  if (any.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&any)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&any)->sin6_port = 0;
+  CmPair probe;
+  probe.ch = rdma_create_event_channel();
+  if (!probe.ch || rdma_create_id(probe.ch, &probe.id, nullptr, RDMA_PS_TCP) != 0) return false;
+  if (rdma_bind_addr(probe.id, reinterpret_cast<sockaddr*>(&any)) != 0) return false;
+  note_device(probe.id);  // librdmacm keeps the device open (fork: rdma_after_fork)
+  return true;
+}
+
+}  // namespace
+
 VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
   *why = Fallback::kResources;
   sockaddr_storage ss;
@@ -758,10 +802,24 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
   }
   if (rdma_bind_addr(l->id, reinterpret_cast<sockaddr*>(&bind_ss)) != 0 ||
       rdma_listen(l->id, 128) != 0) {
-    // EADDRNOTAVAIL/ENODEV: the address has no RDMA device.
-    LOG_DEBUG("rdma: no rdma_cm listener on this address: %s", strerror(errno));
-    *why =
-        (errno == EADDRNOTAVAIL || errno == ENODEV) ? Fallback::kNotSameHost : Fallback::kResources;
+    const int err = errno;
+    // EADDRNOTAVAIL/ENODEV: the address has no RDMA device, or (rdma_cm
+    // says EADDRNOTAVAIL for this too) the port is taken in rdma_cm's port
+    // space: an SO_REUSEPORT sibling listens there. The same address with
+    // any port tells the two apart.
+    if ((err == EADDRNOTAVAIL || err == EADDRINUSE) && address_has_device(bind_ss)) {
+      LOG_INFO(
+          "rdma: another process holds this rdma_cm port: pairing through the clients' "
+          "rendezvous");
+      rdma_destroy_id(l->id);
+      rdma_destroy_event_channel(l->ch);
+      l->id = nullptr;
+      l->ch = nullptr;
+      l->elsewhere = true;
+      return l;
+    }
+    LOG_DEBUG("rdma: no rdma_cm listener on this address: %s", strerror(err));
+    *why = (err == EADDRNOTAVAIL || err == ENODEV) ? Fallback::kNotSameHost : Fallback::kResources;
     delete l;
     return nullptr;
   }
@@ -777,7 +835,9 @@ void verbs_listener_forked_child(VerbsListener* listener) {
   listener->pending.clear();
 }
 
-bool verbs_listener_usable(const VerbsListener* listener) { return !listener->inherited; }
+bool verbs_listener_usable(const VerbsListener* listener) {
+  return !listener->inherited && !listener->elsewhere;
+}
 
 namespace {
 
@@ -786,15 +846,22 @@ namespace {
 // decision on the client's first bytes. Stages wait only for the client's
 // next step, and each can be resumed (Pairing::run).
 //
-// Commit rule: once a candidate's request was accepted, the client may have
-// written its proof (it writes as soon as its side is established), so
-// falling back silently is allowed only when the client's first bytes are
-// application data (it did not pair). A deadline after an accept fails the
-// connection loudly.
+// Commit rule: once a candidate's request was accepted, its client may
+// write its proof (it writes as soon as its side is established, before its
+// own deadline), so falling back silently is allowed only when the client's
+// first bytes are application data (it did not pair) or when every
+// candidate has ended from the client's side (a client tears its rdma_cm
+// connection down only when it gives up before proving; once it proved, it
+// keeps it until our answer). Past our deadline we therefore keep waiting
+// for one of the two, up to resolve_deadline_; only a candidate that is
+// still there then (an impostor's, or a broken client) fails the connection
+// loudly.
 class ServerSide : public Pairing {
  public:
   ServerSide(int tcp_fd, const Config& cfg)
-      : tcp_fd_(tcp_fd), deadline_(now_ms() + cfg.connect_timeout_ms) {}
+      : tcp_fd_(tcp_fd),
+        deadline_(now_ms() + cfg.connect_timeout_ms),
+        resolve_deadline_(deadline_ + cfg.connect_timeout_ms + kResolveGraceMs) {}
 
   void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
   std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
@@ -821,9 +888,13 @@ class ServerSide : public Pairing {
     candidates_.clear();
   }
 
-  // The deadline passed.
-  bool timed_out(Fallback quiet) {
-    if (!accepted_any_) return finish(quiet);
+  // resolve_deadline_ passed and a client that was accepted may still be
+  // proving: neither end can know what the other does, so the connection
+  // ends, loudly.
+  bool unresolved() {
+    LOG_WARN(
+        "rdma pairing: the client neither proved nor gave up in time: failing the "
+        "connection");
     fail_connection(tcp_fd_);
     return finish(Fallback::kPairTimeout);
   }
@@ -898,7 +969,7 @@ class ServerSide : public Pairing {
     rdma_event_channel* own = c.ch->id()->channel;
     while (!c.established) {
       int status = 0;
-      int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, deadline_, &status);
+      int r = wait_for(own, RDMA_CM_EVENT_ESTABLISHED, resolve_deadline_, &status);
       if (r != 0) {
         decline(answer);
         return finish(r < 0 ? Fallback::kPairTimeout : Fallback::kPairFailed);
@@ -913,7 +984,7 @@ class ServerSide : public Pairing {
     answer.ring = {c.ch->rx_rkey(), c.ch->rx_addr()};
     uint8_t out[kServerProofBytes];
     encode_server_proof(answer, out);
-    if (send_all(tcp_fd_, out, sizeof out, deadline_) != 0) {
+    if (send_all(tcp_fd_, out, sizeof out, resolve_deadline_) != 0) {
       fail_connection(tcp_fd_);
       return finish(Fallback::kPairFailed);
     }
@@ -925,11 +996,12 @@ class ServerSide : public Pairing {
     answer.accept = false;
     uint8_t out[kServerProofBytes];
     encode_server_proof(answer, out);
-    if (send_all(tcp_fd_, out, sizeof out, deadline_) != 0) fail_connection(tcp_fd_);
+    if (send_all(tcp_fd_, out, sizeof out, resolve_deadline_) != 0) fail_connection(tcp_fd_);
   }
 
   int tcp_fd_;
-  const int64_t deadline_;
+  const int64_t deadline_;          // no new request is taken after it
+  const int64_t resolve_deadline_;  // see the commit rule above
   std::vector<Candidate> candidates_;
   bool accepted_any_ = false;  // an accept went out: the client may be proving
   bool done_ = false;
@@ -954,19 +1026,31 @@ class VerbsServerPairing final : public ServerSide {
     }
     while (!done_) {
       const int64_t now = now_ms();
-      // No request came in time: a plain client, or one without RDMA.
-      if (now >= deadline_) return timed_out(Fallback::kPeerNotAccelerated);
+      const bool late = now >= deadline_;
+      // No request accepted in time: a plain client, or one without RDMA
+      // (or one whose request came too late: it never gets an accept, so
+      // it writes nothing).
+      if (late && !accepted_any_) return finish(Fallback::kPeerNotAccelerated);
       if (now >= limit_ms) return false;
-      take_requests();
+      if (!late) take_requests();
       poll_candidates();
       if (on_first_bytes()) break;
+      // Every client we accepted has torn its side down without proving:
+      // it gave up (a late one among them would have proved by now only if
+      // it had not). Before our deadline the real client's request may
+      // still come.
+      if (late && candidates_.empty()) return finish(Fallback::kPairTimeout);
+      // Only after a last look: a thread that slept past the bound (a busy
+      // host) may find the decision waiting.
+      if (now >= resolve_deadline_) return unresolved();
       // Sleep until the client writes, a candidate moves, or the listener
       // has news; in slices, since other accepting threads share it.
       std::vector<pollfd> p;
       p.push_back({tcp_fd_, POLLIN, 0});
-      p.push_back({listener_->ch->fd, POLLIN, 0});
+      p.push_back({late ? -1 : listener_->ch->fd, POLLIN, 0});
       for (auto& c : candidates_) p.push_back({c.ch->id()->channel->fd, POLLIN, 0});
-      const int wait = std::min({ms_left(deadline_), ms_left(limit_ms), kListenerSliceMs});
+      const int wait = std::min(
+          {ms_left(late ? resolve_deadline_ : deadline_), ms_left(limit_ms), kListenerSliceMs});
       real().poll(p.data(), p.size(), wait);
     }
     return true;
@@ -1033,24 +1117,107 @@ class VerbsReversePairing final : public ServerSide {
   bool run(int64_t limit_ms) override {
     if (!done_ && !started_) {
       started_ = true;
-      if (!start()) return true;
+      if (!fd_addrs(tcp_fd_, &local_, &peer_) || !ring_log2_ok(ring_log2_))
+        return finish(Fallback::kPairFailed);
+      global_init();
+      if (!send_reverse_request()) return true;
     }
     while (!done_) {
       const int64_t now = now_ms();
-      if (now >= deadline_) return timed_out(Fallback::kPairTimeout);
       if (now >= limit_ms) return false;
+      // Past the bound only after a last look (below): a thread that slept
+      // past it (a busy host) may find the decision waiting.
+      const bool last_look = now >= resolve_deadline_;
+      if (retry_at_ > 0) {
+        // Waiting to ask again. A plain client that speaks meanwhile ends
+        // the wait (a librsock client writes nothing before its pairing
+        // ended, and it cannot end in a pairing with us before we ask).
+        uint8_t b;
+        ssize_t n = peek_stream(tcp_fd_, &b, 1);
+        if (n > 0) return finish(Fallback::kPeerNotAccelerated);
+        if (n != -EAGAIN) return finish(Fallback::kPairFailed);  // EOF or an error
+        if (now >= retry_at_) {
+          retry_at_ = 0;
+          if (!send_reverse_request()) return true;
+          continue;
+        }
+        pollfd p = {tcp_fd_, POLLIN, 0};
+        real().poll(&p, 1, std::min(ms_left(retry_at_), ms_left(limit_ms)));
+        continue;
+      }
       if (!accepted_any_) {
         // Waiting for the client's accept: ESTABLISHED (we are the active
-        // side, so ours comes first), or its refusal.
+        // side, so ours comes first), or its refusal. Past our deadline
+        // too: the client may be accepting our request right now, and once
+        // its side is established it proves in band, so only its answer
+        // decides (it answers by its own deadline: it accepts, refuses, or
+        // tears its rendezvous down, which refuses too).
+        // Meanwhile the client's first bytes may tell: application data
+        // means that it did not pair (its pairing is over: our request can
+        // no longer be accepted), so there is nothing to wait for. (A proof
+        // cannot come before our side is established; its event is then
+        // on its way.)
+        uint8_t head[kClientProofBytes];
+        ClientProof seen;
+        ssize_t n = peek_stream(tcp_fd_, head, sizeof head);
+        if (n == 0 || (n < 0 && n != -EAGAIN)) return finish(Fallback::kPairFailed);  // gone
+        const ProofScan scan =
+            n > 0 ? scan_client_proof(head, static_cast<size_t>(n), &seen) : ProofScan::kNeedMore;
+        if (scan == ProofScan::kNotProof) return finish(Fallback::kPeerNotAccelerated);
+        if (scan == ProofScan::kProof && seen.challenge != challenge_) {
+          // The client proved an rdma_cm connection that is not ours: its
+          // own request reached whoever else holds the port (an impostor,
+          // when another process listens there). Declined in band: both on
+          // TCP, and the proof never reaches our application.
+          LOG_INFO("rdma pairing: the client proved a request that is not ours: declining");
+          consume(tcp_fd_, kClientProofBytes);
+          ServerProof answer;
+          memcpy(answer.key, seen.key, kProofKeyBytes);
+          decline(answer);
+          return finish(Fallback::kPeerUnproven);
+        }
+        rdma_event_channel* own = active_->id()->channel;
+        // (Bytes that may still become a proof are looked at again soon.)
+        pollfd p[2] = {{own->fd, POLLIN, 0}, {n > 0 ? -1 : tcp_fd_, POLLIN, 0}};
+        int wait = last_look ? 0 : std::min(ms_left(resolve_deadline_), ms_left(limit_ms));
+        real().poll(p, 2, n > 0 ? std::min(wait, 10) : wait);
         int status = 0;
-        int r = wait_for(active_->id()->channel, RDMA_CM_EVENT_ESTABLISHED,
-                         std::min(deadline_, limit_ms), &status, rep_, sizeof rep_, &rep_len_);
-        if (r < 0) continue;  // the limit or the deadline: decided above
-        if (no_listener(r, status)) return finish(Fallback::kPeerNotAccelerated);  // no rendezvous
+        int r = (p[0].revents & POLLIN) ? wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms(),
+                                                   &status, rep_, sizeof rep_, &rep_len_)
+                                        : -1;
+        if (r < 0 && last_look) return unresolved();
+        if (r < 0) continue;  // bytes, the limit or the bound: looked at above
+        if (no_listener(r, status)) {
+          // No rendezvous: a plain client, or one that has given up. Or
+          // soft-RoCE, which sometimes refuses the first request to a
+          // listener just made (and a rendezvous always is): ask again a
+          // few times within our deadline, as a client does (section 7).
+          if (attempt_ < kNoListenerRetries && ms_left(deadline_) > kRetryDelayMs[attempt_]) {
+            LOG_INFO("rdma pairing: our request was refused as \"no listener\": asking again");
+            retry_at_ = now_ms() + kRetryDelayMs[attempt_++];
+            active_.reset();
+            continue;
+          }
+          return finish(Fallback::kPeerNotAccelerated);
+        }
+        if (r > 0) {
+          const auto ev = static_cast<rdma_cm_event_type>(r - 1);
+          LOG_INFO("rdma pairing: the client did not accept our request: %s (status %d)",
+                   rdma_event_str(ev), status);
+          // A client refuses a request that names its connection, or
+          // withdraws after accepting it (CONNECT_ERROR: our RTU found its
+          // side gone), only when it gives up: its deadline passed. Other
+          // ends of a request are errors. Nothing was written either way.
+          return finish(ev == RDMA_CM_EVENT_REJECTED || ev == RDMA_CM_EVENT_CONNECT_ERROR
+                            ? Fallback::kPairTimeout
+                            : Fallback::kPairFailed);
+        }
         AcceptInfo acc;
-        if (r != 0 || !decode_accept_priv(rep_, rep_len_, &acc) || acc.ring_log2 != ring_log2_ ||
-            acc.client_port != peer_.port)
+        if (!decode_accept_priv(rep_, rep_len_, &acc) || acc.ring_log2 != ring_log2_ ||
+            acc.client_port != peer_.port) {
+          LOG_WARN("rdma pairing: bad accept private data on our request");
           return finish(Fallback::kPairFailed);  // the client wrote nothing: both on TCP
+        }
         accepted_any_ = true;
         Candidate c;
         c.ch = std::move(active_);
@@ -1061,18 +1228,19 @@ class VerbsReversePairing final : public ServerSide {
       }
       poll_candidates();
       if (on_first_bytes()) break;
-      pollfd p[2] = {{tcp_fd_, POLLIN, 0}, {-1, POLLIN, 0}};
-      if (!candidates_.empty()) p[1].fd = candidates_[0].ch->id()->channel->fd;
-      real().poll(p, 2, std::min(ms_left(deadline_), ms_left(limit_ms)));
+      // The client tore its side down without proving: it gave up.
+      if (candidates_.empty()) return finish(Fallback::kPairTimeout);
+      if (last_look) return unresolved();
+      pollfd p[2] = {{tcp_fd_, POLLIN, 0}, {candidates_[0].ch->id()->channel->fd, POLLIN, 0}};
+      real().poll(p, 2, std::min(ms_left(resolve_deadline_), ms_left(limit_ms)));
     }
     return true;
   }
 
  private:
-  bool start() {
-    if (!fd_addrs(tcp_fd_, &local_, &peer_)) return finish(Fallback::kPairFailed), false;
-    if (!ring_log2_ok(ring_log2_)) return finish(Fallback::kPairFailed), false;
-    global_init();
+  // Our request (again, after a refusal as "no listener"), with a fresh
+  // challenge. false: finished.
+  bool send_reverse_request() {
     Fallback why = Fallback::kPairFailed;
     // The client's rendezvous is its TCP address and port.
     active_ = open_active(local_, peer_, ring_log2_, deadline_, &why);
@@ -1084,18 +1252,14 @@ class VerbsReversePairing final : public ServerSide {
     req.client = peer_;  // the 4-tuple as the client sees it: we are its server
     req.server = local_;
     req.challenge = challenge_;
-    uint8_t priv[kConnectPrivBytes];
-    encode_connect_priv(req, priv);
-    rdma_conn_param cp = conn_param(priv, sizeof priv);
-    if (rdma_connect(active_->id(), &cp) != 0) {
-      LOG_INFO("rdma: rdma_connect (reverse): %s", strerror(errno));
-      return finish(Fallback::kPairFailed), false;
-    }
+    if (!send_request(*active_, req)) return finish(Fallback::kPairFailed), false;
     return true;
   }
 
   const int ring_log2_;
   bool started_ = false;
+  int attempt_ = 0;       // requests refused as "no listener" so far
+  int64_t retry_at_ = 0;  // > 0: ask again at this time
   WireAddr local_ = {}, peer_ = {};
   std::unique_ptr<VerbsChannel> active_;  // until the client accepts
   uint64_t challenge_ = 0;

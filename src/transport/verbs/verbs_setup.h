@@ -44,7 +44,10 @@ void verbs_global_init();
 // Server: an rdma_cm listener on the same local IP:port as the kernel TCP
 // listener tcp_listen_fd (the two coexist: rdma_cm has its own port space).
 // Returns nullptr with *why = kNotSameHost when there is no RDMA device or
-// address, kResources on another failure.
+// address, kResources on another failure. When another process already
+// holds the rdma_cm port (SO_REUSEPORT siblings), returns a listener that
+// verbs_listener_usable() calls unusable: this process then pairs through
+// each client's rendezvous, as a fork's child does.
 VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why);
 // Rejects the pending requests and closes the listener.
 void verbs_listener_close(VerbsListener* listener);
@@ -93,9 +96,11 @@ std::unique_ptr<Pairing> verbs_client_pairing(int tcp_fd, VerbsRendezvous* rende
 //   kPeerNotAccelerated  no request came in time, or the client's first bytes
 //                        are application data (a plain client)
 //   kPeerUnproven        the client proved a request that is not one of ours
-//   kPairTimeout         a request was accepted but no proof came in time: the
-//                        TCP connection has been shut down, as the client may
-//                        be committing
+//   kPairTimeout         the client accepted or sent a request, then gave up
+//                        before proving (it tore its rdma_cm side down); or
+//                        it neither proved nor gave up within one more
+//                        timeout plus 2 s past ours: then the TCP connection
+//                        has been shut down, as the client may be committing
 //   kPairFailed, kResources  as for the client (stays on TCP)
 std::unique_ptr<Pairing> verbs_server_pairing(VerbsListener* listener, int tcp_fd,
                                               const Config& cfg);

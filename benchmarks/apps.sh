@@ -1,0 +1,372 @@
+#!/usr/bin/env bash
+# Application benchmark rows of `make bench` (run by benchmarks/run.sh, or
+# alone: bash benchmarks/apps.sh): unmodified servers and load tools over
+# kernel TCP loopback and over librsock (preloaded into both, shared memory
+# checked in RSOCK_STATS), the server pinned to one cpu and the tool to the
+# other:
+#   redis -c 1         redis-benchmark -c 1 -t set,get: requests/s, p50, p99
+#   redis -c 50 -P 16  redis-benchmark -c 50 -P 16 -t set,get: same
+#   memcached -c 1     memcaslap (Debian's memaslap) -T 1 -c 1 -t Ns against
+#                      memcached -t 2: ops/s and the geometric mean latency
+#   memcached -c 16    memcaslap -T 1 -c 16: ops/s
+#   nginx + wrk        nginx (2 workers, sendfile on, a 4 KiB file) and
+#                      wrk -t 1 -c 4 --latency: requests/s, p50, p99 (4
+#                      connections: with more, wrk's event loop, sized for
+#                      10 + 3 x connections fds, fails connects under
+#                      librsock, which uses 3 fds per connection; the apps
+#                      tier's nginx-wrk case shows that bug)
+# Each measurement runs BENCH_REPEAT times (default 3), TCP and librsock
+# alternating; the table shows the median of the runs, the spread (min-max)
+# and the ratio librsock/TCP (for latency TCP/librsock: above 1 is better
+# for librsock either way). A librsock run whose stats do not show shared
+# memory on both ends (or show a plain TCP connection) is INVALID and makes
+# the script exit 1. The table goes to stdout and to $BUILD/bench/apps.md.
+# Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
+# BENCH_CPUS ("SERVER CLIENT", default "0 1"), BENCH_APPS (a regex of row
+# names to run), BUILD. Runtime: about 5 x 2 x REPEAT runs of ~5 s, ~2 min.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${BUILD:-build}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+LIB=$BUILD/librsock.so
+OUT_DIR=$BUILD/bench
+REPEAT=${BENCH_REPEAT:-3}
+SECS=${BENCH_SECONDS:-3}
+ONLY=${BENCH_APPS:-.}
+read -r CPU_SRV CPU_CLI <<<"${BENCH_CPUS:-0 1}"
+((${BENCH_REPEAT:-3} >= 1)) || REPEAT=1
+WORK=$(mktemp -d /tmp/rsock-bench-apps.XXXXXX)
+SERVER_PID=""
+FAILED=0
+
+cleanup() {
+  if [[ -n $SERVER_PID ]]; then
+    kill -TERM -- "-$SERVER_PID" 2>/dev/null
+    sleep 0.3
+    kill -KILL -- "-$SERVER_PID" 2>/dev/null
+    wait "$SERVER_PID" 2>/dev/null
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+die() {
+  echo "bench-apps: $*" >&2
+  exit 2
+}
+
+for tool in redis-server redis-benchmark memcached memcaslap nginx wrk taskset setsid jq; do
+  command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] ||
+    die "$tool missing (make deps installs the Debian packages)"
+done
+[[ -f $LIB ]] || die "$LIB not found: run 'make' first"
+if (($(nproc) < 2)); then
+  echo "bench-apps: WARNING: only $(nproc) cpu; server and client share it" >&2
+  CPU_SRV=0 CPU_CLI=0
+fi
+
+free_port() {
+  local lo hi p i
+  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range
+  ((lo > 12000)) || lo=32768
+  for ((i = 0; i < 200; i++)); do
+    p=$((10000 + RANDOM % (lo - 10000)))
+    [[ -z $(ss -tanH "( sport = :$p )" 2>/dev/null) ]] && {
+      echo "$p"
+      return 0
+    }
+  done
+  die "no free port"
+}
+
+# path_env PATH SIDE TAG PORT: the env prefix of a process (PATH tcp: none).
+path_env() {
+  if [[ $1 == rsock ]]; then
+    ENVP=(env LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$4" RSOCK_STATS="$WORK/$3.$2.stats")
+  else
+    ENVP=(env -u LD_PRELOAD)
+  fi
+}
+
+# start_server PATH TAG PORT CMD...: pinned, in its own process group.
+start_server() {
+  local path=$1 tag=$2 port=$3 i
+  shift 3
+  path_env "$path" srv "$tag" "$port"
+  setsid taskset -c "$CPU_SRV" "${ENVP[@]}" "$@" >"$WORK/$tag.srv.out" 2>&1 &
+  SERVER_PID=$!
+  for ((i = 0; i < 200; i++)); do
+    [[ -n $(ss -ltnH "( sport = :$port )" 2>/dev/null) ]] && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# stop_server SIGNAL: the server exits (writing its stats line), then
+# whatever is left of its group is killed.
+stop_server() {
+  local i
+  [[ -n $SERVER_PID ]] || return 0
+  kill "-$1" "$SERVER_PID" 2>/dev/null
+  for ((i = 0; i < 100; i++)); do
+    kill -0 -- "-$SERVER_PID" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -KILL -- "-$SERVER_PID" 2>/dev/null
+  wait "$SERVER_PID" 2>/dev/null
+  SERVER_PID=""
+}
+
+# run_client PATH TAG PORT CMD...: pinned to the other cpu, bounded.
+run_client() {
+  local path=$1 tag=$2 port=$3
+  shift 3
+  path_env "$path" cli "$tag" "$port"
+  timeout -k 5 $((SECS + 120)) taskset -c "$CPU_CLI" "${ENVP[@]}" "$@" >"$WORK/$tag.cli.out" 2>&1
+}
+
+# check_shm TAG SERVER_PROG CLIENT_PROG: both ends over shm only; else a note.
+check_shm() {
+  local tag=$1 side prog f v
+  for side in srv cli; do
+    prog=$2
+    [[ $side == cli ]] && prog=$3
+    f=$WORK/$tag.$side.stats
+    v=$(jq -s -r --arg p "$prog" '[.[] | select(.program == $p)] |
+      "\(map(.connections.shm) | add // 0) \(map(.connections.tcp) | add // 0)"' "$f" 2>/dev/null)
+    if [[ $v != [1-9]*" 0" ]]; then
+      R_NOTE+="NOT OVER SHM: $side $prog shm/tcp = ${v:-no stats}; "
+      R_OK=0
+    fi
+  done
+}
+
+# ---- one run of each tool: sets R_OK, R_NOTE and R[metric] ------------------
+
+declare -A R
+run_redis() { # PATH CONNS PIPELINE REQUESTS
+  local path=$1 c=$2 p=$3 n=$4 port tag
+  port=$(free_port) tag=redis-c$c-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  mkdir -p "$WORK/$tag.dir"
+  start_server "$path" "$tag" "$port" redis-server --port "$port" --bind 127.0.0.1 --save '' \
+    --appendonly no --dir "$WORK/$tag.dir" --logfile '' || {
+    R_OK=0 R_NOTE="redis-server did not start"
+    stop_server TERM
+    return
+  }
+  run_client "$path" "$tag" "$port" redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -P "$p" -n "$n" \
+    -t set,get --csv || R_NOTE+="redis-benchmark status $?; "
+  stop_server TERM
+  local t line
+  for t in SET GET; do
+    # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms",...
+    line=$(grep "^\"$t\"," "$WORK/$tag.cli.out" | tr -d '"')
+    if [[ -z $line ]]; then
+      R_OK=0 R_NOTE+="no $t result; "
+      continue
+    fi
+    R[$t.rps]=$(cut -d, -f2 <<<"$line")
+    R[$t.p50]=$(awk -F, '{printf "%.1f", $5 * 1000}' <<<"$line")
+    R[$t.p99]=$(awk -F, '{printf "%.1f", $7 * 1000}' <<<"$line")
+  done
+  [[ $path == rsock ]] && check_shm "$tag" redis-server redis-benchmark
+}
+
+run_memcached() { # PATH CONNS
+  local path=$1 c=$2 port tag
+  port=$(free_port) tag=memcached-c$c-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  start_server "$path" "$tag" "$port" memcached -t 2 -p "$port" -l 127.0.0.1 -U 0 -m 256 \
+    -u "$(id -un)" || {
+    R_OK=0 R_NOTE="memcached did not start"
+    stop_server TERM
+    return
+  }
+  run_client "$path" "$tag" "$port" memcaslap -s "127.0.0.1:$port" -T 1 -c "$c" -t "${SECS}s" \
+    -S "${SECS}s" || R_NOTE+="memcaslap status $?; "
+  stop_server TERM
+  R[tps]=$(sed -n 's/.*Ops: [0-9]* TPS: \([0-9]*\).*/\1/p' "$WORK/$tag.cli.out" | tail -n 1)
+  # "Total Statistics (N events)" ... "Geo: X" (geometric mean, us)
+  R[geo]=$(sed -n '/^Total Statistics (/,/Geo:/s/^ *Geo: *\([0-9.]*\).*/\1/p' "$WORK/$tag.cli.out" | tail -n 1)
+  [[ -n ${R[tps]} ]] || {
+    R_OK=0 R_NOTE+="no TPS in memcaslap's output; "
+  }
+  [[ $path == rsock ]] && check_shm "$tag" memcached memcaslap
+}
+
+run_nginx() { # PATH
+  local path=$1 port tag prefix
+  port=$(free_port) tag=nginx-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  prefix=$WORK/$tag.nginx
+  mkdir -p "$prefix/www" "$prefix/tmp" "$prefix/logs"
+  head -c 4096 /dev/urandom >"$prefix/www/page.bin"
+  cat >"$prefix/nginx.conf" <<EOF
+user $(id -un);
+worker_processes 2;
+daemon off;
+master_process on;
+pid $prefix/nginx.pid;
+error_log $prefix/logs/error.log warn;
+events { worker_connections 256; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  keepalive_timeout 60;
+  keepalive_requests 10000000;
+  default_type application/octet-stream;
+  client_body_temp_path $prefix/tmp/body;
+  proxy_temp_path $prefix/tmp/proxy;
+  fastcgi_temp_path $prefix/tmp/fastcgi;
+  uwsgi_temp_path $prefix/tmp/uwsgi;
+  scgi_temp_path $prefix/tmp/scgi;
+  server { listen 127.0.0.1:$port; root $prefix/www; }
+}
+EOF
+  start_server "$path" "$tag" "$port" "$(command -v nginx || echo /usr/sbin/nginx)" -p "$prefix" \
+    -c "$prefix/nginx.conf" -e "$prefix/logs/error.log" || {
+    R_OK=0 R_NOTE="nginx did not start"
+    stop_server QUIT
+    return
+  }
+  run_client "$path" "$tag" "$port" wrk -t 1 -c 4 -d "${SECS}s" --latency \
+    "http://127.0.0.1:$port/page.bin" || R_NOTE+="wrk status $?; "
+  stop_server QUIT
+  local out=$WORK/$tag.cli.out unit v
+  R[rps]=$(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$out")
+  for v in 50 99; do
+    # "     50%   85.00us" (us, ms or s)
+    R[p$v]=$(awk -v q="$v%" '$1 == q { x = $2; u = x; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", x);
+      if (u == "ms") x *= 1000; else if (u == "s") x *= 1000000; printf "%.1f", x }' "$out")
+  done
+  grep -q 'Socket errors\|Non-2xx' "$out" && R_NOTE+="wrk: $(grep -m1 'Socket errors\|Non-2xx' "$out" | tr -s ' '); "
+  [[ -n ${R[rps]} ]] || {
+    R_OK=0 R_NOTE+="no Requests/sec in wrk's output; "
+  }
+  [[ $path == rsock ]] && check_shm "$tag" nginx wrk
+}
+
+# ---- statistics ---------------------------------------------------------------
+
+# med_spread VALUES...: "median (min-max)" of the numbers given.
+med_spread() {
+  tr ' ' '\n' <<<"$*" | grep -E '^[0-9.]+$' | sort -g |
+    awk '{v[NR] = $1} END { if (!NR) { print "n/a"; exit }
+      m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+      f = (m >= 100) ? "%.0f" : "%.1f"
+      printf f " (" f "-" f ")", m, v[1], v[NR] }'
+}
+median() { med_spread "$@" | cut -d' ' -f1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 == 0 || b + 0 == 0) print "n/a"; else printf "%.2fx", a / b }'; }
+
+# ---- main -------------------------------------------------------------------------
+
+declare -A V      # "row.metric.path" -> values of the runs
+declare -A NOTES  # "row.path" -> notes
+declare -A BAD    # "row.path" -> 1 when a run was invalid
+ROWS=()
+want() { [[ $1 =~ $ONLY ]]; }
+
+record() { # ROW PATH METRIC...: appends R[metric] of the last run
+  local row=$1 path=$2 m
+  shift 2
+  for m in "$@"; do V[$row.$m.$path]+="${R[$m]:-} "; done
+  ((R_OK)) || BAD[$row.$path]=1
+  [[ -n $R_NOTE ]] && NOTES[$row.$path]+="$R_NOTE"
+}
+
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk; do want "$row" && ROWS+=("$row"); done
+((${#ROWS[@]})) || die "BENCH_APPS='$ONLY' selects no row"
+for ((rep = 1; rep <= REPEAT; rep++)); do
+  for path in tcp rsock; do
+    for row in "${ROWS[@]}"; do
+      echo "bench-apps: $row over $path (run $rep/$REPEAT)..." >&2
+      case $row in
+        redis-c1)
+          run_redis "$path" 1 1 100000
+          record "$row" "$path" SET.rps SET.p50 SET.p99 GET.rps GET.p50 GET.p99
+          ;;
+        redis-c50-P16)
+          run_redis "$path" 50 16 1000000
+          record "$row" "$path" SET.rps SET.p50 SET.p99 GET.rps GET.p50 GET.p99
+          ;;
+        memcached-c1)
+          run_memcached "$path" 1
+          record "$row" "$path" tps geo
+          ;;
+        memcached-c16)
+          run_memcached "$path" 16
+          record "$row" "$path" tps geo
+          ;;
+        nginx-wrk)
+          run_nginx "$path"
+          record "$row" "$path" rps p50 p99
+          ;;
+      esac
+    done
+  done
+done
+
+cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+read -r load1 _ </proc/loadavg
+report=$WORK/apps.md
+{
+  echo "## Applications: librsock (shm) vs kernel TCP"
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: nproc=$(nproc), ${cpu_model:-$(uname -m)}," \
+    "kernel $(uname -r); load average at the end: $load1"
+  echo "- server on cpu $CPU_SRV, load tool on cpu $CPU_CLI; $REPEAT runs per path, TCP and librsock" \
+    "alternating; median (min-max); ratio: librsock/TCP for rates, TCP/librsock for latencies"
+  echo "- $(redis-server --version | cut -d' ' -f1-3), memcached $(memcached -V | cut -d' ' -f2)," \
+    "$(nginx -v 2>&1 | sed 's/.*: //'), $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)"
+  echo
+  echo "| row | metric | kernel TCP | librsock (shm) | ratio |"
+  echo "|---|---|---:|---:|---:|"
+  row_line() { # ROW METRIC LABEL KIND(rate|lat)
+    local t r
+    t=$(med_spread "${V[$1.$2.tcp]:-}") r=$(med_spread "${V[$1.$2.rsock]:-}")
+    local rt
+    if [[ $4 == rate ]]; then
+      rt=$(ratio "$(median "${V[$1.$2.rsock]:-}")" "$(median "${V[$1.$2.tcp]:-}")")
+    else
+      rt=$(ratio "$(median "${V[$1.$2.tcp]:-}")" "$(median "${V[$1.$2.rsock]:-}")")
+    fi
+    [[ -n ${BAD[$1.rsock]:-} ]] && r="INVALID: $r" rt=n/a
+    echo "| $1 | $3 | $t | $r | $rt |"
+  }
+  for row in "${ROWS[@]}"; do
+    case $row in
+      redis-*)
+        for t in SET GET; do
+          row_line "$row" "$t.rps" "$t requests/s" rate
+          row_line "$row" "$t.p50" "$t p50 us" lat
+          row_line "$row" "$t.p99" "$t p99 us" lat
+        done
+        ;;
+      memcached-c1)
+        row_line "$row" tps "ops/s (90% get)" rate
+        row_line "$row" geo "geometric mean latency us" lat
+        ;;
+      memcached-c16) row_line "$row" tps "ops/s (90% get)" rate ;;
+      nginx-wrk)
+        row_line "$row" rps "requests/s" rate
+        row_line "$row" p50 "p50 us" lat
+        row_line "$row" p99 "p99 us" lat
+        ;;
+    esac
+  done
+  for k in "${!NOTES[@]}"; do echo "- $k: ${NOTES[$k]}"; done
+  for k in "${!BAD[@]}"; do
+    [[ $k == *.rsock ]] && echo "- **WARNING: $k: a librsock run was invalid (see the note above)**"
+  done
+} >"$report"
+for k in "${!BAD[@]}"; do FAILED=1; done
+mkdir -p "$OUT_DIR" && cp "$report" "$OUT_DIR/apps.md"
+cat "$report"
+echo "bench-apps: table saved to $OUT_DIR/apps.md" >&2
+exit "$FAILED"

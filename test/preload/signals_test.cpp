@@ -1,0 +1,70 @@
+// Blocking socket calls and signals (signal(7)): build/progs/rs_signals runs
+// its cases once on plain TCP and once with librsock preloaded (both
+// connections under test named by RSOCK_PEERS, so carried over shared
+// memory), and the two transcripts must be equal: restart after an
+// SA_RESTART handler, EINTR without one or with a socket timeout, nothing
+// for ignored signals and stop/continue, the partial count of a call that
+// moved bytes, a thread asleep behind another on the same socket, poll and
+// epoll_wait never restarted, and a socket still connecting (under librsock:
+// still pairing). The stats of both processes must show every connection
+// under test on shared memory.
+#include "harness.h"
+#include "transcript.h"
+
+namespace rsock_test {
+namespace {
+
+class SignalsTest : public PreloadTest {
+ protected:
+  // Runs rs_signals; returns its stdout ("" after a failure).
+  std::string run(const std::string& label, const Env& env, int port, int port2, Proc** out) {
+    Proc& p = spawn(label, "rs_signals",
+                    {"--port", std::to_string(port), "--port2", std::to_string(port2)}, env);
+    *out = &p;
+    EXPECT_TRUE(wait_exit(p, 120000)) << label << " hung";
+    EXPECT_TRUE(p.exited_ok()) << label << ": see its output below";
+    EXPECT_EQ(p.err(), "") << label;
+    const std::string o = p.out();
+    EXPECT_NE(o.find("\nDONE\n"), std::string::npos) << label << ":\n" << o;
+    EXPECT_NE(o.find("PEER exit=0"), std::string::npos) << label << ":\n" << o;
+    return o;
+  }
+};
+
+TEST_F(SignalsTest, SameAsKernel) {
+  const int port = free_port();
+  int port2 = free_port();
+  for (int i = 0; i < 20 && port2 == port; ++i) port2 = free_port();
+  ASSERT_GT(port, 0);
+  ASSERT_GT(port2, 0);
+  ASSERT_NE(port, port2);
+
+  Proc* tcp = nullptr;
+  const std::string kernel = run("tcp", {}, port, port2, &tcp);
+  ASSERT_FALSE(HasFailure());
+
+  Env env = preloaded(
+      {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port) + ",127.0.0.1:" + std::to_string(port2)},
+       {"RSOCK_CONNECT_TIMEOUT_MS", "10000"}});
+  Proc* rs = nullptr;
+  const std::string shim = run("librsock", env, port, port2, &rs);
+  ASSERT_FALSE(HasFailure());
+
+  const auto a = transcript(kernel, "CASE ");
+  const auto b = transcript(shim, "CASE ");
+  EXPECT_GE(a.size(), 20u) << kernel;
+  expect_same_transcript(a, b);
+
+  // The prober and its forked peer: A and both B connections on shm.
+  const auto lines = stats();
+  ASSERT_EQ(lines.size(), 2u) << "one stats line per process";
+  for (const Stats& s : lines) {
+    const std::string who = s.pid == rs->pid ? "prober" : "peer";
+    expect_paths(s, 3, 0, who);
+    expect_fallbacks(s, {}, who);
+    EXPECT_TRUE(s.resets.empty()) << who;
+  }
+}
+
+}  // namespace
+}  // namespace rsock_test

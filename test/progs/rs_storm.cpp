@@ -1,0 +1,159 @@
+// rs_storm: bursts of nonblocking connects against an event-loop server, for
+// the preload test NonblockingConnectStorm (test/preload/storm_test.cpp).
+// Each nonblocking connect to a librsock server starts a short-lived pairing
+// thread; this runs thousands of them, several at a time, the way ab or an
+// event-loop client does. Plain POSIX calls only.
+//
+//   rs_storm --role server --port P --connections N
+//       a nonblocking listener in an epoll loop: accepts (accept4,
+//       SOCK_NONBLOCK) and reads each connection to EOF, then closes it.
+//       Prints READY after listen(), and "RESULT accepted=N bytes=B" once
+//       N connections have ended; exits 0.
+//   rs_storm --role client --port P --connections N --burst K
+//       N connections, K at a time: K nonblocking connect()s (EINPROGRESS),
+//       poll() for POLLOUT, SO_ERROR must be 0, one byte written, close().
+//       Prints "RESULT connected=N" and exits 0 iff every one connected.
+// Every wait is bounded (10 s); exit 1 on any failure, 2 on bad usage.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kWaitMs = 10000;
+
+int usage() {
+  fprintf(stderr, "usage: rs_storm --role server|client --port P --connections N [--burst K]\n");
+  return 2;
+}
+
+int run_server(const sockaddr_in& a, long n) {
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), one = 1;
+  if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(lfd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 || listen(lfd, 1024) != 0) {
+    fprintf(stderr, "server: listen: %s\n", strerror(errno));
+    return 1;
+  }
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev = {};
+  ev.events = EPOLLIN;
+  ev.data.fd = lfd;
+  epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev);
+  printf("READY\n");
+  fflush(stdout);
+  long ended = 0, bytes = 0;
+  epoll_event evs[64];
+  while (ended < n) {
+    int k = epoll_wait(ep, evs, 64, kWaitMs);
+    if (k <= 0) {
+      fprintf(stderr, "server: nothing happened for %d ms (%ld of %ld ended): %s\n", kWaitMs, ended,
+              n, k < 0 ? strerror(errno) : "timeout");
+      return 1;
+    }
+    for (int i = 0; i < k; ++i) {
+      const int fd = evs[i].data.fd;
+      if (fd == lfd) {
+        int c;
+        while ((c = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+          epoll_event e = {};
+          e.events = EPOLLIN | EPOLLRDHUP;
+          e.data.fd = c;
+          epoll_ctl(ep, EPOLL_CTL_ADD, c, &e);
+        }
+        continue;
+      }
+      char buf[256];
+      ssize_t r;
+      while ((r = read(fd, buf, sizeof buf)) > 0) bytes += r;
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        if (r < 0) fprintf(stderr, "server: read: %s\n", strerror(errno));
+        close(fd);
+        ++ended;
+      }
+    }
+  }
+  printf("RESULT accepted=%ld bytes=%ld\n", ended, bytes);
+  return 0;
+}
+
+int run_client(const sockaddr_in& a, long n, int burst) {
+  std::vector<pollfd> p(static_cast<size_t>(burst));
+  long connected = 0;
+  for (long done = 0; done < n;) {
+    const int k = static_cast<int>(std::min<long>(burst, n - done));
+    for (int i = 0; i < k; ++i) {
+      p[i].fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      p[i].events = POLLOUT;
+      if (p[i].fd < 0 || (connect(p[i].fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 &&
+                          errno != EINPROGRESS)) {
+        fprintf(stderr, "client: connect %ld: %s\n", done + i, strerror(errno));
+        return 1;
+      }
+    }
+    for (int left = k; left > 0;) {
+      int r = poll(p.data(), static_cast<nfds_t>(k), kWaitMs);
+      if (r <= 0) {
+        fprintf(stderr, "client: poll: %s\n", r < 0 ? strerror(errno) : "timeout");
+        return 1;
+      }
+      for (int i = 0; i < k; ++i) {
+        if (p[i].fd < 0 || !p[i].revents) continue;
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(p[i].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err != 0 || write(p[i].fd, "x", 1) != 1) {
+          fprintf(stderr, "client: connection %ld: %s\n", done + i, strerror(err ? err : errno));
+          return 1;
+        }
+        close(p[i].fd);
+        p[i].fd = -1;
+        ++connected;
+        --left;
+      }
+    }
+    done += k;
+  }
+  printf("RESULT connected=%ld\n", connected);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string role;
+  int port = 0, burst = 10;
+  long n = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--role")
+      role = argv[i + 1];
+    else if (k == "--port")
+      port = atoi(argv[i + 1]);
+    else if (k == "--connections")
+      n = atol(argv[i + 1]);
+    else if (k == "--burst")
+      burst = atoi(argv[i + 1]);
+    else
+      return usage();
+  }
+  if (port <= 0 || n <= 0 || burst <= 0 || burst > 1000) return usage();
+  signal(SIGPIPE, SIG_IGN);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (role == "server") return run_server(a, n);
+  if (role == "client") return run_client(a, n, burst);
+  return usage();
+}
