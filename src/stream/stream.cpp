@@ -182,6 +182,18 @@ int Stream::take_over() {
     fail();
     return -ECONNRESET;
   }
+  // What this copy of the stream knew of the peer's end (a fork copies the
+  // parent's) came ahead of bytes that the channel delivers again from
+  // at.rx_consumed on: a FIN or a close seen then would end the stream
+  // before them. The channel reports the peer's end again, in order.
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!reset_.load(std::memory_order_relaxed)) {
+    observed_.fetch_and(~static_cast<uint32_t>(kPeerFin | kPeerClosed | kPeerReset),
+                        std::memory_order_acq_rel);
+    fin_rcvd_.store(false, std::memory_order_release);
+    peer_gone_.store(false, std::memory_order_release);
+    eof_checked_.store(false, std::memory_order_relaxed);
+  }
   return 0;
 }
 

@@ -1564,7 +1564,12 @@ int VerbsChannel::take_over(EndPositions* at) {
     posted_head_ = h->tx_sent.load(std::memory_order_acquire);
     rx_consumed_.store(h->rx_consumed.load(std::memory_order_acquire), std::memory_order_relaxed);
     flags_sent_ |= imm_flags_of(h->flags_sent.load(std::memory_order_acquire));
-    peer_flags_ = peer_flags_of(h->peer_flags.load(std::memory_order_acquire));
+    // We continue from what the previous owner's application read: the
+    // other end sends again what lies beyond, then its FIN or CLOSED (RC
+    // order). Taken from the end's memory now, a FIN would come before
+    // those bytes and end the stream short (only a taker that finds the
+    // other end gone reads them there, with rx_head: continue_take_over).
+    peer_flags_ = 0;
     peer_head_ = rx_consumed_.load(std::memory_order_relaxed);
     granted_ = 0;
     my_psn_ = verbs_random_psn();
