@@ -1034,6 +1034,7 @@ void VerbsChannel::after_fork_child() {
   hello_seen_ = detach_pending_ = false;
   last_close_ = detach_close_ = exited_ = lost_reported_ = false;
   kernel_bytes_reported_ = false;  // this process counts its own resets
+  partial_since_ms_ = 0;
   // This process never owned the end, whatever the parent did with it: its
   // first use takes it over (a reset connection stays reset).
   if (state_.load(std::memory_order_relaxed) != kFailed)
@@ -1106,7 +1107,8 @@ void VerbsChannel::send_reset_frame_locked(uint8_t flags) {
 // FIN from its kernel), kReset (a reset from its kernel: an abortive close,
 // or a peer whose queue pair failed, ~VerbsChannel; never unread bytes of
 // ours, since nothing is sent on it but frames, which are all read), kError
-// (anything else). *len: the bytes looked at.
+// (anything else). kPartial: a frame's first bytes, whose rest is still to
+// come (at most kVerbsMoveMs). *len: the bytes looked at.
 VerbsChannel::Kernel VerbsChannel::read_kernel_socket_locked(MoveFrame* frame, size_t* len) {
   uint8_t buf[kMoveFrameBytes];
   *len = 0;
@@ -1118,13 +1120,23 @@ VerbsChannel::Kernel VerbsChannel::read_kernel_socket_locked(MoveFrame* frame, s
     return (errno == ECONNRESET || errno == EPIPE) ? Kernel::kReset : Kernel::kError;
   }
   *len = static_cast<size_t>(n);
-  switch (scan_move_frame(buf, static_cast<size_t>(n), frame)) {
+  const FrameScan scan = scan_move_frame(buf, static_cast<size_t>(n), frame);
+  if (scan != FrameScan::kNeedMore) partial_since_ms_ = 0;
+  switch (scan) {
     case FrameScan::kNeedMore: {
-      // The rest of a frame is on its way (one send wrote it), unless the
-      // other end went away in the middle: then it never comes.
+      // The rest of a frame is on its way: one send() wrote it, onto a
+      // socket that carries nothing else, so it follows at once. Unless the
+      // other end went away in the middle (then it never comes), or it
+      // stays away: bytes behind librsock that start like a frame. Either
+      // way they are no frame (the connection resets, then ends).
       pollfd p = {tcp_fd_, POLLRDHUP, 0};
-      if (real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
-        return (p.revents & POLLERR) ? Kernel::kError : Kernel::kEnd;
+      const int64_t now = now_ms();
+      if (partial_since_ms_ == 0) partial_since_ms_ = now;
+      if ((real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) ||
+          now - partial_since_ms_ > kVerbsMoveMs) {
+        partial_since_ms_ = 0;
+        return Kernel::kForeign;
+      }
       return Kernel::kPartial;
     }
     case FrameScan::kNotFrame:

@@ -325,6 +325,7 @@ class VerbsChannel final : public Channel {
   bool event_owed_ = false;
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
   bool kernel_bytes_reported_ = false;      // the one log line and count of kernel_bytes
+  int64_t partial_since_ms_ = 0;            // a frame's prefix waits on the kernel socket since
 };
 
 }  // namespace rsock
