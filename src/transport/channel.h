@@ -126,7 +126,7 @@ class Channel {
   // a credit: see peer_read_total; verbs also keeps it for the process that
   // takes the end over next). Under the receive lock, inside the bracket
   // (enter) of the recv that read them.
-  virtual void note_read(uint64_t total) {}
+  virtual void note_read(uint64_t /*total*/) {}
 
   // The private dup of the connection's kernel TCP socket, or -1.
   virtual int kernel_socket() const { return -1; }
