@@ -32,6 +32,18 @@
 //                 finishes the move while the parent keeps the socket open:
 //                 the client's calls must fail (ECONNRESET) within
 //                 kVerbsMoveMs plus slack, never hang
+//   move-raw      the server's child takes the end over (its parent closes
+//                 at once) and both exchange 1000 bytes more; then the
+//                 client writes 3 bytes on its kernel TCP socket behind the
+//                 stream: the child, which read the frames of the move on
+//                 that socket, must take these for bytes behind librsock,
+//                 and both ends' next recv fail with ECONNRESET
+//   move-raw-detached  the same, but the client's raw bytes reach the
+//                 server's socket while its end has no owner (the parent
+//                 let it go, the child has not used it yet); the child
+//                 finds them when it takes the end over, before the
+//                 answer to its MOVE: the client's end, waiting for that
+//                 move, learns of the reset by a RESET frame (KERNEL_BYTES)
 // Each case prints "PASS <case>" or "FAIL <case>: why"; exit 0 iff all passed.
 // Every wait is bounded (kWaitMs). Built by test/rdma/verbs.sh.
 #include <arpa/inet.h>
@@ -643,6 +655,59 @@ void case_move_kill(rsock::Stream& s, int tcp_fd, bool is_server, Result* res) {
     res->fail("the parent's recv returned %zd, want ECONNRESET (taken over)", n);
 }
 
+// Bytes behind librsock on a moved or moving end (move-raw,
+// move-raw-detached): both ends reset, the bytes before them delivered.
+void case_move_raw(std::unique_ptr<rsock::Stream>& sp, int tcp_fd, bool is_server,
+                   const std::string& c, Result* res) {
+  rsock::Stream& s = *sp;
+  const bool detached = c == "move-raw-detached";
+  Pattern tx(is_server ? 21 : 22), rx(is_server ? 22 : 21);
+  duplex(s, &tx, &rx, kMovePart, kMovePart, is_server ? 5 : 6, res);
+  if (!res->ok) return;
+  uint8_t b = 0;
+  auto expect_reset = [&](Result* r, const char* who, int64_t t0) {
+    const ssize_t n = recv_some(s, &b, 1);
+    if (n != -ECONNRESET)
+      r->fail("%s: recv returned %zd (%s), want ECONNRESET", who, n,
+              n < 0 ? strerror(static_cast<int>(-n)) : "");
+    else
+      say("%s: %s reset %.1f s after the raw bytes were sent", c.c_str(), who,
+          (now_us() - t0) / 1e6);
+  };
+  if (!is_server) {
+    if (detached)
+      usleep(1000 * 1000);  // the server's parent has let the end go by now
+    else
+      duplex(s, &tx, &rx, 1000, 1000, 9, res);  // the end has moved
+    if (!res->ok) return;
+    const int64_t t0 = now_us();
+    if (send(tcp_fd, "RAW", 3, MSG_NOSIGNAL) != 3) {
+      res->fail("raw send: %s", strerror(errno));
+      return;
+    }
+    expect_reset(res, "the client", t0);
+    return;
+  }
+  const pid_t child = fork_taker(s, [&] {
+    Result r;
+    const int64_t t0 = now_us();
+    if (detached) {
+      // Our first call (the takeover) once the raw bytes wait in the socket.
+      pollfd p{tcp_fd, POLLIN, 0};
+      if (poll(&p, 1, kWaitMs) != 1) r.fail("the raw bytes never came");
+    } else {
+      duplex(s, &tx, &rx, 1000, 1000, 9, &r);
+    }
+    if (r.ok) expect_reset(&r, "the child", t0);
+    if (!r.ok) say("%s child: %s", c.c_str(), r.why.c_str());
+    s.channel().at_exit();
+    return r.ok;
+  });
+  sp->close();  // our copy goes at once: the child alone holds the end
+  sp.reset();
+  wait_child(child, "the child", res);
+}
+
 // ------------------------------------------------------------------ driver --
 
 bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
@@ -712,6 +777,8 @@ bool run_case(const std::string& c, int fd, std::unique_ptr<rsock::Channel> ch, 
       case_move(sp, is_server, c, &res);
     else if (c == "move-kill")
       case_move_kill(s, fd, is_server, &res);
+    else if (c == "move-raw" || c == "move-raw-detached")
+      case_move_raw(sp, fd, is_server, c, &res);
     else
       res.fail("unknown case");
     if (sp) sp->close();
