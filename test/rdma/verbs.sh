@@ -22,8 +22,8 @@ ROOT=$(cd "$HERE/../.." && pwd)
 cd "$ROOT" # vm.sh shares the current directory read-write with the guests
 BUILD=${BUILD:-build}
 OUT=$BUILD/rdma
-CASES_RDMA="xfer pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill
-            move-raw move-raw-detached kill"
+# One line: the list goes into the guests' command lines as it is.
+CASES_RDMA="xfer pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill move-raw move-raw-detached kill"
 NCASES=14 # the above plus nolistener
 
 need=()
