@@ -630,7 +630,7 @@ judge_fork-per-connection() {
   expect_sum srv forksrv $((n + 1)) $((2 * n))
   r=$(stats srv forksrv '[.[] | select(.connections.rdma == '"$n"' and .bytes_sent == 0)] | length')
   [ "$r" = 1 ] || why "srv: no single parent line with rdma $n and no bytes sent"
-  r=$(stats srv forksrv '[map(.bytes_sent) | add, map(.bytes_received) | add] | join(" ")' | tr -d '"')
+  r=$(stats srv forksrv '[(map(.bytes_sent) | add), (map(.bytes_received) | add)] | join(" ")' | tr -d '"')
   [ "$r" = "$((n * b)) $((n * b))" ] || why "server processes sent/received $r, want $((n * b)) each"
 }
 
