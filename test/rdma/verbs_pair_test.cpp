@@ -665,14 +665,13 @@ void case_move_raw(std::unique_ptr<rsock::Stream>& sp, int tcp_fd, bool is_serve
   duplex(s, &tx, &rx, kMovePart, kMovePart, is_server ? 5 : 6, res);
   if (!res->ok) return;
   uint8_t b = 0;
-  auto expect_reset = [&](Result* r, const char* who, int64_t t0) {
+  auto expect_reset = [&](Result* r, const char* who, const char* since, int64_t t0) {
     const ssize_t n = recv_some(s, &b, 1);
     if (n != -ECONNRESET)
       r->fail("%s: recv returned %zd (%s), want ECONNRESET", who, n,
               n < 0 ? strerror(static_cast<int>(-n)) : "");
     else
-      say("%s: %s reset %.1f s after the raw bytes were sent", c.c_str(), who,
-          (now_us() - t0) / 1e6);
+      say("%s: %s reset %.1f s after %s", c.c_str(), who, (now_us() - t0) / 1e6, since);
   };
   if (!is_server) {
     if (detached)
@@ -685,7 +684,7 @@ void case_move_raw(std::unique_ptr<rsock::Stream>& sp, int tcp_fd, bool is_serve
       res->fail("raw send: %s", strerror(errno));
       return;
     }
-    expect_reset(res, "the client", t0);
+    expect_reset(res, "the client", "its raw bytes", t0);
     return;
   }
   const pid_t child = fork_taker(s, [&] {
@@ -698,7 +697,7 @@ void case_move_raw(std::unique_ptr<rsock::Stream>& sp, int tcp_fd, bool is_serve
     } else {
       duplex(s, &tx, &rx, 1000, 1000, 9, &r);
     }
-    if (r.ok) expect_reset(&r, "the child", t0);
+    if (r.ok) expect_reset(&r, "the child", "it began", t0);
     if (!r.ok) say("%s child: %s", c.c_str(), r.why.c_str());
     s.channel().at_exit();
     return r.ok;
