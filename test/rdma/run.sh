@@ -166,11 +166,11 @@
 # never passed: "0 passed, 0 failed, N skipped", exit 0 (run_all.sh counts
 # no failure). Exit status: 0 when nothing failed, else 1. Results of a run
 # with a failure are kept (path printed); a clean run's are removed.
-# Runtime: about 3-3.5 minutes under TCG on 2 cores (boot 10-20 s, each case
-# 3-10 s, fork-per-connection 10 s, nginx-workers 20 s, redis 50 s; the three
-# cases where a server waits for a client that sends no
-# rdma_cm request, and forked-workers, cost one connect timeout each). Every
-# wait is bounded; a hang costs at most the vm.sh timeout (900 s here).
+# Runtime: about 4.5-5 minutes under TCG on 2 cores (boot 10-20 s, each case
+# 3-10 s, the pairing-stress cases 15-30 s, nginx-workers 30 s, redis 35-50 s;
+# the three cases where a server waits for a client that sends no rdma_cm
+# request, and forked-workers, cost one connect timeout each). Every wait is
+# bounded; a hang costs at most the vm.sh timeout (900 s here).
 #
 # Knobs: BUILD (default build); RDMA_ONLY (regex of case names); RDMA_SECONDS
 # (sockperf/iperf3 run time, default 2); RDMA_CONNECT_TIMEOUT_MS (default
