@@ -4,12 +4,13 @@
 // librsock preloaded. Clients are rs_stream (echo, checked by equal seeds)
 // and, for both-write, rs_move --role records.
 //
-//   rs_move --role fork --addr A --port P --count N --close before|after
+//   rs_move --role fork --addr A --port P --count N --close before|after|never
 //           --child-exit close|exit|_exit [--parent-exit]
 //       fork per connection: accepts N connections one after the other; for
 //       each it forks a child that echoes it until EOF, and closes its own
 //       copy at once: before the child's first call (before), or once the
-//       child's first read returned (after; the child says so on a pipe).
+//       child's first read returned (after; the child says so on a pipe);
+//       or keeps it (never: with --parent-exit, its exit lets it go).
 //       The child then ends with close() and exit(0) (close), or without
 //       closing the connection: exit(0) (exit) or _exit(0) (_exit).
 //       Prints "READY", per connection "CONN i child=PID" and, from the
@@ -198,12 +199,12 @@ int run_fork(const std::string& addr, int port, int count, const std::string& cl
         fprintf(stderr, "rs_move: the child never made its first call\n");
       close(took[0]);
     }
-    close(c);  // our copy goes at once
+    if (close_when != "never") close(c);  // our copy goes at once
     kids.push_back(pid);
   }
   if (parent_exit) {
     say("PARENT exits");
-    exit(0);
+    exit(0);  // (--close never: with the connections still open)
   }
   bool ok = true;
   for (pid_t k : kids) ok &= wait_pid(k);

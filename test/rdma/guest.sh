@@ -292,6 +292,9 @@ case_fork-conn-late() { move_server 7582 2 --role fork --count 2 --close after -
 case_fork-conn-noclose() { move_server 7583 2 --role fork --count 2 --close before --child-exit _exit; }
 # The parent exits right after it closed its copy: the child serves alone.
 case_fork-conn-orphan() { move_server 7586 1 --role fork --count 1 --close before --child-exit close --parent-exit; }
+# The parent exits without closing its copy (exit hands the end to the
+# child, which still holds it); the child serves alone.
+case_fork-conn-parent-exit() { move_server 7587 1 --role fork --count 1 --close never --child-exit close --parent-exit; }
 # inetd: fork, the connection on stdin/stdout, closefrom(3), exec.
 case_inetd() { move_server 7584 2 --role inetd --count 2; }
 

@@ -100,6 +100,10 @@
 #   fork-conn-orphan             the same, 1 connection; the parent exits
 #                                right after its close, the child serves on
 #                                (it keeps working after its parent exits)
+#   fork-conn-parent-exit        the same, but the parent never closes its
+#                                copy: its exit lets the end go (DETACH, or
+#                                the child has taken it over already), the
+#                                child takes it over and serves alone
 #   inetd                        fork, the connection on stdin/stdout,
 #                                closefrom(3), exec of "rs_move_echo" (echo
 #                                with read(0)/write(1)): 2 connections; the
@@ -193,7 +197,8 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
            forged-request pairing-stress pairing-stress-reuseport pairing-stress-tiny
-           fork-conn fork-conn-late fork-conn-noclose fork-conn-orphan inetd both-write
+           fork-conn fork-conn-late fork-conn-noclose fork-conn-orphan fork-conn-parent-exit inetd
+           both-write
            sockperf-pingpong sockperf-throughput
            iperf3 fork-per-connection nginx-workers redis
            peer-killed kernel-bytes memlock device-lost" # device-lost destroys a device: last
@@ -555,6 +560,7 @@ judge_fork-conn-orphan() {
   [ -n "$exited" ] && [ -n "$served" ] && [ "$exited" -lt "$served" ] ||
     why "the parent did not exit before its child had served (lines ${exited:-?}, ${served:-?})"
 }
+judge_fork-conn-parent-exit() { judge_fork-conn-orphan; }
 judge_inetd() { judge_move_server 2 rs_move_echo; }
 judge_both-write() {
   local r line pw pend cw cend rp rc bad v
