@@ -41,6 +41,7 @@
 #include "socket/transfer.h"
 #include "transport/channel.h"
 #include "transport/shm/shm_channel.h"
+#include "transport/verbs/verbs_channel.h"
 
 using namespace rsock;
 
@@ -249,6 +250,7 @@ int close_span(unsigned first, unsigned last, int flags) {
     Channel& ch = static_cast<ConnectionState*>(s)->stream().channel();
     keep.push_back(ch.wait_fd());
     if (strcmp(ch.name(), "shm") == 0) keep.push_back(static_cast<ShmChannel&>(ch).memfd());
+    if (strcmp(ch.name(), "rdma") == 0) static_cast<VerbsChannel&>(ch).own_fds(&keep);
   });
   std::sort(keep.begin(), keep.end());
   unsigned from = first;
@@ -1049,10 +1051,12 @@ EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_act
 // ---- _exit: a program that leaves without exit handlers still reports -------
 
 EXPORT void _exit(int status) {
-  // A vfork child shares our memory: what it would write is its parent's
-  // line, and marking it written would cost the parent its own.
-  if (!in_vfork_child()) flush_stats();
+  // Before the stats line (see rsock_destructor). A vfork child shares our
+  // memory: what it would write is its parent's line, and marking it
+  // written would cost the parent its own (release_at_exit does nothing
+  // there either).
   release_at_exit();
+  if (!in_vfork_child()) flush_stats();
   using ExitFn = void (*)(int);
   static ExitFn real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
   if (real_exit) real_exit(status);

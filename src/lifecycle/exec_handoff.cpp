@@ -15,9 +15,14 @@
 //   C,<memfd>,<mdev>,<mino>,<role>,<nonce>
 //       a connection whose fds all close at this exec and whose last holder
 //       this process was: the new image tells the peer it closed;
+//   R,<sdev>,<sino>,<memfd>,<mdev>,<mino>,<nonce>
+//       an RDMA connection inherited by the new image: the socket, a
+//       non-close-on-exec dup of the end's memfd (verbs_end.h: its fd,
+//       device and inode) and the end's nonce in hex. The new image takes
+//       the end over on first use, with a queue pair of its own;
 //   L,<sdev>,<sino>,<why>
-//       a connection that cannot cross exec (why: rdma, pairing,
-//       resources): calls on its fd fail in the new image.
+//       a connection that cannot cross exec (why: pairing, resources):
+//       calls on its fd fail in the new image.
 // The new image finds the fds by the socket's identity, not by number
 // (posix_spawn file actions may have moved them).
 #include "lifecycle/exec_handoff.h"
@@ -50,6 +55,8 @@
 #include "stats/stats.h"
 #include "transport/lost/lost_channel.h"
 #include "transport/shm/shm_channel.h"
+#include "transport/verbs/verbs_channel.h"
+#include "transport/verbs/verbs_end.h"
 
 extern char** environ;
 
@@ -75,6 +82,11 @@ bool is_handoff_entry(const char* kv) {
 ShmChannel* shm_of(ConnectionState* c) {
   Channel& ch = c->stream().channel();
   return strcmp(ch.name(), "shm") == 0 ? static_cast<ShmChannel*>(&ch) : nullptr;
+}
+
+VerbsChannel* verbs_of(ConnectionState* c) {
+  Channel& ch = c->stream().channel();
+  return strcmp(ch.name(), "rdma") == 0 ? static_cast<VerbsChannel*>(&ch) : nullptr;
 }
 
 bool socket_id(int fd, uint64_t* dev, uint64_t* ino) {
@@ -139,7 +151,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   // One mapping holds everything (no malloc: this may be a vfork child).
   const size_t held_bytes = sizeof(Held) * (nheld + 16);
   const size_t env_bytes = sizeof(char*) * (nenv + 2);
-  const size_t list_bytes = (sizeof(int) + sizeof(void*)) * (nheld + 16);
+  const size_t list_bytes = (sizeof(int) + 3 * sizeof(void*)) * (nheld + 16);
   const size_t len = held_bytes + env_bytes + list_bytes + kVarCap + kPrefixLen + 64;
   void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
@@ -154,8 +166,9 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   // each array is aligned for its type (ints first would misalign the
   // pointers whenever nheld is odd).
   h->counted = reinterpret_cast<void**>(static_cast<char*>(mem) + held_bytes + env_bytes);
-  h->dups =
-      reinterpret_cast<int*>(reinterpret_cast<char*>(h->counted) + sizeof(void*) * (nheld + 16));
+  h->handed = h->counted + (nheld + 16);
+  h->vcounted = h->handed + (nheld + 16);
+  h->dups = reinterpret_cast<int*>(h->vcounted + (nheld + 16));
   char* var = reinterpret_cast<char*>(h->dups) + sizeof(int) * (nheld + 16);
 
   // The fds first, then a counted reference to each one's state (taken
@@ -200,6 +213,48 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
     if (!socket_id(held[i].fd, &sdev, &sino)) continue;
     auto* c = s->kind() == FdState::Kind::kConnection ? static_cast<ConnectionState*>(s) : nullptr;
     ShmChannel* shm = c ? shm_of(c) : nullptr;
+    if (VerbsChannel* v = c ? verbs_of(c) : nullptr) {
+      // An RDMA end: its queue pair stays with this process (spawn) or
+      // dies with this image (exec), which first hands it over.
+      if (kind == ExecKind::kReplace) {
+        v->prepare_exec();
+        h->handed[h->nhanded++] = v;
+      }
+      if (!inherited) {
+        // Its fds close at exec: this process stops holding it (the peer
+        // learns of the close from the kernel socket).
+        if (kind == ExecKind::kReplace) {
+          v->undo_add_holder();
+          h->vcounted[h->nvcounted++] = v;
+        }
+        continue;
+      }
+      const int dup = v->memfd() >= 0 ? real().fcntl(v->memfd(), F_DUPFD, 0) : -1;
+      struct stat mst;
+      const size_t mark = vb.len;
+      bool ok = false;
+      if (dup >= 0 && fstat(dup, &mst) == 0) {
+        ok = vb.add(";R,%" PRIu64 ",%" PRIu64 ",%d,%" PRIu64 ",%" PRIu64 ",%" PRIx64, sdev, sino,
+                    dup, static_cast<uint64_t>(mst.st_dev), static_cast<uint64_t>(mst.st_ino),
+                    v->nonce());
+      } else {
+        ok = vb.add(";L,%" PRIu64 ",%" PRIu64 ",resources", sdev, sino);
+      }
+      if (!ok) {
+        vb.len = mark;
+        var[kPrefixLen + mark] = '\0';
+        if (dup >= 0) real().close(dup);
+        ++undescribed;
+        continue;
+      }
+      if (dup >= 0) h->dups[h->ndups++] = dup;
+      // The spawned child holds the end from the moment it runs.
+      if (kind == ExecKind::kSpawn) {
+        v->add_holder();
+        h->vcounted[h->nvcounted++] = v;
+      }
+      continue;
+    }
     if (!inherited) {
       // Every fd of this connection closes at exec: this process stops
       // holding it. Another holder left: only the count changes (taken back
@@ -235,7 +290,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
     if (!c) {
       lost = "pairing";
     } else if (!shm) {
-      lost = strcmp(c->stream().channel().name(), "rdma") == 0 ? "rdma" : "resources";
+      lost = "resources";
     } else if (shm->memfd() < 0 || (dup = real().fcntl(shm->memfd(), F_DUPFD, 0)) < 0 ||
                fstat(dup, &st) != 0) {
       lost = "resources";
@@ -291,6 +346,16 @@ void exec_release(ExecHandoff* h, bool started) {
   const int saved = errno;
   for (int i = 0; i < h->ndups; ++i) real().close(h->dups[i]);
   if (!started) {
+    // RDMA ends: this image takes back what it handed over (on its next
+    // use, with a queue pair of its own), and the holder counts go back.
+    for (int i = 0; i < h->nhanded; ++i) static_cast<VerbsChannel*>(h->handed[i])->exec_failed();
+    for (int i = 0; i < h->nvcounted; ++i) {
+      auto* v = static_cast<VerbsChannel*>(h->vcounted[i]);
+      if (h->kind == ExecKind::kReplace)
+        v->add_holder();
+      else
+        v->undo_add_holder();
+    }
     for (int i = 0; i < h->ncounted; ++i) {
       auto* shm = static_cast<ShmChannel*>(h->counted[i]);
       // The exec failed: this image still holds what it let go. The spawn
@@ -467,6 +532,35 @@ void release_holder(int memfd, bool is_server, const char* nonce_s) {
   real().close(memfd);
 }
 
+// An RDMA end (R entry): the new image holds it and takes it over with a
+// queue pair of its own on first use (VerbsChannel::adopt).
+int adopt_rdma(char** f, const std::vector<int>& fds, bool spawned) {
+  // f: R,sdev,sino,memfd,mdev,mino,nonce
+  const int memfd = owned_memfd(f[3], f[4], f[5]);
+  uint64_t nonce = 0;
+  if (fds.empty()) {
+    // The socket did not reach this image: the parent counted a holder
+    // that never was.
+    if (memfd >= 0 && spawned && parse_u64(f[6], 16, &nonce)) verbs_end_drop_holder(memfd, nonce);
+    if (memfd >= 0) real().close(memfd);
+    return 0;
+  }
+  VerbsEnd end;
+  if (memfd < 0 || !parse_u64(f[6], 16, &nonce) ||
+      VerbsEnd::validate(memfd, fds[0], nonce, &end) != 0) {
+    if (memfd >= 0) real().close(memfd);
+    return attach_lost(fds, Path::kRdma, "its RDMA end failed validation");
+  }
+  int err = 0;
+  std::unique_ptr<VerbsChannel> ch = VerbsChannel::adopt(std::move(end), fds[0], &err);
+  if (!ch) return attach_lost(fds, Path::kRdma, "no descriptors to take its RDMA end over");
+  auto* c = new ConnectionState(std::move(ch), Path::kRdma, fds[0]);
+  connection_options_from(fds[0], c);
+  attach_to(fds, c);
+  LOG_INFO("fd %d: RDMA connection inherited through exec: taken over on first use", fds[0]);
+  return static_cast<int>(fds.size());
+}
+
 // A connection the old image was the last holder of, and which it closed by
 // exec.
 void say_goodbye(char** f) {
@@ -525,6 +619,8 @@ int exec_adopt() {
     int nf = split(entries[i], ',', f, 10);
     if (nf == 10 && strcmp(f[0], "S") == 0) {
       attached += adopt_shm(f, fds_of(f[1], f[2]), spawned);
+    } else if (nf == 7 && strcmp(f[0], "R") == 0) {
+      attached += adopt_rdma(f, fds_of(f[1], f[2]), spawned);
     } else if (nf == 6 && strcmp(f[0], "C") == 0 && !spawned) {
       say_goodbye(f);
     } else if (nf == 4 && strcmp(f[0], "L") == 0) {

@@ -9,9 +9,12 @@
 // is still the same socket, the memfd is sealed and sized, magic, nonce,
 // and the region records this very socket's 4-tuple), maps the region and
 // attaches a ConnectionState that continues from the region's positions.
-// Whatever cannot be taken over (an RDMA queue pair, which cannot cross
-// exec; a region that fails validation) becomes a lost connection: every
-// call on its fd fails (ECONNRESET) and one log line says why.
+// An RDMA connection's queue pair cannot cross exec: the old image hands the
+// end over (its shared memory, verbs_end.h) and the new one takes it over
+// with a queue pair of its own on first use, as a fork's child does.
+// Whatever cannot be taken over (a region that fails validation) becomes a
+// lost connection: every call on its fd fails (ECONNRESET) and one log line
+// says why.
 // docs/design.md, "exec", explains the choices; docs/protocol.md section 8
 // the variable's format. Thread-safety: exec_prepare/exec_release run in
 // the thread that execs (or spawns); exec_adopt once, from init.
@@ -44,6 +47,13 @@ struct ExecHandoff {
   // (taken back if the spawn fails).
   void** counted = nullptr;  // ShmChannel*
   int ncounted = 0;
+  // RDMA connections (VerbsChannel*): handed over by this image (kReplace:
+  // taken back if the exec fails), and those whose holder count changed
+  // (kSpawn: +1 for the child; kReplace: -1, their fds close at exec).
+  void** handed = nullptr;
+  int nhanded = 0;
+  void** vcounted = nullptr;
+  int nvcounted = 0;
 };
 
 // Before the real exec (or posix_spawn): fills h; h->envp is envp itself

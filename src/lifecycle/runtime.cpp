@@ -118,6 +118,10 @@ void after_fork_child() {
     if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
   });
   pending_after_fork_child();
+  // The connections' carriers stay the parent's (an RDMA queue pair): the
+  // first use here takes one over (Channel::after_fork_child). No other
+  // thread runs here yet: the table's bare pointers will do.
+  for (ConnectionState* c : open_connections()) c->stream().after_fork_child();
 }
 
 void init() {
@@ -178,8 +182,10 @@ __attribute__((constructor)) void rsock_constructor() {
 }
 
 __attribute__((destructor)) void rsock_destructor() {
-  flush_stats();
+  // Before the stats line: what the connections do as they are let go (a
+  // move that fails, say) is this process's to report.
   release_at_exit();
+  flush_stats();
 }
 
 }  // namespace
@@ -211,14 +217,13 @@ const Runtime* runtime() {
 void release_at_exit() {
   if (g_state.load(std::memory_order_acquire) != kReady || in_vfork_child()) return;
   static std::atomic<bool> done{false};
-  if (done.exchange(true)) return;
-  // RDMA connections are left alone: one inherited through fork cannot be
-  // used here, and the peer learns of the end from the QP or the socket.
+  if (done.exchange(true)) return;  // exit handlers and an explicit _exit
   // Each through a reference: other threads may still run and close one.
-  for (const FdRef& r : connection_refs()) {
-    ConnectionState* c = r.as<ConnectionState>();
-    if (c->path() == Path::kShm) c->stream().release_at_exit();
-  }
+  // Shared memory: the holder is dropped, the last one tells the peer. RDMA
+  // the same, and then the queue pair, which dies with this process, first
+  // delivers what was posted; an owner that other processes still hold
+  // hands the end to them (Channel::at_exit).
+  for (const FdRef& r : connection_refs()) r.as<ConnectionState>()->stream().release_at_exit();
 }
 
 void flush_stats(FlushAt when) {

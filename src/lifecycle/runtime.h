@@ -27,9 +27,12 @@ const Runtime* runtime();
 enum class FlushAt { kExit, kExec };
 void flush_stats(FlushAt when = FlushAt::kExit);
 
-// At exit (our destructor, _exit): every shared-memory connection the
-// program left open is released as close() would (Stream::release_at_exit).
-// Not in a vfork child, whose connections are its parent's. Once per process.
+// At exit (our destructor, _exit): every connection the program left open
+// is released as close() would release it (Stream::release_at_exit): the
+// holder is dropped once, the last holder tells the peer. An RDMA end then
+// delivers what it has posted (bounded) and, when other processes hold it,
+// lets one of them take it over (Channel::at_exit). Not in a vfork child,
+// whose connections are its parent's. Once per process.
 void release_at_exit();
 
 // True in the child of vfork() (or of a clone sharing our memory) before it

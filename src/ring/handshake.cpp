@@ -42,6 +42,7 @@ constexpr uint32_t kConnectMagic = 0x72737632;  // "rsv2"
 constexpr uint32_t kAcceptMagic = 0x72736132;   // "rsa2"
 constexpr uint8_t kClientProofMagic[8] = {'r', 's', 'o', 'c', 'k', '/', 'C', '2'};
 constexpr uint8_t kServerProofMagic[8] = {'r', 's', 'o', 'c', 'k', '/', 'S', '2'};
+constexpr uint8_t kMoveMagic[8] = {'r', 's', 'o', 'c', 'k', '/', 'M', '1'};
 constexpr uint8_t kKnownFlags = kPrivClientListens | kPrivReverse;
 
 // ConnectPriv: magic(4) ring_log2(1) flags(1) client_port(2) server_port(2)
@@ -54,6 +55,9 @@ static_assert(4 + 1 + 1 + 2 + 8 == kAcceptPrivBytes);
 static_assert(8 + 8 + kProofKeyBytes + 4 + 4 + 8 == kClientProofBytes);
 // ServerProof: magic(8) code(1) zero(3) rkey(4) key(16) addr(8)
 static_assert(8 + 1 + 3 + 4 + kProofKeyBytes + 8 == kServerProofBytes);
+// MoveFrame: magic(8) type(1) ring_log2(1) mtu(1) flags(1) qpn(4) psn(4)
+//            rkey(4) addr(8) nonce(8) rx_consumed(8) tx_sent(8) gid(16) zero(24)
+static_assert(8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 16 + 24 == kMoveFrameBytes);
 
 // Classifies a prefix of a proof: its magic decides (application data that
 // starts with these 8 bytes is not a concern: 2^-64).
@@ -195,6 +199,60 @@ ProofScan scan_server_proof(const void* buf, size_t len, ServerProof* out) {
   if (r.accept) r.ring = {get32(p + 12), get64(p + 32)};  // a decline announces no ring
   *out = r;
   return s;
+}
+
+void encode_move_frame(const MoveFrame& in, uint8_t out[kMoveFrameBytes]) {
+  memset(out, 0, kMoveFrameBytes);
+  memcpy(out, kMoveMagic, 8);
+  out[8] = static_cast<uint8_t>(in.type);
+  out[11] = in.flags;
+  if (in.type == MoveType::kReset) return;  // nothing else: every other field is zero
+  out[9] = in.ring_log2;
+  out[10] = in.mtu;
+  put32(out + 12, in.qpn);
+  put32(out + 16, in.psn);
+  put32(out + 20, in.ring.rkey);
+  put64(out + 24, in.ring.addr);
+  put64(out + 32, in.nonce);
+  put64(out + 40, in.rx_consumed);
+  put64(out + 48, in.tx_sent);
+  memcpy(out + 56, in.gid, 16);
+}
+
+FrameScan scan_move_frame(const void* buf, size_t len, MoveFrame* out) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  if (len == 0) return FrameScan::kNeedMore;
+  if (memcmp(p, kMoveMagic, len < 8 ? len : 8) != 0) return FrameScan::kNotFrame;
+  if (len < kMoveFrameBytes) return FrameScan::kNeedMore;
+  for (size_t i = 72; i < kMoveFrameBytes; ++i)
+    if (p[i] != 0) return FrameScan::kBad;
+  MoveFrame f;
+  if (p[8] < 1 || p[8] > 3) return FrameScan::kBad;
+  f.type = static_cast<MoveType>(p[8]);
+  if (f.type == MoveType::kReset) {
+    for (size_t i = 9; i < 72; ++i)
+      if (i != 11 && p[i] != 0) return FrameScan::kBad;
+    if ((p[11] & ~kMoveKernelBytes) != 0) return FrameScan::kBad;
+    f.flags = p[11];
+    *out = f;
+    return FrameScan::kFrame;
+  }
+  f.ring_log2 = p[9];
+  f.mtu = p[10];
+  f.flags = p[11];
+  f.qpn = get32(p + 12);
+  f.psn = get32(p + 16);
+  f.ring.rkey = get32(p + 20);
+  f.ring.addr = get64(p + 24);
+  f.nonce = get64(p + 32);
+  f.rx_consumed = get64(p + 40);
+  f.tx_sent = get64(p + 48);
+  memcpy(f.gid, p + 56, 16);
+  if (!ring_log2_ok(f.ring_log2) || f.mtu < 1 || f.mtu > 5 || (f.flags & ~kMoveKnownFlags) != 0 ||
+      f.qpn == 0 || f.qpn >= (1u << 24) || f.psn >= (1u << 24) || f.nonce == 0)
+    return FrameScan::kBad;
+  *out = f;
+  return FrameScan::kFrame;
 }
 
 }  // namespace rsock

@@ -139,4 +139,56 @@ enum class ProofScan { kNeedMore, kNotProof, kProof };
 ProofScan scan_client_proof(const void* buf, size_t len, ClientProof* out);
 ProofScan scan_server_proof(const void* buf, size_t len, ServerProof* out);
 
+// ---- RDMA: moving a connection to another process (in band) ------------
+// After the switch the kernel TCP socket of a verbs connection carries no
+// application byte. When a process takes an end over (a fork's child, an
+// exec'd image: docs/protocol.md section 7, "Moving a connection"), it and
+// the owner of the other end exchange these frames on that socket, which
+// only the two endpoints can read or write: the new queue pair, the new
+// ring's rkey and the positions to continue from travel nowhere else. Both
+// ends are librsock (they paired), so in-band bytes are safe; the 8-byte
+// magic tells a frame from any byte that reached the socket behind
+// librsock (such bytes are never a frame). Fixed size, big-endian.
+
+inline constexpr size_t kMoveFrameBytes = 96;
+
+enum class MoveType : uint8_t {
+  kMove = 1,   // a process took this end over: its queue pair and positions
+  kMoved = 2,  // the other end's answer: its new queue pair and positions
+  kReset = 3   // the sender reset the connection (a move failed, or kernel bytes)
+};
+
+// MoveFrame.flags: what the sender's end has signalled (sticky): FIN,
+// CLOSED, RESET (an abortive close, with CLOSED), KERNEL_BYTES (it reset the
+// connection because bytes reached its kernel socket behind librsock). A
+// kReset frame carries KERNEL_BYTES or nothing.
+inline constexpr uint8_t kMoveFin = 1u << 0;
+inline constexpr uint8_t kMoveClosed = 1u << 1;
+inline constexpr uint8_t kMoveReset = 1u << 2;
+inline constexpr uint8_t kMoveKernelBytes = 1u << 3;
+inline constexpr uint8_t kMoveKnownFlags = kMoveFin | kMoveClosed | kMoveReset | kMoveKernelBytes;
+
+struct MoveFrame {
+  MoveType type = MoveType::kMove;
+  uint8_t ring_log2 = 0;     // both rings have 2^ring_log2 bytes (must match ours)
+  uint8_t mtu = 0;           // the sender's port MTU (enum ibv_mtu: 1..5 = 256..4096)
+  uint8_t flags = 0;         // kMoveFin, kMoveClosed, kMoveReset, kMoveKernelBytes
+  uint32_t qpn = 0;          // the sender's new RC queue pair (24 bits)
+  uint32_t psn = 0;          // its first packet sequence number (24 bits)
+  RingInfo ring;             // the sender's receive ring (rkey of its own protection domain)
+  uint64_t nonce = 0;        // kMove: the taker's, non-zero; kMoved: the echo
+  uint64_t rx_consumed = 0;  // bytes of the other end's stream this end has read
+  uint64_t tx_sent = 0;      // bytes this end has published
+  uint8_t gid[16] = {};      // the sender's RoCE GID (its TCP address)
+};
+
+void encode_move_frame(const MoveFrame& in, uint8_t out[kMoveFrameBytes]);
+
+// What the bytes at the head of the kernel socket are: a prefix of a frame
+// (kNeedMore), not a frame (kNotFrame: the magic differs), a frame
+// (decoded into *out), or a frame with the magic whose fields no librsock
+// writes (kBad: a protocol violation).
+enum class FrameScan { kNeedMore, kNotFrame, kFrame, kBad };
+FrameScan scan_move_frame(const void* buf, size_t len, MoveFrame* out);
+
 }  // namespace rsock

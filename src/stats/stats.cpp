@@ -29,7 +29,7 @@ const char* const kFallbackNames[] = {
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 
-const char* const kResetNames[] = {"kernel_bytes", "lost_at_exec"};
+const char* const kResetNames[] = {"kernel_bytes", "lost_at_exec", "taken_over", "move_failed"};
 static_assert(sizeof(kResetNames) / sizeof(kResetNames[0]) == static_cast<size_t>(Reset::kCount));
 
 const char* const kRejectNames[] = {"unproven"};

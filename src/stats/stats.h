@@ -40,7 +40,11 @@ enum class Reset : int {
   kKernelBytes,  // "kernel_bytes": bytes reached the connection's kernel socket behind librsock
                  // (a raw syscall, io_uring, stdio on the fd, a program without librsock)
   kLostAtExec,   // "lost_at_exec": this program inherited the connection through exec and cannot
-                 // take it over (an RDMA queue pair cannot cross exec; its hand-off failed checks)
+                 // take it over (its hand-off failed checks)
+  kTakenOver,    // "taken_over": another process holding this RDMA connection (a fork's child, an
+                 // exec'd program) took it over; this process's calls on it fail
+  kMoveFailed,   // "move_failed": moving an RDMA connection to another process failed (here or at
+                 // the other end): the connection is reset
   kCount
 };
 const char* reset_name(Reset r);

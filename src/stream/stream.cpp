@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <new>
 
 namespace rsock {
 
@@ -152,8 +153,70 @@ PeerState Stream::poll_peer() {
   return s;
 }
 
+namespace {
+// Leaves the channel's operation bracket (Channel::enter) on every return,
+// when there is one.
+struct Bracket {
+  Channel* ch;
+  ~Bracket() {
+    if (ch) ch->leave();
+  }
+};
+}  // namespace
+
+int Stream::take_over() {
+  if (!channel_->needs_take_over()) return 0;
+  std::scoped_lock lock(tx_mu_, rx_mu_);
+  // Only take_over() ends a move that succeeds, and only under these locks.
+  if (!channel_->needs_take_over()) return 0;  // another thread finished it first
+  EndPositions at;
+  const int rc = channel_->take_over(&at);
+  if (rc == -EAGAIN) return rc;
+  if (rc < 0) {
+    fail();
+    return rc;
+  }
+  // Where the previous owner stopped, exactly (verbs_end.h): bytes it read
+  // are not read again here, bytes it wrote are not written again.
+  if (!resume_locked(at.tx_sent, at.tx_credited, at.rx_consumed, at.fin_sent)) {
+    fail();
+    return -ECONNRESET;
+  }
+  // What this copy of the stream knew of the peer's end (a fork copies the
+  // parent's) came ahead of bytes that the channel delivers again from
+  // at.rx_consumed on: a FIN or a close seen then would end the stream
+  // before them. The channel reports the peer's end again, in order.
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!reset_.load(std::memory_order_relaxed)) {
+    observed_.fetch_and(~static_cast<uint32_t>(kPeerFin | kPeerClosed | kPeerReset),
+                        std::memory_order_acq_rel);
+    fin_rcvd_.store(false, std::memory_order_release);
+    peer_gone_.store(false, std::memory_order_release);
+    eof_checked_.store(false, std::memory_order_relaxed);
+  }
+  return 0;
+}
+
+void Stream::after_fork_child() {
+  // Threads of the parent that held these at the fork do not exist here.
+  new (&tx_mu_) std::mutex();
+  new (&rx_mu_) std::mutex();
+  new (&state_mu_) std::mutex();
+  // The stats count what this process moves; the stream's sent total (what
+  // the peer must have read for a close to be a FIN) stays.
+  tx_origin_.fetch_add(bytes_sent_.exchange(0, std::memory_order_relaxed),
+                       std::memory_order_relaxed);
+  bytes_received_.store(0, std::memory_order_relaxed);
+  channel_->after_fork_child();
+}
+
 ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
+  // A failed move resets the stream (take_over), reported below as any reset.
+  if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(tx_mu_);
+  const int entered = channel_->enter();
+  if (entered < 0) return entered;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
   // A peer that died without a word: the kernel would know by now.
   maybe_probe();
   const PeerState s = poll_peer();
@@ -205,7 +268,11 @@ void Stream::refresh_rx(const PeerState& s) {
 }
 
 ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved, bool look) {
+  if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(rx_mu_);
+  const int entered = channel_->enter();
+  if (entered < 0) return entered;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
   bool probed = !look;
   size_t readable = 0;
   PeerState s;
@@ -268,12 +335,14 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
 }
 
 size_t Stream::readable_bytes() {
+  if (take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(rx_mu_);
   refresh_rx(poll_peer());
   return window_.readable();
 }
 
 size_t Stream::writable_bytes() {
+  if (take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(tx_mu_);
   maybe_probe();
   const PeerState s = poll_peer();
@@ -297,18 +366,30 @@ void Stream::report_consumed() {
 
 bool Stream::resume(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr) {
   std::scoped_lock lock(tx_mu_, rx_mu_);
+  return resume_locked(tx_sent, tx_credited, rx_granted, shut_wr);
+}
+
+bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted,
+                           bool shut_wr) {
   if (tx_credited > tx_sent || tx_sent - tx_credited > ledger_.ring_bytes()) return false;
   ledger_.restore(tx_sent, tx_credited);
   window_.restore(rx_granted);
   peer_head_.store(rx_granted, std::memory_order_relaxed);
   peer_consumed_.store(tx_credited, std::memory_order_relaxed);
-  tx_origin_.store(tx_sent, std::memory_order_relaxed);
+  // What this process sent itself (bytes_sent_, the stats) is part of
+  // tx_sent already.
+  const uint64_t mine = bytes_sent_.load(std::memory_order_relaxed);
+  tx_origin_.store(tx_sent >= mine ? tx_sent - mine : 0, std::memory_order_relaxed);
   shut_wr_.store(shut_wr, std::memory_order_relaxed);
   return true;
 }
 
 StreamEvents Stream::events(bool look) {
   StreamEvents ev;
+  // Moving here: nothing to report yet (the channel's wait_fd wakes the
+  // caller when the move can go on). A failed move reset the stream, which
+  // shows below as any reset.
+  if (take_over() == -EAGAIN) return ev;
   for (bool probed = !look;; probed = true) {
     const PeerState s = poll_peer();
     size_t readable, room;
@@ -350,6 +431,7 @@ StreamEvents Stream::events(bool look) {
 }
 
 void Stream::shutdown(bool rd, bool wr) {
+  (void)take_over();  // a FIN while the carrier moves here is sent once it has
   if (rd) shut_rd_.store(true, std::memory_order_relaxed);
   if (wr && !shut_wr_.exchange(true)) channel_->signal(kSendFin);
 }
@@ -372,7 +454,10 @@ void Stream::close(bool abort) {
   release_holder(abort);
 }
 
-void Stream::release_at_exit() { release_holder(false); }
+void Stream::release_at_exit() {
+  release_holder(false);
+  channel_->at_exit();
+}
 
 void Stream::release_holder(bool abort) {
   if (holder_dropped_.exchange(true)) return;

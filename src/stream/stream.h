@@ -91,6 +91,20 @@ class Stream {
   // passes false: its sleep learns of a death by itself.
   StreamEvents events(bool look = true);
 
+  // A process that holds this end but not its carrier (a fork's child, an
+  // exec'd image over verbs: Channel::needs_take_over) takes it over before
+  // its first operation; every call below does this first. Returns 0,
+  // -EAGAIN while the carrier moves here (wait on the channel's wait_fd),
+  // or another negative errno when the move failed: the stream is then
+  // reset, and the calls report it as they report any reset (the pending
+  // ECONNRESET once).
+  int take_over();
+  // In a fork's child: the locks that the parent's other threads held at
+  // the fork are released, the byte counts (the parent's, for the stats)
+  // start again (the stream's sent total stays: tx_origin_), and the
+  // channel learns that it is in another process.
+  void after_fork_child();
+
   void shutdown(bool rd, bool wr);
   // Tells the peer we are gone: a FIN to it when we read all it sent, else
   // (or when abort, SO_LINGER {1, 0}) a reset.
@@ -102,7 +116,9 @@ class Stream {
   // the kernel closes the socket with the peer's unread doorbell bytes in
   // it, which resets the connection. Nothing changes locally (other threads
   // may still run during exit). A holder is dropped once per stream,
-  // whichever of this and close() comes first.
+  // whichever of this and close() comes first. Then the channel's own exit
+  // work (Channel::at_exit: verbs delivers what it posted, and an owner that
+  // other processes still hold hands the end over to them).
   void release_at_exit();
 
   Channel& channel() { return *channel_; }
@@ -113,6 +129,7 @@ class Stream {
   PeerState poll_peer();                // channel poll with head/consumed folded into maxima
   void refresh_rx(const PeerState& s);  // under rx_mu_
   void fail();                          // protocol violation: reset
+  bool resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr);
   // Follows the peer's end (FIN, gone, reset) into our emulated TCP state.
   void observe(uint32_t flags);
   void reset_with(int err);            // the RST "arrived": both directions shut, err pending
@@ -153,7 +170,8 @@ class Stream {
   std::atomic<uint64_t> bytes_sent_{0};  // by this process (stats)
   std::atomic<uint64_t> bytes_received_{0};
   // Stream offset this process started sending at (resume() after an exec
-  // hand-off): tx_origin_ + bytes_sent_ is the stream's sent total.
+  // hand-off or a takeover, or what the parent had sent at a fork):
+  // tx_origin_ + bytes_sent_ is the stream's sent total.
   std::atomic<uint64_t> tx_origin_{0};
 };
 

@@ -6,7 +6,9 @@
 // (src/stream) builds the byte stream on top, identically for every
 // transport. Thread-safety: write/publish are called under the stream's send
 // lock, grant under its receive lock; poll, arm, disarm, signal and
-// drain_wakeups may be called from any thread.
+// drain_wakeups may be called from any thread; take_over under both of the
+// stream's locks; enter/leave/note_read under the lock of the operation
+// they bracket.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +52,14 @@ enum LocalFlag : uint32_t {
   kSendClosed = 1u << 1,       // we closed the socket (not a FIN by itself: see kPeerClosed)
   kSendReset = 1u << 2,        // with kSendClosed: an abortive close (SO_LINGER {1, 0})
   kSendKernelBytes = 1u << 3,  // we reset the connection: bytes reached our kernel socket
+};
+
+// Where a process that took an end over continues (Channel::take_over).
+struct EndPositions {
+  uint64_t tx_sent = 0;      // bytes of ours published to the peer
+  uint64_t tx_credited = 0;  // of those, bytes the peer has consumed
+  uint64_t rx_consumed = 0;  // bytes of the peer's our application has read
+  bool fin_sent = false;     // we shut down our sending side
 };
 
 // What a sleeper waits for, passed to arm()/disarm().
@@ -112,9 +122,11 @@ class Channel {
   // transport knows it (at least the credited total). Asked once the peer
   // is gone, to tell a clean close from one that left our bytes unread.
   virtual uint64_t peer_read_total() = 0;
-  // Reports that our application has read `total` bytes in all (not a
-  // credit: see peer_read_total).
-  virtual void note_read(uint64_t total) {}
+  // Reports that our application has read `total` bytes in all (exact, not
+  // a credit: see peer_read_total; verbs also keeps it for the process that
+  // takes the end over next). Under the receive lock, inside the bracket
+  // (enter) of the recv that read them.
+  virtual void note_read(uint64_t /*total*/) {}
 
   // The private dup of the connection's kernel TCP socket, or -1.
   virtual int kernel_socket() const { return -1; }
@@ -124,6 +136,33 @@ class Channel {
   // the peer (returns true).
   virtual void add_holder() {}
   virtual bool drop_holder() { return true; }
+
+  // Several processes may hold one end (fork, exec). A transport whose
+  // carrier belongs to one process at a time (verbs: a queue pair) moves it
+  // to the process that uses the end, and fails the calls of a process that
+  // lost it (docs/design.md, "RDMA connections that move").
+  //
+  // needs_take_over(): this process holds the end but not its carrier; the
+  // stream then calls take_over() before anything else. take_over() returns
+  // 0 with *at filled (continue from there), -EAGAIN while the move is in
+  // progress (wait_fd() wakes when it can go on; call again), or another
+  // negative errno when it failed (the stream is then reset).
+  virtual bool needs_take_over() { return false; }
+  virtual int take_over(EndPositions* /*at*/) { return 0; }
+  // Brackets every stream operation that moves bytes (send, recv): enter()
+  // returns 0 (inside the bracket: leave() ends it), 1 (no bracket needed:
+  // the connection is reset here, and the call goes on to report it as a
+  // reset), or a negative errno when this process may not use the end
+  // (another one took it over: the call fails, nothing moved).
+  virtual int enter() { return 0; }
+  virtual void leave() {}
+  // In a fork's child, before anything else: the carrier stays the
+  // parent's (and locks held by the parent's other threads are void here).
+  virtual void after_fork_child() {}
+  // The process exits without closing this end (after drop_holder, and the
+  // signal of the last holder): deliver what was posted (bounded), and let
+  // another holder take it over.
+  virtual void at_exit() {}
 };
 
 }  // namespace rsock

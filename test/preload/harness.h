@@ -372,7 +372,8 @@ inline const std::vector<std::string>& known_fallbacks() {
 
 // The reset and rejection reasons librsock documents (src/stats/stats.h).
 inline const std::vector<std::string>& known_resets() {
-  static const std::vector<std::string> k = {"kernel_bytes", "lost_at_exec"};
+  static const std::vector<std::string> k = {"kernel_bytes", "lost_at_exec", "taken_over",
+                                             "move_failed"};
   return k;
 }
 inline const std::vector<std::string>& known_rejects() {

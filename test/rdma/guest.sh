@@ -256,6 +256,67 @@ case_forged-request() {
   fi
 }
 
+# ---- connections that move to another process (rs_move) -------------------------
+# The server side's process models (run.sh's header says what each must
+# show); the clients are plain rs_stream echo clients, one after the other.
+# move_server PORT NCLIENTS ARGS...: rs_move on A, NCLIENTS clients on B.
+move_server() {
+  local port=$1 ncli=$2 n=$TIER_MATRIX_BYTES c i
+  shift 2
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_BIN/rs_move" --addr "$SRV_IP" --port "$port" "$@"
+    ready srv "$port" yes
+    finish srv 240 "$CASE.cli-done" 60
+    await_clients
+  else
+    await_server
+    for ((i = 1; i <= ncli; i++)); do
+      c=cli$i
+      env_for "$c" "$port" yes
+      start "$c" "$RS" --role client --addr "$SRV_IP" --port "$port" --send "$n" --expect "$n" \
+        --tx-seed $((70 + i)) --rx-seed $((70 + i)) --read-api mixed --write-api mixed \
+        --order duplex --shut-wr --expect-eof
+      finish "$c" 120
+    done
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+# Fork per connection, the parent closes at once, before the child's first
+# call; the child closes and exits; three connections in a row.
+case_fork-conn() { move_server 7581 3 --role fork --count 3 --close before --child-exit close; }
+# The parent closes after the child's first call; the child exits without
+# closing (exit: exit handlers run).
+case_fork-conn-late() { move_server 7582 2 --role fork --count 2 --close after --child-exit exit; }
+# The child leaves with _exit without closing (no exit handlers).
+case_fork-conn-noclose() { move_server 7583 2 --role fork --count 2 --close before --child-exit _exit; }
+# The parent exits right after it closed its copy: the child serves alone.
+case_fork-conn-orphan() { move_server 7586 1 --role fork --count 1 --close before --child-exit close --parent-exit; }
+# The parent exits without closing its copy (exit hands the end to the
+# child, which still holds it); the child serves alone.
+case_fork-conn-parent-exit() { move_server 7587 1 --role fork --count 1 --close never --child-exit close --parent-exit; }
+# inetd: fork, the connection on stdin/stdout, closefrom(3), exec.
+case_inetd() { move_server 7584 2 --role inetd --count 2; }
+
+# Parent and child write records on one connection at once; the client
+# checks every record and both sequences.
+case_both-write() {
+  local port=7585
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    start srv "$TIER_BIN/rs_move" --role both-write --addr "$SRV_IP" --port "$port"
+    ready srv "$port" yes
+    finish srv 150 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    start cli "$TIER_BIN/rs_move" --role records --addr "$SRV_IP" --port "$port"
+    finish cli 120
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+
 # Unmodified sockperf, shim on both ends; the server is stopped with SIGINT
 # once the client is done (it then prints its totals and writes its stats).
 # Pairing under load (run.sh's header says what is judged): a server of

@@ -79,6 +79,45 @@
 #                                server and the clients): deadlines at every
 #                                step of the handshake, same checks, any number
 #                                of rdma connections
+#   fork-conn                    fork per connection (test/progs/rs_move): the
+#                                server's parent accepts (and pairs), forks a
+#                                child per connection and closes its copy at
+#                                once, before the child's first call; the
+#                                child takes the connection over (its own
+#                                queue pair, docs/protocol.md section 7,
+#                                "Moving a connection") and echoes it, then
+#                                closes; 3 rs_stream clients in a row, 1 MiB
+#                                each way, echoed and checked. Every client:
+#                                rdma 1, no fallback, no reset, bytes 1 MiB
+#                                each way; server: the parent rdma 3 and no
+#                                bytes, each child rdma 1 with its 1 MiB
+#                                each way, no reset anywhere
+#   fork-conn-late               the same, 2 connections; the parent closes
+#                                after the child's first call, the child
+#                                exits without closing (exit())
+#   fork-conn-noclose            the same; the child leaves with _exit()
+#                                without closing
+#   fork-conn-orphan             the same, 1 connection; the parent exits
+#                                right after its close, the child serves on
+#                                (it keeps working after its parent exits)
+#   fork-conn-parent-exit        the same, but the parent never closes its
+#                                copy: its exit lets the end go (DETACH, or
+#                                the child has taken it over already), the
+#                                child takes it over and serves alone
+#   inetd                        fork, the connection on stdin/stdout,
+#                                closefrom(3), exec of "rs_move_echo" (echo
+#                                with read(0)/write(1)): 2 connections; the
+#                                exec'd images take the connections over
+#                                (rdma 1 each, 1 MiB each way), the parent
+#                                rdma 2
+#   both-write                   parent and child write 64-byte records on
+#                                one connection at once: the client reads
+#                                every record intact, the parent's sequence
+#                                0..N-1 complete up to exactly the N writes
+#                                that succeeded, then ECONNRESET for it (one
+#                                resets.taken_over, one log line), the
+#                                child's 2000 all; stats of all three agree
+#                                with the records
 #   sockperf-pingpong            unmodified sockperf, shim on both ends
 #   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
 #   iperf3                       unmodified iperf3 -t 2, shim on both ends
@@ -86,8 +125,10 @@
 #                                a child forked per connection, the parent
 #                                closes its copy at once; 10 connections from
 #                                B, 64 KiB each echoed and checked; client
-#                                rdma 10, the parent rdma 10, a line per
-#                                child, no fallback anywhere
+#                                rdma 10, the parent rdma 10 and no bytes,
+#                                a line per child with the connection it
+#                                took over (rdma 1), no fallback or reset
+#                                anywhere
 #   nginx-workers                Debian's nginx, 2 workers, sendfile on, a
 #                                wildcard listener: files of 1 B to 3 MiB to
 #                                curl (a connection each, then one kept-alive)
@@ -130,11 +171,11 @@
 # never passed: "0 passed, 0 failed, N skipped", exit 0 (run_all.sh counts
 # no failure). Exit status: 0 when nothing failed, else 1. Results of a run
 # with a failure are kept (path printed); a clean run's are removed.
-# Runtime: about 3-3.5 minutes under TCG on 2 cores (boot 10-20 s, each case
-# 3-10 s, fork-per-connection 10 s, nginx-workers 20 s, redis 50 s; the three
-# cases where a server waits for a client that sends no
-# rdma_cm request, and forked-workers, cost one connect timeout each). Every
-# wait is bounded; a hang costs at most the vm.sh timeout (900 s here).
+# Runtime: about 4.5-5 minutes under TCG on 2 cores (boot 10-20 s, each case
+# 3-10 s, the pairing-stress cases 15-30 s, nginx-workers 30 s, redis 35-50 s;
+# the three cases where a server waits for a client that sends no rdma_cm
+# request, and forked-workers, cost one connect timeout each). Every wait is
+# bounded; a hang costs at most the vm.sh timeout (900 s here).
 #
 # Knobs: BUILD (default build); RDMA_ONLY (regex of case names); RDMA_SECONDS
 # (sockperf/iperf3 run time, default 2); RDMA_CONNECT_TIMEOUT_MS (default
@@ -157,6 +198,8 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
            forged-request pairing-stress pairing-stress-reuseport pairing-stress-tiny
+           fork-conn fork-conn-late fork-conn-noclose fork-conn-orphan fork-conn-parent-exit inetd
+           both-write
            sockperf-pingpong sockperf-throughput
            iperf3 fork-per-connection nginx-workers redis
            peer-killed kernel-bytes memlock device-lost" # device-lost destroys a device: last
@@ -180,9 +223,7 @@ PASSED=0 FAILED=0 SKIPPED=0
 # Cases that fail today because of a librsock limit; the note follows the
 # reason when they fail, which prints "KNOWN-BUG name: why" and counts as
 # skipped, not passed (RDMA_STRICT=1 counts it as failed).
-declare -A KNOWN=(
-  [fork-per-connection]="an RDMA connection is usable only in the process that made it: the parent accepted and paired, the child's ibv_post_send fails with EACCES"
-)
+declare -A KNOWN=()
 
 summary() {
   local line="$PASSED passed, $FAILED failed"
@@ -468,6 +509,98 @@ judge_forked_workers() { # PATH: rdma (paired) or tcp (rdma_after_fork)
   [ "$sum" = "$fb" ] || why "workers: $sum fallbacks, want $fb ($(paste -sd' ' "$DIR/srv.stats"))"
 }
 
+# ---- connections that move -------------------------------------------------------
+expect_no_resets() { # PROC PROGRAM
+  local v
+  v=$(stats "$1" "$2" '[.[].resets | with_entries(select(.value != 0))] | add // {}')
+  [ "$v" = "{}" ] || why "$1: resets $v, want none"
+}
+# judge_move_server NCLIENTS CHILD_PROGRAM: the echo clients and the server's
+# stats lines (its parent rs_move, one CHILD_PROGRAM line per connection).
+judge_move_server() {
+  local ncli=$1 child=$2 n=$MATRIX_BYTES i p r sum
+  for ((i = 1; i <= ncli; i++)); do
+    p=cli$i
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+    r=$(result_of "$DIR/$p.out")
+    if [ -z "$r" ]; then why "no RESULT line from $p"; continue; fi
+    [ "$(val "$r" received)" = "$n" ] || why "$p got back $(val "$r" received)"
+    [ "$(val "$r" tx_hash)" = "$(val "$r" rx_hash)" ] || why "$p: echoed bytes differ from the sent ones"
+    expect_stats "$p" rs_stream 1 0 '{}' "$n" "$n"
+    expect_no_resets "$p" rs_stream
+  done
+  r=$(rc_of srv)
+  [ "$r" = 0 ] || why "server exit status $r ($(tail -n 2 "$DIR/srv.err" 2> /dev/null | paste -sd' '))"
+  if [ "$child" = rs_move ]; then
+    [ "$(grep -c "^CONN [0-9]* echoed=$n end=eof\$" "$DIR/srv.out" 2> /dev/null)" = "$ncli" ] ||
+      why "server: $(grep -c 'echoed=' "$DIR/srv.out" 2> /dev/null) of $ncli connections echoed fully ($(grep 'echoed=' "$DIR/srv.out" | paste -sd' '))"
+  else
+    [ "$(grep -c "^ECHO $n end=eof\$" "$DIR/srv.err" 2> /dev/null)" = "$ncli" ] ||
+      why "server: $(grep -c '^ECHO' "$DIR/srv.err" 2> /dev/null) of $ncli exec'd services echoed fully ($(grep '^ECHO' "$DIR/srv.err" | paste -sd' '))"
+  fi
+  # The parent paired every connection and moved no byte; each process
+  # that took one over counted it and its bytes.
+  sum=$(stats srv rs_move '[.[] | select(.connections.rdma == '"$ncli"' and .bytes_sent == 0 and .bytes_received == 0)] | length')
+  [ "$sum" = 1 ] || why "srv: no single parent line with rdma $ncli and no bytes ($(paste -sd' ' "$DIR/srv.stats"))"
+  sum=$(stats srv "$child" '[.[] | select(.connections.rdma == 1 and .connections.tcp == 0 and .bytes_sent == '"$n"' and .bytes_received == '"$n"')] | length')
+  [ "$sum" = "$ncli" ] || why "srv: $sum $child lines with rdma 1 and $n bytes each way, want $ncli ($(paste -sd' ' "$DIR/srv.stats"))"
+  sum=$(jq -s '[.[].fallbacks | to_entries[] | .value] | add // 0' "$DIR/srv.stats" 2> /dev/null)
+  [ "$sum" = 0 ] || why "srv: $sum fallbacks"
+  sum=$(jq -s '[.[].resets | to_entries[] | .value] | add // 0' "$DIR/srv.stats" 2> /dev/null)
+  [ "$sum" = 0 ] || why "srv: $sum resets ($(paste -sd' ' "$DIR/srv.stats"))"
+  [ "$(grep -c 'taken over by this process' "$DIR/srv.log" 2> /dev/null)" = "$ncli" ] ||
+    why "srv.log: $(grep -c 'taken over by this process' "$DIR/srv.log" 2> /dev/null) takeovers logged, want $ncli"
+}
+judge_fork-conn() { judge_move_server 3 rs_move; }
+judge_fork-conn-late() { judge_move_server 2 rs_move; }
+judge_fork-conn-noclose() { judge_move_server 2 rs_move; }
+judge_fork-conn-orphan() {
+  judge_move_server 1 rs_move
+  local exited served
+  exited=$(grep -n '^PARENT exits$' "$DIR/srv.out" 2> /dev/null | cut -d: -f1)
+  served=$(grep -n '^CONN 1 echoed=' "$DIR/srv.out" 2> /dev/null | cut -d: -f1)
+  [ -n "$exited" ] && [ -n "$served" ] && [ "$exited" -lt "$served" ] ||
+    why "the parent did not exit before its child had served (lines ${exited:-?}, ${served:-?})"
+}
+judge_fork-conn-parent-exit() { judge_fork-conn-orphan; }
+judge_inetd() { judge_move_server 2 rs_move_echo; }
+judge_both-write() {
+  local r line pw pend cw cend rp rc bad v
+  for p in srv cli; do
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+  done
+  line=$(grep -m1 '^PARENT ' "$DIR/srv.out" 2> /dev/null)
+  pw=$(sed -n 's/.*wrote=\([0-9]*\).*/\1/p' <<< "$line") pend=$(sed -n 's/.*end=\(.*\)/\1/p' <<< "$line")
+  line=$(grep -m1 '^CHILD ' "$DIR/srv.out" 2> /dev/null)
+  cw=$(sed -n 's/.*wrote=\([0-9]*\).*/\1/p' <<< "$line") cend=$(sed -n 's/.*end=\(.*\)/\1/p' <<< "$line")
+  line=$(grep -m1 '^RECORDS ' "$DIR/cli.out" 2> /dev/null)
+  rp=$(sed -n 's/.*P=\([0-9]*\).*/\1/p' <<< "$line") rc=$(sed -n 's/.*C=\([0-9]*\).*/\1/p' <<< "$line")
+  bad=$(sed -n 's/.*bad=\([0-9]*\).*/\1/p' <<< "$line")
+  echo "rdma: both-write: parent wrote ${pw:-?} (${pend:-?}), child ${cw:-?} (${cend:-?}); client read P=${rp:-?} C=${rc:-?} bad=${bad:-?}" >&2
+  [ "$bad" = 0 ] || why "client: bad=${bad:-?} (torn, corrupt or out-of-sequence records)"
+  [ "$cend" = done ] && [ "$cw" = 2000 ] || why "child wrote ${cw:-?} records, ended ${cend:-?}"
+  [ -n "$pw" ] && [ "$rp" = "$pw" ] || why "client read ${rp:-?} parent records, the parent's writes accepted ${pw:-?}"
+  [ "$rc" = "${cw:-x}" ] || why "client read ${rc:-?} child records, the child wrote ${cw:-?}"
+  case $pend in
+    ECONNRESET)
+      v=$(stats srv rs_move '[.[] | select(.resets.taken_over == 1)] | length')
+      [ "$v" = 1 ] || why "srv: $v lines with resets.taken_over 1, want 1 (the parent's)"
+      [ "$(grep -c 'taken over by another process' "$DIR/srv.log" 2> /dev/null)" = 1 ] ||
+        why "srv.log: the parent's one line about the takeover is missing or repeated"
+      ;;
+    done) echo "rdma: both-write: the parent finished before the child took over (no error due)" >&2 ;;
+    *) why "the parent's writes ended with ${pend:-?}, want ECONNRESET (or done)" ;;
+  esac
+  v=$(stats srv rs_move '[.[] | select(.connections.rdma == 1 and .bytes_sent == '"$((${pw:-0} * 64))"')] | length')
+  [ "$v" = 1 ] || why "srv: no parent line with rdma 1 and $((${pw:-0} * 64)) bytes sent ($(paste -sd' ' "$DIR/srv.stats"))"
+  v=$(stats srv rs_move '[.[] | select(.connections.rdma == 1 and .bytes_sent == '"$((${cw:-0} * 64))"' and (.resets | length) == 0)] | length')
+  [ "$v" = 1 ] || why "srv: no child line with rdma 1, $((${cw:-0} * 64)) bytes sent and no reset"
+  expect_stats cli rs_move 1 0 '{}' 0 "$(((${pw:-0} + ${cw:-0}) * 64))"
+  expect_no_resets cli rs_move
+}
+
 # expect_sum PROC PROGRAM LINES RDMA: PROGRAM wrote LINES stats lines in PROC
 # (a number, or "-" for no check) whose connections add up to RDMA over rdma
 # (a number or ">=N"), none over tcp or shm, with no fallback and no reset.
@@ -489,8 +622,9 @@ expect_sum() {
 }
 
 # fork-per-connection: every connection echoed whole; the client's one line
-# and the parent's line count rdma for each; each child wrote a line and the
-# children moved exactly the echoed bytes.
+# and the parent's line count rdma for each; each child wrote a line, counted
+# the connection it took over (rdma 1: its own queue pair, docs/protocol.md
+# section 7), and the children moved exactly the echoed bytes.
 judge_fork-per-connection() {
   local n=$FORK_CONNS b=$FORK_BYTES r
   r=$(rc_of cli)
@@ -502,8 +636,10 @@ judge_fork-per-connection() {
   grep -q "^SERVED connections=$n children_ok=$n" "$DIR/srv.out" 2> /dev/null ||
     why "server: $(grep -m1 '^SERVED' "$DIR/srv.out" 2> /dev/null || echo 'no SERVED line')"
   expect_stats cli forksrv "$n" 0 '{}' $((n * b)) $((n * b))
-  expect_sum srv forksrv $((n + 1)) "$n"
-  r=$(stats srv forksrv '[map(.bytes_sent) | add, map(.bytes_received) | add] | join(" ")' | tr -d '"')
+  expect_sum srv forksrv $((n + 1)) $((2 * n))
+  r=$(stats srv forksrv '[.[] | select(.connections.rdma == '"$n"' and .bytes_sent == 0)] | length')
+  [ "$r" = 1 ] || why "srv: no single parent line with rdma $n and no bytes sent"
+  r=$(stats srv forksrv '[(map(.bytes_sent) | add), (map(.bytes_received) | add)] | join(" ")' | tr -d '"')
   [ "$r" = "$((n * b)) $((n * b))" ] || why "server processes sent/received $r, want $((n * b)) each"
 }
 

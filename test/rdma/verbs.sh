@@ -9,7 +9,9 @@
 # TCP-only server: pairing returns peer_not_accelerated), xfer (8 MiB both
 # ways at once, checked, EOF), pingpong and bw over the verbs stream and over
 # kernel TCP (numbers printed, not asserted), kill (A dies mid-stream, B must
-# see an error or EOF). The last line is "N passed, N failed" (plus "N skipped"
+# see an error or EOF), the move protocol (move-early, move-late, move-both,
+# move-twice, move-kill) and bytes behind librsock on an end that moved or is
+# moving (move-raw, move-raw-detached: both ends reset). The last line is "N passed, N failed" (plus "N skipped"
 # when the guests cannot run: vm.sh exit 77, printed loudly, never a pass).
 # Exit status: 0 all passed, 77 skipped, else 1. Knobs: vm.sh's RSOCK_VM_*,
 # BUILD, RSOCK_RING_SIZE, RSOCK_CONNECT_TIMEOUT_MS (default 5000 here).
@@ -20,8 +22,9 @@ ROOT=$(cd "$HERE/../.." && pwd)
 cd "$ROOT" # vm.sh shares the current directory read-write with the guests
 BUILD=${BUILD:-build}
 OUT=$BUILD/rdma
-CASES_RDMA="xfer pingpong bw tcp-pingpong tcp-bw kill"
-NCASES=7 # the above plus nolistener
+# One line: the list goes into the guests' command lines as it is.
+CASES_RDMA="xfer pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill move-raw move-raw-detached kill"
+NCASES=14 # the above plus nolistener
 
 need=()
 for p in g++ libibverbs-dev librdmacm-dev; do

@@ -18,6 +18,32 @@
 //                 an error or EOF within the bound (server: exit status 137)
 //   nolistener    client only, against plain-server: pairing must return
 //                 nullptr with peer_not_accelerated
+//   move-early    xfer, but the server forks after 1.5 MiB each way and its
+//   move-late     child takes the connection over (docs/protocol.md section 7,
+//                 "Moving a connection") and finishes it: the parent closes
+//                 its copy at once (early: before the child's first call;
+//                 late: after the child took over). Every byte checked on
+//                 both ends, EOF; the parent's calls after the takeover fail
+//                 with ECONNRESET (late)
+//   move-both     the same, with the client's end moving too, both at once
+//                 (each side's child takes its end over at the same time)
+//   move-twice    the server's child moves the end again to a grandchild
+//   move-kill     the server's child sends its MOVE and dies before it
+//                 finishes the move while the parent keeps the socket open:
+//                 the client's calls must fail (ECONNRESET) within
+//                 kVerbsMoveMs plus slack, never hang
+//   move-raw      the server's child takes the end over (its parent closes
+//                 at once) and both exchange 1000 bytes more; then the
+//                 client writes 3 bytes on its kernel TCP socket behind the
+//                 stream: the child, which read the frames of the move on
+//                 that socket, must take these for bytes behind librsock,
+//                 and both ends' next recv fail with ECONNRESET
+//   move-raw-detached  the same, but the client's raw bytes reach the
+//                 server's socket while its end has no owner (the parent
+//                 let it go, the child has not used it yet); the child
+//                 finds them when it takes the end over, before the
+//                 answer to its MOVE: the client's end, waiting for that
+//                 move, learns of the reset by a RESET frame (KERNEL_BYTES)
 // Each case prints "PASS <case>" or "FAIL <case>: why"; exit 0 iff all passed.
 // Every wait is bounded (kWaitMs). Built by test/rdma/verbs.sh.
 #include <arpa/inet.h>
@@ -26,6 +52,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +72,7 @@
 #include "config/config.h"
 #include "stats/stats.h"
 #include "stream/stream.h"
+#include "transport/verbs/verbs_channel.h"
 #include "transport/verbs/verbs_setup.h"
 
 namespace {
@@ -425,6 +453,260 @@ void case_kill(rsock::Stream& s, bool is_server, Result* res) {
         how.c_str(), (seen_at - t0) / 1e3);
 }
 
+// ------------------------------------------------------------------- moves --
+
+// Both directions at once for tx_n / rx_n bytes, continuing the patterns.
+void duplex(rsock::Stream& s, Pattern* tx, Pattern* rx, size_t tx_n, size_t rx_n, uint32_t seed,
+            Result* res) {
+  std::string rx_why;
+  std::thread reader([&] {
+    std::vector<uint8_t> buf(70000);
+    size_t got = 0;
+    uint32_t r = seed ^ 0x55;
+    while (got < rx_n) {
+      r = r * 1103515245 + 12345;
+      const size_t want = std::min<size_t>(1 + (r >> 8) % buf.size(), rx_n - got);
+      ssize_t n = recv_some(s, buf.data(), want);
+      if (n <= 0) {
+        rx_why = n == 0 ? "EOF after " + std::to_string(got) + " bytes"
+                        : "recv: " + std::string(strerror(static_cast<int>(-n)));
+        return;
+      }
+      for (ssize_t i = 0; i < n; ++i)
+        if (buf[i] != rx->next()) {
+          rx_why = "data mismatch at byte " + std::to_string(got + i) + " of this part";
+          return;
+        }
+      got += static_cast<size_t>(n);
+    }
+  });
+  std::vector<uint8_t> buf(70000);
+  size_t sent = 0;
+  uint32_t r = seed;
+  while (sent < tx_n) {
+    r = r * 1103515245 + 12345;
+    const size_t n = std::min<size_t>(1 + (r >> 8) % (r & 1 ? 64 : buf.size()), tx_n - sent);
+    for (size_t i = 0; i < n; ++i) buf[i] = tx->next();
+    if (int rc = send_all(s, buf.data(), n); rc < 0) {
+      res->fail("send: %s", strerror(-rc));
+      break;
+    }
+    sent += n;
+  }
+  reader.join();
+  if (!rx_why.empty()) res->fail("%s", rx_why.c_str());
+}
+
+// After the last part: FIN out, EOF in.
+void finish_stream(rsock::Stream& s, Result* res) {
+  s.shutdown(false, true);
+  uint8_t b;
+  ssize_t n = recv_some(s, &b, 1);
+  if (n != 0)
+    res->fail("no EOF at the end: %s", n > 0 ? "more bytes" : strerror(static_cast<int>(-n)));
+}
+
+constexpr size_t kMovePart = 1536u << 10;  // before the move, each way
+constexpr size_t kMoveTotal = 6u << 20;    // in all, each way
+
+// The process that takes the stream over: a fork's child of its holder.
+// Returns its pid; the child runs fn(s) and exits 0 if it passed.
+template <class Fn>
+pid_t fork_taker(rsock::Stream& s, Fn fn) {
+  s.channel().add_holder();  // as the fork hook does, before the fork
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  s.after_fork_child();  // as the fork hook does, in the child
+  _exit(fn() ? 0 : 1);
+}
+
+bool wait_child(pid_t pid, const char* who, Result* res) {
+  int st = 0;
+  const int64_t deadline = now_us() + 4ll * kWaitMs * 1000;
+  for (;;) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) break;
+    if (now_us() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      res->fail("%s hung", who);
+      return false;
+    }
+    usleep(10000);
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    res->fail("%s failed (status %d)", who, st);
+    return false;
+  }
+  return true;
+}
+
+// move-early / move-late / move-both / move-twice on this side. `moves`:
+// whether this side's end moves (the client's only in move-both).
+void case_move(std::unique_ptr<rsock::Stream>& sp, bool is_server, const std::string& c,
+               Result* res) {
+  rsock::Stream& s = *sp;
+  const bool moves = is_server || c == "move-both";
+  Pattern tx(is_server ? 11 : 12), rx(is_server ? 12 : 11);
+  duplex(s, &tx, &rx, kMovePart, kMovePart, is_server ? 5 : 6, res);
+  if (!res->ok) return;
+  if (!moves) {
+    duplex(s, &tx, &rx, kMoveTotal - kMovePart, kMoveTotal - kMovePart, 7, res);
+    if (res->ok) finish_stream(s, res);
+    if (res->ok) say("%s: %zu bytes each way checked, EOF", c.c_str(), kMoveTotal);
+    return;
+  }
+  int took[2];
+  if (pipe(took) != 0) {
+    res->fail("pipe");
+    return;
+  }
+  const pid_t child = fork_taker(s, [&] {
+    close(took[0]);
+    Result r;
+    // The first call takes the end over.
+    const size_t first = 1000;
+    duplex(s, &tx, &rx, first, first, 9, &r);
+    (void)!write(took[1], "t", 1);
+    if (r.ok && c == "move-twice") {
+      // Hand it on again: a grandchild finishes it; we close at once.
+      const pid_t grand = fork_taker(s, [&] {
+        Result g;
+        duplex(s, &tx, &rx, kMoveTotal - kMovePart - first, kMoveTotal - kMovePart - first, 10, &g);
+        if (g.ok) finish_stream(s, &g);
+        if (!g.ok) say("%s grandchild: %s", c.c_str(), g.why.c_str());
+        s.channel().at_exit();
+        return g.ok;
+      });
+      s.close();
+      s.channel().at_exit();  // what this process's close does before it exits
+      wait_child(grand, "grandchild", &r);
+      if (!r.ok) say("%s child: %s", c.c_str(), r.why.c_str());
+      return r.ok;
+    }
+    if (r.ok)
+      duplex(s, &tx, &rx, kMoveTotal - kMovePart - first, kMoveTotal - kMovePart - first, 8, &r);
+    if (r.ok) finish_stream(s, &r);
+    if (!r.ok) say("%s child: %s", c.c_str(), r.why.c_str());
+    s.channel().at_exit();  // the exit hook: deliver what is posted
+    return r.ok;
+  });
+  close(took[1]);
+  if (c == "move-late") {
+    // The child's first call comes first: wait for it, then try ours.
+    char b;
+    pollfd p{took[0], POLLIN, 0};
+    if (poll(&p, 1, kWaitMs) != 1 || read(took[0], &b, 1) != 1)
+      res->fail("the child never took over");
+    uint8_t x = 0;
+    iovec iov = {&x, 1};
+    const ssize_t n = s.send(&iov, 1);
+    if (n != -ECONNRESET)
+      res->fail("the parent's send after the takeover returned %zd, want ECONNRESET", n);
+  }
+  close(took[0]);
+  sp->close();  // our copy goes at once (fork per connection)
+  sp.reset();
+  wait_child(child, "the child", res);
+  if (res->ok)
+    say("%s: moved to a child process; %zu bytes each way checked, EOF", c.c_str(), kMoveTotal);
+}
+
+// The server's child sends its MOVE and dies; the parent keeps holding the
+// socket. The client must see its stream reset within the move bound.
+void case_move_kill(rsock::Stream& s, int tcp_fd, bool is_server, Result* res) {
+  uint8_t b = 0;
+  if (!is_server) {
+    const int64_t t0 = now_us();
+    ssize_t n = recv_some(s, &b, 1);
+    const double secs = (now_us() - t0) / 1e6;
+    if (n != -ECONNRESET)
+      res->fail("recv returned %zd (%s), want ECONNRESET", n,
+                n < 0 ? strerror(static_cast<int>(-n)) : "");
+    else if (secs > rsock::kVerbsMoveMs / 1000.0 + 20)
+      res->fail("the reset took %.1f s", secs);
+    else
+      say("move-kill: the stream was reset %.1f s after the taker died", secs);
+    return;
+  }
+  const pid_t child = fork_taker(s, [&] {
+    iovec iov = {&b, 1};
+    const ssize_t n = s.recv(&iov, 1, false);  // starts the takeover: MOVE out
+    if (n != -EAGAIN) say("move-kill child: the first recv returned %zd", n);
+    return true;  // and dies without finishing it
+  });
+  wait_child(child, "the child", res);
+  // Hold the socket until the client has given up on the move and closed
+  // it: on the kernel socket, its RESET frame, then EOF.
+  const int64_t end = now_us() + (rsock::kVerbsMoveMs + 20000) * 1000;
+  uint8_t junk[256];
+  for (;;) {
+    pollfd p{tcp_fd, POLLIN, 0};
+    if (now_us() > end) {
+      res->fail("the client did not close its end");
+      break;
+    }
+    if (poll(&p, 1, 200) != 1) continue;
+    if (recv(tcp_fd, junk, sizeof junk, 0) <= 0) break;
+  }
+  iovec iov = {&b, 1};
+  const ssize_t n = s.recv(&iov, 1, false);
+  if (n != -ECONNRESET)
+    res->fail("the parent's recv returned %zd, want ECONNRESET (taken over)", n);
+}
+
+// Bytes behind librsock on a moved or moving end (move-raw,
+// move-raw-detached): both ends reset, the bytes before them delivered.
+void case_move_raw(std::unique_ptr<rsock::Stream>& sp, int tcp_fd, bool is_server,
+                   const std::string& c, Result* res) {
+  rsock::Stream& s = *sp;
+  const bool detached = c == "move-raw-detached";
+  Pattern tx(is_server ? 21 : 22), rx(is_server ? 22 : 21);
+  duplex(s, &tx, &rx, kMovePart, kMovePart, is_server ? 5 : 6, res);
+  if (!res->ok) return;
+  uint8_t b = 0;
+  auto expect_reset = [&](Result* r, const char* who, const char* since, int64_t t0) {
+    const ssize_t n = recv_some(s, &b, 1);
+    if (n != -ECONNRESET)
+      r->fail("%s: recv returned %zd (%s), want ECONNRESET", who, n,
+              n < 0 ? strerror(static_cast<int>(-n)) : "");
+    else
+      say("%s: %s reset %.1f s after %s", c.c_str(), who, (now_us() - t0) / 1e6, since);
+  };
+  if (!is_server) {
+    if (detached)
+      usleep(1000 * 1000);  // the server's parent has let the end go by now
+    else
+      duplex(s, &tx, &rx, 1000, 1000, 9, res);  // the end has moved
+    if (!res->ok) return;
+    const int64_t t0 = now_us();
+    if (send(tcp_fd, "RAW", 3, MSG_NOSIGNAL) != 3) {
+      res->fail("raw send: %s", strerror(errno));
+      return;
+    }
+    expect_reset(res, "the client", "its raw bytes", t0);
+    return;
+  }
+  const pid_t child = fork_taker(s, [&] {
+    Result r;
+    const int64_t t0 = now_us();
+    if (detached) {
+      // Our first call (the takeover) once the raw bytes wait in the socket.
+      pollfd p{tcp_fd, POLLIN, 0};
+      if (poll(&p, 1, kWaitMs) != 1) r.fail("the raw bytes never came");
+    } else {
+      duplex(s, &tx, &rx, 1000, 1000, 9, &r);
+    }
+    if (r.ok) expect_reset(&r, "the child", "it began", t0);
+    if (!r.ok) say("%s child: %s", c.c_str(), r.why.c_str());
+    s.channel().at_exit();
+    return r.ok;
+  });
+  sp->close();  // our copy goes at once: the child alone holds the end
+  sp.reset();
+  wait_child(child, "the child", res);
+}
+
 // ------------------------------------------------------------------ driver --
 
 bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
@@ -480,7 +762,8 @@ bool run_case(const std::string& c, int fd, std::unique_ptr<rsock::Channel> ch, 
     else
       res.fail("unknown case");
   } else {
-    rsock::Stream s(std::move(ch));
+    auto sp = std::make_unique<rsock::Stream>(std::move(ch));
+    rsock::Stream& s = *sp;
     if (c == "xfer")
       case_xfer(s, is_server, &res);
     else if (c == "pingpong")
@@ -489,9 +772,15 @@ bool run_case(const std::string& c, int fd, std::unique_ptr<rsock::Channel> ch, 
       case_bw(s, is_server, &res);
     else if (c == "kill")
       case_kill(s, is_server, &res);
+    else if (c == "move-early" || c == "move-late" || c == "move-both" || c == "move-twice")
+      case_move(sp, is_server, c, &res);
+    else if (c == "move-kill")
+      case_move_kill(s, fd, is_server, &res);
+    else if (c == "move-raw" || c == "move-raw-detached")
+      case_move_raw(sp, fd, is_server, c, &res);
     else
       res.fail("unknown case");
-    s.close();
+    if (sp) sp->close();
   }  // the channel (QP) goes before the TCP socket
   close(fd);
   if (res.ok)

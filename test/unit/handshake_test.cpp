@@ -2,7 +2,10 @@
 // round-trips through its decoder, every field a peer controls is checked
 // (each check below fails if its condition is removed), and the proof
 // scanners tell a proof from application data by a prefix, so that a
-// server never consumes a plain client's bytes.
+// server never consumes a plain client's bytes; likewise the move frames of
+// a connection that moves to another process (their scanner tells them from
+// any other byte on the kernel socket, and refuses fields no librsock
+// writes).
 #include "ring/handshake.h"
 
 #include <gtest/gtest.h>
@@ -186,6 +189,115 @@ TEST(Handshake, ServerProofCarriesAcceptOrDecline) {
   buf[8] = 2;  // neither accept nor decline
   EXPECT_EQ(scan_server_proof(buf, sizeof buf, &out), ProofScan::kNotProof);
   EXPECT_EQ(scan_server_proof(buf, 3, &out), ProofScan::kNeedMore);
+}
+
+MoveFrame sample_move() {
+  MoveFrame f;
+  f.type = MoveType::kMove;
+  f.ring_log2 = 20;
+  f.mtu = 3;
+  f.flags = kMoveFin;
+  f.qpn = 0x123456;
+  f.psn = 0xabcdef;
+  f.ring = {0x1234, 0x7f0000002000ull};
+  f.nonce = 0x1122334455667788ull;
+  f.rx_consumed = 5000000000ull;
+  f.tx_sent = 6000000000ull;
+  for (int i = 0; i < 16; ++i) f.gid[i] = static_cast<uint8_t>(0xf0 + i);
+  return f;
+}
+
+TEST(MoveFrame, RoundTripsEveryField) {
+  for (MoveType t : {MoveType::kMove, MoveType::kMoved}) {
+    MoveFrame in = sample_move();
+    in.type = t;
+    uint8_t buf[kMoveFrameBytes];
+    encode_move_frame(in, buf);
+    MoveFrame out;
+    ASSERT_EQ(scan_move_frame(buf, sizeof buf, &out), FrameScan::kFrame);
+    EXPECT_EQ(out.type, t);
+    EXPECT_EQ(out.ring_log2, 20);
+    EXPECT_EQ(out.mtu, 3);
+    EXPECT_EQ(out.flags, kMoveFin);
+    EXPECT_EQ(out.qpn, 0x123456u);
+    EXPECT_EQ(out.psn, 0xabcdefu);
+    EXPECT_EQ(out.ring.rkey, 0x1234u);
+    EXPECT_EQ(out.ring.addr, 0x7f0000002000ull);
+    EXPECT_EQ(out.nonce, 0x1122334455667788ull);
+    EXPECT_EQ(out.rx_consumed, 5000000000ull);
+    EXPECT_EQ(out.tx_sent, 6000000000ull);
+    EXPECT_EQ(memcmp(out.gid, in.gid, 16), 0);
+  }
+  MoveFrame reset;
+  reset.type = MoveType::kReset;
+  uint8_t buf[kMoveFrameBytes];
+  encode_move_frame(reset, buf);
+  MoveFrame out;
+  ASSERT_EQ(scan_move_frame(buf, sizeof buf, &out), FrameScan::kFrame);
+  EXPECT_EQ(out.type, MoveType::kReset);
+  EXPECT_EQ(out.flags, 0);
+  // A reset for bytes behind librsock says so.
+  reset.flags = kMoveKernelBytes;
+  encode_move_frame(reset, buf);
+  ASSERT_EQ(scan_move_frame(buf, sizeof buf, &out), FrameScan::kFrame);
+  EXPECT_EQ(out.type, MoveType::kReset);
+  EXPECT_EQ(out.flags, kMoveKernelBytes);
+}
+
+TEST(MoveFrame, IsToldFromOtherBytesByItsPrefix) {
+  uint8_t buf[kMoveFrameBytes];
+  encode_move_frame(sample_move(), buf);
+  MoveFrame out;
+  EXPECT_EQ(scan_move_frame(buf, 0, &out), FrameScan::kNeedMore);
+  for (size_t n = 1; n < kMoveFrameBytes; ++n)
+    EXPECT_EQ(scan_move_frame(buf, n, &out), FrameScan::kNeedMore) << n;
+  // Anything else on the kernel socket (a doorbell byte, a proof, bytes
+  // written behind librsock) is not a frame, from its first differing byte.
+  const char* other[] = {"\x01", "x", "rsock/C2", "rsock/S2", "rsock/M2", "hello"};
+  for (const char* d : other)
+    EXPECT_EQ(scan_move_frame(d, strlen(d), &out), FrameScan::kNotFrame) << d;
+}
+
+TEST(MoveFrame, RefusesFieldsNoLibrsockWrites) {
+  uint8_t good[kMoveFrameBytes];
+  encode_move_frame(sample_move(), good);
+  MoveFrame out;
+  auto bad_with = [&](size_t off, uint8_t v) {
+    uint8_t b[kMoveFrameBytes];
+    memcpy(b, good, sizeof b);
+    b[off] = v;
+    return scan_move_frame(b, sizeof b, &out);
+  };
+  EXPECT_EQ(bad_with(8, 0), FrameScan::kBad);    // type
+  EXPECT_EQ(bad_with(8, 4), FrameScan::kBad);    // type
+  EXPECT_EQ(bad_with(9, 2), FrameScan::kBad);    // ring size below the minimum
+  EXPECT_EQ(bad_with(9, 40), FrameScan::kBad);   // ring size beyond the immediates' range
+  EXPECT_EQ(bad_with(10, 0), FrameScan::kBad);   // mtu
+  EXPECT_EQ(bad_with(10, 6), FrameScan::kBad);   // mtu
+  EXPECT_EQ(bad_with(11, 16), FrameScan::kBad);  // unknown flag
+  EXPECT_EQ(bad_with(12, 1), FrameScan::kBad);   // qpn beyond 24 bits
+  EXPECT_EQ(bad_with(16, 1), FrameScan::kBad);   // psn beyond 24 bits
+  EXPECT_EQ(bad_with(95, 1), FrameScan::kBad);   // reserved
+  MoveFrame zero = sample_move();
+  uint8_t b[kMoveFrameBytes];
+  zero.qpn = 0;
+  encode_move_frame(zero, b);
+  EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kBad);
+  zero = sample_move();
+  zero.nonce = 0;
+  encode_move_frame(zero, b);
+  EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kBad);
+  // A reset carries nothing else, but for the kernel-bytes flag.
+  MoveFrame reset;
+  reset.type = MoveType::kReset;
+  encode_move_frame(reset, b);
+  b[40] = 1;
+  EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kBad);
+  encode_move_frame(reset, b);
+  b[11] = kMoveFin;
+  EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kBad);
+  b[11] = kMoveKernelBytes;
+  EXPECT_EQ(scan_move_frame(b, sizeof b, &out), FrameScan::kFrame);
 }
 
 }  // namespace

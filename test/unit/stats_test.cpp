@@ -310,7 +310,9 @@ TEST(StatsNames, FallbackNamesAreStable) {
 TEST(StatsNames, ResetAndRejectNamesAreStable) {
   EXPECT_STREQ(reset_name(Reset::kKernelBytes), "kernel_bytes");
   EXPECT_STREQ(reset_name(Reset::kLostAtExec), "lost_at_exec");
-  EXPECT_EQ(static_cast<int>(Reset::kCount), 2);
+  EXPECT_STREQ(reset_name(Reset::kTakenOver), "taken_over");
+  EXPECT_STREQ(reset_name(Reset::kMoveFailed), "move_failed");
+  EXPECT_EQ(static_cast<int>(Reset::kCount), 4);
   EXPECT_STREQ(reject_name(Reject::kUnproven), "unproven");
   EXPECT_EQ(static_cast<int>(Reject::kCount), 1);
 }

@@ -1,10 +1,11 @@
 // LostChannel: the carrier of a connection that this program image cannot
 // reach any more. A program that inherits an accelerated fd through exec,
-// and cannot take the connection over (an RDMA queue pair, which cannot
-// cross exec; a region that fails validation), attaches a stream over this
-// channel so that every call on the fd fails loudly, as a reset connection
-// does, instead of reaching the kernel socket, whose peer no longer reads
-// it: reads return ECONNRESET, writes ECONNRESET, poll reports an error.
+// and cannot take the connection over (a region or an RDMA end that fails
+// validation, a connection that was still pairing; an RDMA end itself moves
+// to the new image, docs/protocol.md section 8), attaches a stream over
+// this channel so that the calls on the fd fail loudly, as on a reset
+// connection, instead of reaching the kernel socket, whose peer no longer
+// reads it: the first gets ECONNRESET, poll reports an error.
 // Thread-safety: immutable after construction.
 #pragma once
 

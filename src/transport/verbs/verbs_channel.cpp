@@ -42,24 +42,55 @@
 // re-posted in batches of kRepostBatch, or all of them in arm(). A drain
 // that finds an event still owed (its caller did not arm in between) reads
 // it at once, so wait_fd never stays readable for more than one extra turn.
+//
+// Moving the connection (docs/protocol.md section 7, "Moving a connection";
+// docs/design.md, "RDMA connections that move"). The states (State in the
+// header) of one end in one process:
+//
+//   kOwned --DETACH / queue pair lost--> kDetached --MOVE--> kAwaitHello
+//     ^  |                                   ^                   |
+//     |  +--MOVE (the other end moves)-------|-------------------+
+//     +---------------- taker's first message -------------------+
+//   kNotMine --first use: fence the owner, send MOVE--> kTaking
+//     --MOVED (or the other end's own MOVE)--> kOwned
+//   any owner state --another process took over--> kLost
+//   a move that cannot complete --> kFailed (RESET frame to the other end)
+//
+// The taker fences the previous owner through the end's shared memory
+// (verbs_end.h) before it announces itself, so the positions it continues
+// from are exact: what the previous owner read is not read again, what it
+// wrote is resent from the shared mirror if the other end's ring did not
+// get it. The other end's owner answers with its own new queue pair and
+// positions, and resends from its mirror what the taker has not read.
+// Resending is harmless: ring and mirror are addressed by stream position.
 #include "transport/verbs/verbs_channel.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <new>
 
 #include "common/log.h"
 #include "common/real.h"
 #include "ring/ring.h"
+#include "stats/stats.h"
+#include "transport/addr.h"
 #include "transport/carrier.h"
+#include "transport/verbs/verbs_qp.h"
+#include "transport/verbs/verbs_setup.h"
 
 namespace rsock {
 namespace {
@@ -82,9 +113,9 @@ int64_t now_ms() {
   return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void* map_pages(size_t len) {
-  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? nullptr : p;
+int ms_left(int64_t deadline) {
+  const int64_t left = deadline - now_ms();
+  return left < 0 ? 0 : left > 60000 ? 60000 : static_cast<int>(left);
 }
 
 int set_nonblock(int fd) {
@@ -93,7 +124,61 @@ int set_nonblock(int fd) {
   return real().fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
 }
 
+int log2_of(size_t v) {
+  int n = 0;
+  while ((size_t{1} << n) < v) ++n;
+  return n;
+}
+
+uint64_t random_nonce() {
+  uint64_t v = 0;
+  while (v == 0)
+    if (getrandom(&v, sizeof v, 0) != sizeof v) v = 0;
+  return v;
+}
+
+// The end's sticky flags in frame form (MoveFrame.flags, and the end's
+// flags_sent / peer_flags), from verbs_imm::Flag bits, and back. CLOSED
+// does not imply FIN: a close is a FIN or a reset by what was read
+// (docs/protocol.md section 6).
+uint32_t frame_flags(uint32_t imm_flags) {
+  uint32_t f = 0;
+  if (imm_flags & verbs_imm::kFin) f |= kMoveFin;
+  if (imm_flags & verbs_imm::kClosed) f |= kMoveClosed;
+  if (imm_flags & verbs_imm::kReset) f |= kMoveReset;
+  if (imm_flags & verbs_imm::kKernelBytes) f |= kMoveKernelBytes;
+  return f;
+}
+uint32_t imm_flags_of(uint32_t frame) {
+  uint32_t f = 0;
+  if (frame & kMoveFin) f |= verbs_imm::kFin;
+  if (frame & kMoveClosed) f |= verbs_imm::kClosed;
+  if (frame & kMoveReset) f |= verbs_imm::kReset;
+  if (frame & kMoveKernelBytes) f |= verbs_imm::kKernelBytes;
+  return f;
+}
+uint32_t peer_flags_of(uint32_t frame) {
+  uint32_t f = 0;
+  if (frame & kMoveFin) f |= kPeerFin;
+  if (frame & kMoveClosed) f |= kPeerClosed;
+  if (frame & kMoveReset) f |= kPeerReset;
+  if (frame & kMoveKernelBytes) f |= kKernelBytes;
+  return f;
+}
+// The sticky flags a new queue pair carries again after a move.
+constexpr uint32_t kStickyFlags = verbs_imm::kFin | verbs_imm::kClosed | verbs_imm::kReset;
+
+// Completion errors that mean the other end's queue pair went away (its
+// process closed, exited, exec'd or died; or it moved) rather than a
+// broken carrier here: the end waits for a taker, the kernel socket says
+// whether one can still come.
+bool remote_went_away(ibv_wc_status st) {
+  return st == IBV_WC_RETRY_EXC_ERR || st == IBV_WC_RNR_RETRY_EXC_ERR || st == IBV_WC_WR_FLUSH_ERR;
+}
+
 }  // namespace
+
+// ------------------------------------------------------------------ set-up --
 
 std::unique_ptr<VerbsChannel> VerbsChannel::create(rdma_cm_id* id, rdma_event_channel* cm_channel,
                                                    size_t ring_bytes, int* err) {
@@ -113,14 +198,15 @@ std::unique_ptr<VerbsChannel> VerbsChannel::create(rdma_cm_id* id, rdma_event_ch
 int VerbsChannel::setup(size_t ring_bytes) {
   if (!is_power_of_two(ring_bytes) || ring_bytes > (1u << 28)) return -EINVAL;
   ring_bytes_ = ring_bytes;
-  ibv_context* ctx = id_->verbs;
-  if (ctx == nullptr) return -ENODEV;
-  pd_ = ibv_alloc_pd(ctx);
+  ctx_ = id_->verbs;
+  if (ctx_ == nullptr) return -ENODEV;
+  port_ = id_->port_num;
+  pd_ = ibv_alloc_pd(ctx_);
   if (!pd_) return errno ? -errno : -ENOMEM;
-  comp_channel_ = ibv_create_comp_channel(ctx);
+  comp_channel_ = ibv_create_comp_channel(ctx_);
   if (!comp_channel_) return errno ? -errno : -ENOMEM;
   const int cqe = static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16);
-  cq_ = ibv_create_cq(ctx, cqe, nullptr, comp_channel_, 0);
+  cq_ = ibv_create_cq(ctx_, cqe, nullptr, comp_channel_, 0);
   if (!cq_) return errno ? -errno : -ENOMEM;
   if (int r = set_nonblock(comp_channel_->fd); r < 0) return r;
 
@@ -139,18 +225,23 @@ int VerbsChannel::setup(size_t ring_bytes) {
     qa.cap.max_inline_data = 0;
     if (rdma_create_qp(id_, pd_, &qa) != 0) return errno ? -errno : -ENOMEM;
   }
-  qp_created_ = true;
+  qp_ = id_->qp;
+  qp_from_cm_ = true;
   max_inline_ = qa.cap.max_inline_data;
 
-  // Page-aligned, registered once. ibv_fork_init (or a kernel that makes it
-  // unnecessary) was settled before the first registration (verbs_setup).
-  rx_ring_ = static_cast<uint8_t*>(map_pages(ring_bytes));
-  tx_buf_ = static_cast<uint8_t*>(map_pages(ring_bytes));
-  if (!rx_ring_ || !tx_buf_) return -ENOMEM;
+  // The end's memory (verbs_end.h): ring and mirror in a memfd that the
+  // processes holding this end share. Registered once here. ibv_fork_init
+  // (or a kernel that makes it unnecessary) was settled before the first
+  // registration (verbs_setup).
+  const WireAddr none = {};
+  if (int rc = VerbsEnd::create(ring_bytes, none, none, &end_); rc < 0) return rc;
+  rx_ring_ = end_.rx_ring();
+  tx_buf_ = end_.tx_mirror();
   rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!rx_mr_) return errno ? -errno : -ENOMEM;
   tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes, IBV_ACCESS_LOCAL_WRITE);
   if (!tx_mr_) return errno ? -errno : -ENOMEM;
+  epoch_ = end_.hdr()->epoch.load(std::memory_order_relaxed);
 
   // The peer may write as soon as the connection is established: the
   // receives must be posted before connect/accept.
@@ -159,6 +250,49 @@ int VerbsChannel::setup(size_t ring_bytes) {
 
 uint64_t VerbsChannel::rx_addr() const { return reinterpret_cast<uintptr_t>(rx_ring_); }
 uint32_t VerbsChannel::rx_rkey() const { return rx_mr_->rkey; }
+uint64_t VerbsChannel::nonce() const { return end_.hdr() ? end_.hdr()->nonce : 0; }
+
+// The wait fds of this process: epoll set, eventfd, timer (not the verbs
+// ones, which come with a queue pair).
+int VerbsChannel::open_wait_fds() {
+  epoll_fd_ = real().epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) return -errno;
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) return -errno;
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (timer_fd_ < 0) return -errno;
+  watch_fd_locked(wake_fd_);
+  watch_fd_locked(timer_fd_);
+  return 0;
+}
+
+void VerbsChannel::watch_fd_locked(int fd) {
+  if (fd < 0 || epoll_fd_ < 0) return;
+  epoll_event ev = {};
+  ev.events = EPOLLIN | (fd == tcp_fd_ ? uint32_t{EPOLLRDHUP} : 0u);
+  ev.data.fd = fd;
+  real().epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  if (fd == tcp_fd_) tcp_watched_ = true;
+}
+
+void VerbsChannel::unwatch_tcp_locked() {
+  // Level-triggered EOF, or a frame meant for another process, would keep
+  // wait_fd readable for ever.
+  if (tcp_watched_ && epoll_fd_ >= 0) real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
+  tcp_watched_ = false;
+}
+
+namespace {
+void arm_timer(int fd, int64_t deadline_ms) {
+  if (fd < 0) return;
+  itimerspec its = {};
+  if (deadline_ms > 0) {
+    its.it_value.tv_sec = deadline_ms / 1000;
+    its.it_value.tv_nsec = (deadline_ms % 1000) * 1000000;
+  }
+  timerfd_settime(fd, deadline_ms > 0 ? TFD_TIMER_ABSTIME : 0, &its, nullptr);
+}
+}  // namespace
 
 int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -166,66 +300,62 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   remote_rkey_ = remote_rkey;
   tcp_fd_ = real().fcntl(tcp_fd, F_DUPFD_CLOEXEC, 0);
   if (tcp_fd_ < 0) return -errno;
-  epoll_fd_ = real().epoll_create1(EPOLL_CLOEXEC);
-  if (epoll_fd_ < 0) return -errno;
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return -errno;
+  // The connection this end belongs to (an exec'd image checks it), and
+  // the GID of our address, for a queue pair made by hand if the other end
+  // moves (none: such a move fails, loudly).
+  WireAddr local = {}, peer = {};
+  if (fd_addrs(tcp_fd_, &local, &peer)) {
+    end_.hdr()->local = local;
+    end_.hdr()->peer = peer;
+    VerbsPort p;
+    if (verbs_find_gid(ctx_, port_, local, &p) == 0) {
+      gid_index_ = p.gid_index;
+      memcpy(gid_, p.gid, sizeof gid_);
+      mtu_ = p.mtu;
+    }
+  }
+  if (int r = open_wait_fds(); r < 0) return r;
   if (int r = set_nonblock(cm_channel_->fd); r < 0) return r;
   // rdma_cm leaves the RNR NAK delay at its maximum (655 ms); an RNR only
   // happens when the peer stopped polling, and then it should retry soon
   // after the peer re-posts: 0.64 ms (encoding 12). Best effort.
   ibv_qp_attr qa = {};
   qa.min_rnr_timer = 12;
-  if (ibv_modify_qp(id_->qp, &qa, IBV_QP_MIN_RNR_TIMER) != 0)
+  if (ibv_modify_qp(qp_, &qa, IBV_QP_MIN_RNR_TIMER) != 0)
     LOG_DEBUG("rdma: cannot lower the RNR timer: %s", strerror(errno));
-  const int fds[4] = {comp_channel_->fd, cm_channel_->fd, tcp_fd_, wake_fd_};
-  for (int fd : fds) {
-    epoll_event ev = {};
-    ev.events = EPOLLIN | (fd == tcp_fd_ ? uint32_t{EPOLLRDHUP} : 0u);
-    ev.data.fd = fd;
-    if (real().epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return -errno;
-  }
+  watch_fd_locked(comp_channel_->fd);
+  watch_fd_locked(cm_channel_->fd);
+  watch_fd_locked(tcp_fd_);
+  cm_connected_ = true;
+  state_.store(kOwned, std::memory_order_release);
   return 0;
+}
+
+std::unique_ptr<VerbsChannel> VerbsChannel::adopt(VerbsEnd end, int tcp_fd, int* err) {
+  std::unique_ptr<VerbsChannel> ch(new VerbsChannel());
+  ch->end_ = static_cast<VerbsEnd&&>(end);
+  ch->ring_bytes_ = ch->end_.ring_bytes();
+  ch->state_.store(kNotMine, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(ch->mu_);
+  ch->tcp_fd_ = real().fcntl(tcp_fd, F_DUPFD_CLOEXEC, 0);
+  int rc = ch->tcp_fd_ < 0 ? -errno : ch->open_wait_fds();
+  if (rc < 0) {
+    *err = rc;
+    return nullptr;
+  }
+  *err = 0;
+  return ch;
 }
 
 VerbsChannel::~VerbsChannel() {
   std::unique_lock<std::mutex> lock(mu_);
-  // Everything we posted (the last publication, CLOSED) must reach the peer
-  // before the QP goes away: wait, bounded, for a signaled marker WR. Not
-  // when the peer has closed: it reads nothing more, and it may have torn
-  // down its QP already, so the marker would only run into the deadline.
-  if (qp_created_) poll_cq_locked();
-  if (qp_created_ && remote_rkey_ != 0 &&
-      (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
-      (peer_flags_ & kPeerClosed) == 0 && wr_done_ < wr_posted_) {
-    ibv_send_wr wr = {};
-    wr.opcode = IBV_WR_RDMA_WRITE;  // zero-length: a pure ordering marker
-    wr.wr.rdma.remote_addr = remote_addr_;
-    wr.wr.rdma.rkey = remote_rkey_;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    if (reserve_sq_locked(1) == 0) {
-      wr.wr_id = ++wr_posted_;
-      last_signaled_ = wr_posted_;
-      ibv_send_wr* bad = nullptr;
-      if (ibv_post_send(id_->qp, &wr, &bad) == 0) {
-        const int64_t deadline = now_ms() + kCloseWaitMs;
-        // Also over once the peer disconnects: it closed, nothing more can
-        // be delivered (and its QP may be gone: no ACK would ever come).
-        while (wr_done_ < wr_posted_ &&
-               (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kPeerClosed)) ==
-                   0 &&
-               now_ms() < deadline) {
-          poll_cq_locked();
-          if (wr_done_ < wr_posted_) {
-            drain_cm_events_locked();
-            usleep(100);
-          }
-        }
-      }
-    }
+  if (!exited_) {
+    check_owner_locked();
+    hand_over_locked(lock, detach_close_);
   }
-  if (id_ && remote_rkey_ != 0) rdma_disconnect(id_);
-  if (tcp_fd_ >= 0 && (carrier_flags_.load(std::memory_order_relaxed) & kTransportError)) {
+  if (tcp_fd_ >= 0 && !quiet_failure_ && state_.load(std::memory_order_relaxed) != kLost &&
+      state_.load(std::memory_order_relaxed) != kNotMine &&
+      (carrier_flags_.load(std::memory_order_relaxed) & kTransportError)) {
     // Bytes we accepted may have died with the queue pair. A reset on the
     // kernel socket (at its last close) makes the peer read ECONNRESET, not
     // a clean EOF that would hide the truncation.
@@ -236,17 +366,22 @@ VerbsChannel::~VerbsChannel() {
   teardown(true);
 }
 
-void VerbsChannel::teardown(bool destroy_id) {
-  if (qp_created_) {
+void VerbsChannel::destroy_qp_locked() {
+  if (!qp_) return;
+  if (qp_from_cm_ && id_)
     rdma_destroy_qp(id_);
-    qp_created_ = false;
-  }
+  else
+    ibv_destroy_qp(qp_);
+  qp_ = nullptr;
+  qp_from_cm_ = false;
+}
+
+void VerbsChannel::teardown(bool destroy_id) {
+  destroy_qp_locked();
   if (rx_mr_) ibv_dereg_mr(rx_mr_);
   if (tx_mr_) ibv_dereg_mr(tx_mr_);
   rx_mr_ = tx_mr_ = nullptr;
-  if (rx_ring_) munmap(rx_ring_, ring_bytes_);
-  if (tx_buf_) munmap(tx_buf_, ring_bytes_);
-  rx_ring_ = tx_buf_ = nullptr;
+  rx_ring_ = tx_buf_ = nullptr;  // the end's mapping goes with end_
   if (cq_) {
     if (unacked_cq_events_) ibv_ack_cq_events(cq_, unacked_cq_events_);
     unacked_cq_events_ = 0;
@@ -260,11 +395,52 @@ void VerbsChannel::teardown(bool destroy_id) {
   if (epoll_fd_ >= 0) real().close(epoll_fd_);
   if (tcp_fd_ >= 0) real().close(tcp_fd_);
   if (wake_fd_ >= 0) real().close(wake_fd_);
-  epoll_fd_ = tcp_fd_ = wake_fd_ = -1;
+  if (timer_fd_ >= 0) real().close(timer_fd_);
+  epoll_fd_ = tcp_fd_ = wake_fd_ = timer_fd_ = -1;
+  tcp_watched_ = false;
   if (destroy_id && id_) rdma_destroy_id(id_);
   id_ = nullptr;
   if (destroy_id && cm_channel_) rdma_destroy_event_channel(cm_channel_);
   cm_channel_ = nullptr;
+  if (own_ctx_ && ctx_) ibv_close_device(ctx_);
+  ctx_ = nullptr;
+  own_ctx_ = false;
+}
+
+// In a fork's child: every verbs object (and librdmacm's) is the parent's.
+// The kernel refuses their commands here (EACCES) and some providers map
+// queues that the parent still uses, so none is touched: our copies of
+// their descriptors are closed and the user memory is left alone.
+void VerbsChannel::forget_verbs_objects() {
+  if (comp_channel_) real().close(comp_channel_->fd);
+  if (cm_channel_) real().close(cm_channel_->fd);
+  if (own_ctx_ && ctx_) {
+    real().close(ctx_->cmd_fd);
+    real().close(ctx_->async_fd);
+  }
+  comp_channel_ = nullptr;
+  cm_channel_ = nullptr;
+  id_ = nullptr;
+  ctx_ = nullptr;
+  own_ctx_ = false;
+  pd_ = nullptr;
+  cq_ = nullptr;
+  qp_ = nullptr;
+  qp_from_cm_ = false;
+  cm_connected_ = false;
+  rx_mr_ = tx_mr_ = nullptr;
+  end_.unmap_rings();
+  rx_ring_ = tx_buf_ = nullptr;
+  unacked_cq_events_ = 0;
+}
+
+void VerbsChannel::reset_qp_counters_locked() {
+  recv_done_ = recv_reposted_ = recv_reported_ = 0;
+  msgs_sent_ = peer_acked_ = 0;
+  wr_posted_ = wr_done_ = last_signaled_ = 0;
+  stall_announced_ = false;
+  peer_stalled_ = false;
+  tx_was_blocked_ = false;
 }
 
 // ------------------------------------------------------------ completions --
@@ -274,21 +450,35 @@ void VerbsChannel::carrier_lost(uint32_t flags) {
 }
 
 void VerbsChannel::on_completion(const ibv_wc& wc) {
+  // The stable side of a move keeps its CQ: what an earlier queue pair
+  // left in it is history.
+  if (!qp_ || wc.qp_num != qp_->qp_num) return;
   const bool is_recv = wc.wr_id == kRecvWrId;
   if (wc.status != IBV_WC_SUCCESS) {
     // A flush after the peer closed cleanly (it disconnects after CLOSED) is
-    // the end of the stream, anything else a broken carrier.
-    if (wc.status == IBV_WC_WR_FLUSH_ERR && (peer_flags_ & kPeerClosed)) {
+    // the end of the stream. (So is any error after it: its queue pair may
+    // be gone already; and after a kernel-bytes reset, which ends the
+    // connection too.) Whether that end reads as a FIN or a reset is the
+    // stream's decision.
+    if (peer_flags_ & (kPeerClosed | kKernelBytes)) {
       carrier_lost(kPeerClosed);
-    } else {
-      // (A channel that was never started is a pairing candidate torn down:
-      // the flush of its posted receives says nothing about a stream.)
-      if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
-          remote_rkey_ != 0)
-        LOG_INFO("rdma: completion error: %s (%s)", ibv_wc_status_str(wc.status),
-                 is_recv ? "receive" : "send");
-      carrier_lost(kTransportError | kPeerClosed);
+      return;
     }
+    // After a broken carrier, or a kernel-bytes reset of ours, what follows.
+    if (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kKernelBytes)) return;
+    const int st = state_.load(std::memory_order_relaxed);
+    if (st == kDetached) return;  // what the gone queue pair leaves behind
+    if (remote_went_away(wc.status) && (st == kOwned || st == kAwaitHello)) {
+      LOG_DEBUG("rdma: %s: the other end's queue pair went away", ibv_wc_status_str(wc.status));
+      detach_locked();
+      return;
+    }
+    // (A channel that was never started is a pairing candidate torn down:
+    // the flush of its posted receives says nothing about a stream.)
+    if (remote_rkey_ != 0)
+      LOG_INFO("rdma: completion error: %s (%s)", ibv_wc_status_str(wc.status),
+               is_recv ? "receive" : "send");
+    carrier_lost(kTransportError | kPeerClosed);
     return;
   }
   if (!is_recv) {
@@ -296,6 +486,7 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
     return;
   }
   ++recv_done_;
+  if (state_.load(std::memory_order_relaxed) == kAwaitHello) hello_seen_ = true;
   if (!(wc.wc_flags & IBV_WC_WITH_IMM)) {
     carrier_lost(kTransportError | kPeerClosed);  // not our protocol
     return;
@@ -315,11 +506,10 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
       if (v & verbs_imm::kClosed) peer_flags_ |= kPeerClosed;
       if (v & verbs_imm::kReset) peer_flags_ |= kPeerReset;
       if (v & verbs_imm::kStalled) peer_stalled_ = true;
-      if ((v & verbs_imm::kKernelBytes) && !(peer_flags_ & kKernelBytes)) {
-        peer_flags_ |= kKernelBytes;
-        if (!kernel_bytes_reported_) report_kernel_bytes("rdma", false);
-        kernel_bytes_reported_ = true;
-      }
+      if (v & verbs_imm::kKernelBytes) kernel_bytes_from_peer_locked();
+      // The other end's owner closed, exited or exec'd while other
+      // processes of its host hold the end: wait for one to take it over.
+      if ((v & verbs_imm::kDetach) && !(v & verbs_imm::kClosed)) detach_pending_ = true;
       break;
     case verbs_imm::kAck:
       peer_acked_ = verbs_imm::extend(peer_acked_, v);
@@ -342,6 +532,16 @@ int VerbsChannel::poll_cq_locked() {
     found += n;
     if (n < 32) break;
   }
+  if (found > 0) record_rx_locked();
+  if (detach_pending_) {
+    detach_pending_ = false;
+    detach_locked(false);
+  }
+  if (hello_seen_) {
+    hello_seen_ = false;
+    if (state_.load(std::memory_order_relaxed) == kAwaitHello) on_hello_locked();
+  }
+  if (state_.load(std::memory_order_relaxed) != kOwned) return found;
   if (recv_done_ - recv_reposted_ >= kRepostBatch) flush_reposts_locked();
   const bool blocked = !data_window_open_locked();
   if (tx_was_blocked_ && !blocked) ++tx_epoch_;
@@ -352,7 +552,8 @@ int VerbsChannel::poll_cq_locked() {
 
 void VerbsChannel::flush_reposts_locked() {
   const uint64_t due = recv_done_ - recv_reposted_;
-  if (due == 0 || (carrier_flags_.load(std::memory_order_relaxed) & kTransportError)) return;
+  if (due == 0 || !qp_ || (carrier_flags_.load(std::memory_order_relaxed) & kTransportError))
+    return;
   if (repost_locked(static_cast<uint32_t>(due)) < 0) {
     carrier_lost(kTransportError | kPeerClosed);
     return;
@@ -372,7 +573,7 @@ int VerbsChannel::repost_locked(uint32_t n) {
       wrs[i].next = i + 1 < k ? &wrs[i + 1] : nullptr;
     }
     ibv_recv_wr* bad = nullptr;
-    int rc = ibv_post_recv(id_->qp, wrs, &bad);
+    int rc = ibv_post_recv(qp_, wrs, &bad);
     if (rc != 0) return -rc;
     n -= k;
   }
@@ -401,6 +602,8 @@ int VerbsChannel::reserve_sq_locked(int count) {
   const int64_t deadline = now_ms() + kSqWaitMs;
   while (wr_posted_ - wr_done_ + count > kVerbsSendDepth) {
     if (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) return -ECONNRESET;
+    if (state_.load(std::memory_order_relaxed) != kOwned)
+      return -EAGAIN;  // its queue pair went away
     if (now_ms() > deadline) {
       LOG_WARN("rdma: send queue stuck for %lld ms: failing the connection",
                static_cast<long long>(kSqWaitMs));
@@ -416,6 +619,7 @@ int VerbsChannel::reserve_sq_locked(int count) {
 // which are signaled.
 int VerbsChannel::post_locked(void* first_wr, int count) {
   if (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) return -ECONNRESET;
+  if (!qp_) return -ECONNRESET;
   if (int r = reserve_sq_locked(count); r < 0) return r;
   auto* wr = static_cast<ibv_send_wr*>(first_wr);
   for (ibv_send_wr* w = wr; w; w = w->next) {
@@ -427,7 +631,7 @@ int VerbsChannel::post_locked(void* first_wr, int count) {
     }
   }
   ibv_send_wr* bad = nullptr;
-  int rc = ibv_post_send(id_->qp, wr, &bad);
+  int rc = ibv_post_send(qp_, wr, &bad);
   if (rc != 0) {
     LOG_INFO("rdma: ibv_post_send: %s", strerror(rc));
     carrier_lost(kTransportError | kPeerClosed);
@@ -450,19 +654,13 @@ int VerbsChannel::post_imm_locked(verbs_imm::Type type, uint64_t value) {
   return rc;
 }
 
-int VerbsChannel::write(size_t offset, const void* src, size_t len) {
-  // The bytes go to the mirror; publish() sends the whole new range.
-  memcpy(tx_buf_ + offset, src, len);
-  return 0;
-}
-
-int VerbsChannel::publish(uint64_t head) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (head <= posted_head_) return 0;
-  if (head - posted_head_ > ring_bytes_) return -EINVAL;
+// RDMA-WRITEs the mirror's bytes [from, to) to the same offsets of the
+// peer's ring; the last WR carries `to` as the new head.
+int VerbsChannel::post_range_locked(uint64_t from, uint64_t to) {
+  if (to <= from) return 0;
+  if (to - from > ring_bytes_) return -EINVAL;
   RingSpan spans[2];
-  const int n =
-      ring_split(posted_head_, static_cast<size_t>(head - posted_head_), ring_bytes_, spans);
+  const int n = ring_split(from, static_cast<size_t>(to - from), ring_bytes_, spans);
   ibv_sge sge[2];
   ibv_send_wr wr[2] = {};
   for (int i = 0; i < n; ++i) {
@@ -480,20 +678,49 @@ int VerbsChannel::publish(uint64_t head) {
   // The last WR of the publication carries the new head: when its receive
   // completes at the peer, every byte before it is in place (RC ordering).
   wr[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr[n - 1].imm_data = htonl(verbs_imm::encode(verbs_imm::kData, head));
-  // The stream checked kTxBlocked under its send lock before writing, and
-  // only publish() spends data credits: the window is still open here.
+  wr[n - 1].imm_data = htonl(verbs_imm::encode(verbs_imm::kData, to));
   int rc = post_locked(&wr[0], n);
   if (rc < 0) return rc;
   ++msgs_sent_;
-  posted_head_ = head;
   if (!data_window_open_locked()) tx_was_blocked_ = true;
+  return 0;
+}
+
+int VerbsChannel::write(size_t offset, const void* src, size_t len) {
+  // The bytes go to the mirror; publish() sends the whole new range. The
+  // stream calls this inside its operation bracket (enter), so the end is
+  // ours and mapped here.
+  if (!tx_buf_) return -ECONNRESET;
+  memcpy(tx_buf_ + offset, src, len);
+  return 0;
+}
+
+int VerbsChannel::publish(uint64_t head) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (head <= posted_head_) return 0;
+  if (head - posted_head_ > ring_bytes_) return -EINVAL;
+  const int st = state_.load(std::memory_order_relaxed);
+  if (st == kFailed || st == kNotMine || st == kTaking) return -ECONNRESET;
+  if (st == kOwned) {
+    // The stream checked kTxBlocked under its send lock before writing, and
+    // only publish() spends data credits: the window is still open here.
+    int rc = post_range_locked(posted_head_, head);
+    if (rc == -EAGAIN) rc = 0;  // its queue pair just went away: resent after the move
+    if (rc < 0) return rc;
+  }
+  // Otherwise the bytes wait in the mirror: whoever owns the end once the
+  // connection has moved resends them. (kLost: inside the operation that
+  // was going on when another process took over, which waits for it: the
+  // taker resends these from the shared mirror.)
+  posted_head_ = head;
+  end_.hdr()->tx_sent.store(head, std::memory_order_release);
   return 0;
 }
 
 int VerbsChannel::grant(uint64_t consumed) {
   std::lock_guard<std::mutex> lock(mu_);
   if (consumed <= granted_) return 0;
+  if (state_.load(std::memory_order_relaxed) != kOwned) return 0;  // the move reports it
   int rc = post_imm_locked(verbs_imm::kCredit, consumed);
   if (rc == 0) {
     granted_ = consumed;
@@ -511,26 +738,64 @@ void VerbsChannel::signal(uint32_t flags) {
   if (flags & kSendKernelBytes) bits |= verbs_imm::kKernelBytes;
   if ((bits & ~flags_sent_) == 0) return;
   flags_sent_ |= bits;
+  // Not the end's owner yet (it moves here): sent once it has.
+  if (!owner_state()) return;
+  VerbsEndHeader* h = end_.hdr();
+  if (!end_enter(h, epoch_)) {
+    become_lost_locked();
+    return;
+  }
+  h->flags_sent.fetch_or(frame_flags(bits), std::memory_order_acq_rel);
   // Posted after every publication so far: the peer sees FIN after the
-  // last head (RC order).
-  (void)post_imm_locked(verbs_imm::kFlags, flags_sent_);
+  // last head (RC order). While the connection moves, the replay carries it.
+  if (state_.load(std::memory_order_relaxed) == kOwned) {
+    // The peer tells a FIN from a reset by what we read: our exact total
+    // goes before CLOSED (close() grants it, an exit does not).
+    const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+    if ((bits & verbs_imm::kClosed) && consumed > granted_ &&
+        post_imm_locked(verbs_imm::kCredit, consumed) == 0)
+      granted_ = consumed;
+    (void)post_imm_locked(verbs_imm::kFlags, flags_sent_);
+  }
+  end_leave(h);
 }
 
 PeerState VerbsChannel::poll() {
   std::lock_guard<std::mutex> lock(mu_);
+  PeerState s;
+  check_owner_locked();
+  const int st = state_.load(std::memory_order_relaxed);
+  if (st == kNotMine || st == kTaking) {
+    s.flags = kTxBlocked;  // nothing to report until the end is ours
+    return s;
+  }
+  if (st == kLost) {
+    report_lost_locked();
+    s.flags = kTransportError | kPeerClosed;
+    return s;
+  }
   // Carrier flags before the CQ: the peer's last immediates complete here
   // before its TCP FIN or disconnect can be seen, so once we have loaded a
   // carrier loss, the CQ poll below still delivers the final head. (Every
   // carrier_lost() happens under mu_, after a CQ poll, so this is belt and
   // braces.)
   const uint32_t carrier = carrier_flags_.load(std::memory_order_acquire);
+  // An end whose other side is moving looks at the kernel socket on every
+  // call, so that a program that keeps busy without sleeping still answers
+  // the taker's MOVE.
+  if (st == kDetached) service_kernel_socket_locked();
   poll_cq_locked();
-  PeerState s;
+  check_deadline_locked();
   s.head = peer_head_;
   s.consumed = peer_consumed_;
-  s.flags = peer_flags_ | carrier;
+  s.flags = peer_flags_ | carrier | carrier_flags_.load(std::memory_order_acquire);
+  if (state_.load(std::memory_order_relaxed) == kLost) {
+    report_lost_locked();
+    s.flags |= kTransportError | kPeerClosed;
+  }
   if (peer_stalled_) s.flags |= kPeerStalled;
-  if (!data_window_open_locked()) s.flags |= kTxBlocked;
+  if (state_.load(std::memory_order_relaxed) == kOwned && !data_window_open_locked())
+    s.flags |= kTxBlocked;
   s.tx_epoch = tx_epoch_;
   return s;
 }
@@ -538,9 +803,10 @@ PeerState VerbsChannel::poll() {
 void VerbsChannel::arm(uint32_t want) {
   std::lock_guard<std::mutex> lock(mu_);
   ++armed_;
+  if (!cq_) return;  // nothing of ours to be notified of yet (the end moves here)
   // Work left over from the last wakeup, done now that the caller is about
   // to sleep (see "The wakeup path" above).
-  flush_reposts_locked();
+  if (state_.load(std::memory_order_relaxed) == kOwned) flush_reposts_locked();
   if (event_owed_) {
     event_owed_ = false;
     (void)take_cq_event_locked();
@@ -548,8 +814,9 @@ void VerbsChannel::arm(uint32_t want) {
   // Any completion from now on (data, credit, flags, ACK, error) makes the
   // completion channel readable; the caller re-checks after arm(), which
   // polls the CQ, so nothing that completed before is missed.
-  if (cq_ && !cq_armed_) request_notify_locked();  // armed until its event is taken
+  if (!cq_armed_) request_notify_locked();  // armed until its event is taken
   if ((want & kWantSpace) && !stall_announced_ &&
+      state_.load(std::memory_order_relaxed) == kOwned &&
       (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0) {
     // The peer grants as soon as it frees anything while we wait.
     if (post_imm_locked(verbs_imm::kFlags, flags_sent_ | verbs_imm::kStalled) == 0)
@@ -563,16 +830,24 @@ void VerbsChannel::disarm(uint32_t /*want*/) {
 }
 
 void VerbsChannel::drain_cm_events_locked() {
+  if (!cm_channel_) return;
   // Connection events: the peer disconnected (after CLOSED: a clean end;
-  // before: it vanished) or the device went away.
+  // after DETACH, or without a word: its queue pair is gone, the end may
+  // move) or the device went away.
   for (;;) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(cm_channel_, &ev) != 0) break;
     const rdma_cm_event_type type = ev->event;
     rdma_ack_cm_event(ev);
     if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+      if (!cm_connected_) continue;  // the queue pair before a move
+      cm_connected_ = false;
       poll_cq_locked();  // the peer's last immediates precede its disconnect
-      carrier_lost((peer_flags_ & kPeerClosed) ? kPeerClosed : (kTransportError | kPeerClosed));
+      if ((peer_flags_ & (kPeerClosed | kKernelBytes)) ||
+          (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes))
+        carrier_lost(kPeerClosed);
+      else
+        detach_locked();
     } else if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || type == RDMA_CM_EVENT_ADDR_CHANGE) {
       LOG_INFO("rdma: %s: failing the connection", rdma_event_str(type));
       carrier_lost(kTransportError | kPeerClosed);
@@ -599,6 +874,8 @@ void VerbsChannel::request_notify_locked() {
 
 void VerbsChannel::drain_wakeups() {
   std::lock_guard<std::mutex> lock(mu_);
+  check_owner_locked();
+  const int st = state_.load(std::memory_order_relaxed);
   // The usual wakeup is a completion event: take it and leave the other
   // sources alone. wait_fd is level-triggered, so anything else that is
   // pending wakes the next sleeper at once and is handled then.
@@ -624,8 +901,12 @@ void VerbsChannel::drain_wakeups() {
   if (!took_event) {
     uint64_t count;
     if (wake_fd_ >= 0) (void)!real().read(wake_fd_, &count, sizeof count);
+    if (timer_fd_ >= 0) (void)!real().read(timer_fd_, &count, sizeof count);
     drain_cm_events_locked();
-    look_at_tcp_locked(true);
+    // The kernel TCP connection: EOF or an error (the peer's end is gone),
+    // or frames of a move. A taker reads its answer in take_over().
+    if (st == kOwned || st == kDetached || st == kAwaitHello) service_kernel_socket_locked();
+    check_deadline_locked();
   }
   poll_cq_locked();
   // The caller disarms and re-checks next (and arm() re-arms the CQ before
@@ -638,67 +919,943 @@ void VerbsChannel::drain_wakeups() {
   }
 }
 
-// The kernel TCP connection: nothing is sent on it after the switch, so
-// readable means EOF (the peer's end is gone), an error, or bytes that
-// reached it behind librsock. drain: read it (after a wakeup); else only
-// look (TCP_INFO), consuming nothing. No doorbell ever sits unread in the
-// peer's socket here, so a reset from its kernel is meant: an abortive
-// close (SO_LINGER 0), or a peer whose queue pair failed and whose bytes
-// may have died with it (~VerbsChannel): a reset, never a quiet EOF.
-void VerbsChannel::look_at_tcp_locked(bool drain) {
-  if (tcp_fd_ < 0) return;
-  uint32_t lost = 0;
-  bool foreign = false;
-  if (drain) {
-    char buf[256];
-    ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0)
-      foreign = true;
-    else if (n == 0)
-      lost = kPeerClosed;
-    else if (errno == ECONNRESET || errno == EPIPE)
-      lost = kPeerClosed | kPeerReset;
-    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      lost = kTransportError | kPeerClosed;
-  } else {
-    CarrierInfo ci;
-    if (carrier_info(tcp_fd_, &ci) != 0) return;
-    if (!ci.open) lost = ci.reset ? kPeerClosed | kPeerReset : kPeerClosed;
-    // The pairing's own bytes were read before start(): any byte waiting
-    // now is foreign.
-    foreign = carrier_unread(tcp_fd_) > 0;
+// -------------------------------------------------------- processes, holders --
+
+bool VerbsChannel::owner_state() const {
+  const int st = state_.load(std::memory_order_relaxed);
+  return st == kOwned || st == kDetached || st == kAwaitHello;
+}
+
+// Whether this process still owns the end; notices a takeover by another.
+bool VerbsChannel::check_owner_locked() {
+  const int st = state_.load(std::memory_order_relaxed);
+  if (st != kOwned && st != kDetached && st != kAwaitHello && st != kTaking) return false;
+  if (!end_.hdr() || end_owns(end_.hdr(), epoch_)) return true;
+  become_lost_locked();
+  return false;
+}
+
+// Another process took the end over: this one stops (it sends nothing
+// more, reads nothing more from the kernel socket, whose frames are the new
+// owner's now).
+void VerbsChannel::become_lost_locked() {
+  if (state_.load(std::memory_order_relaxed) == kLost) return;
+  poll_cq_locked();  // what arrived is a fact the taker may need (rx_head)
+  state_.store(kLost, std::memory_order_release);
+  unwatch_tcp_locked();
+  arm_timer(timer_fd_, 0);
+}
+
+// A call on a lost end fails: the first one says why, once.
+void VerbsChannel::report_lost_locked() {
+  if (lost_reported_) return;
+  lost_reported_ = true;
+  stats_reset_connection(Reset::kTakenOver);
+  LOG_WARN(
+      "rdma connection taken over by another process (a fork's child or an exec'd program "
+      "that used it): calls on it in this process fail with ECONNRESET");
+}
+
+int VerbsChannel::enter() {
+  const int st = state_.load(std::memory_order_acquire);
+  if (st == kNotMine || st == kTaking) return -EAGAIN;  // take_over() comes first
+  // Reset here (a move failed, or kernel bytes while moving): nothing moves,
+  // and the stream reports the reset as it reports any.
+  if (st == kFailed) return 1;
+  // epoch_ changes only in take_over(), under both of the stream's locks,
+  // one of which our caller holds.
+  const bool owner = st == kOwned || st == kDetached || st == kAwaitHello;
+  if (owner && end_enter(end_.hdr(), epoch_)) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (owner_state()) become_lost_locked();
+  if (state_.load(std::memory_order_relaxed) == kLost) report_lost_locked();
+  return -ECONNRESET;
+}
+
+void VerbsChannel::leave() { end_leave(end_.hdr()); }
+
+void VerbsChannel::note_read(uint64_t total) {
+  rx_consumed_.store(total, std::memory_order_relaxed);
+  end_.hdr()->rx_consumed.store(total, std::memory_order_release);
+}
+
+void VerbsChannel::record_rx_locked() {
+  VerbsEndHeader* h = end_.hdr();
+  if (!h) return;
+  uint64_t cur = h->rx_head.load(std::memory_order_relaxed);
+  while (peer_head_ > cur &&
+         !h->rx_head.compare_exchange_weak(cur, peer_head_, std::memory_order_acq_rel)) {
   }
-  if (foreign) kernel_bytes_seen_locked();
-  if (lost) {
-    poll_cq_locked();  // the peer's last immediates precede its TCP FIN
-    carrier_lost(lost);
+  // What the peer told us (its FLAGS; not what a carrier loss here made of
+  // it), for the process that takes the end over next.
+  uint32_t pf = 0;
+  if (peer_flags_ & kPeerFin) pf |= kMoveFin;
+  if (peer_flags_ & kPeerClosed) pf |= kMoveClosed;
+  if (peer_flags_ & kPeerReset) pf |= kMoveReset;
+  if (peer_flags_ & kKernelBytes) pf |= kMoveKernelBytes;
+  if (pf) h->peer_flags.fetch_or(pf, std::memory_order_acq_rel);
+}
+
+void VerbsChannel::add_holder() {
+  if (end_.hdr()) end_.hdr()->holders.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void VerbsChannel::undo_add_holder() {
+  if (end_.hdr()) end_.hdr()->holders.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+bool VerbsChannel::drop_holder() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t before = end_.hdr()->holders.fetch_sub(1, std::memory_order_acq_rel);
+  check_owner_locked();
+  const int st = state_.load(std::memory_order_relaxed);
+  if (!owner_state() && st != kTaking) return false;  // not ours: nothing to say
+  if (before <= 1) {
+    last_close_ = true;  // the peer learns that the stream closed
+    return true;
   }
-  if (lost || foreign) {
-    // Level-triggered EOF (or bytes left unread) would keep wait_fd
-    // readable for ever.
-    real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
+  detach_close_ = true;  // others hold it: one of them may take it over
+  return false;
+}
+
+void VerbsChannel::after_fork_child() {
+  // Threads of the parent that held it at the fork do not exist here.
+  new (&mu_) std::mutex();
+  std::lock_guard<std::mutex> lock(mu_);
+  forget_verbs_objects();
+  // The epoll set, eventfd and timer are shared with the parent (fork
+  // copies descriptors, not the files): ours from now on.
+  if (epoll_fd_ >= 0) real().close(epoll_fd_);
+  if (wake_fd_ >= 0) real().close(wake_fd_);
+  if (timer_fd_ >= 0) real().close(timer_fd_);
+  epoll_fd_ = wake_fd_ = timer_fd_ = -1;
+  tcp_watched_ = false;
+  (void)open_wait_fds();
+  reset_qp_counters_locked();
+  armed_ = 0;
+  cq_armed_ = event_owed_ = false;
+  hello_seen_ = detach_pending_ = false;
+  last_close_ = detach_close_ = exited_ = lost_reported_ = false;
+  kernel_bytes_reported_ = false;  // this process counts its own resets
+  partial_since_ms_ = 0;
+  // This process never owned the end, whatever the parent did with it: its
+  // first use takes it over (a reset connection stays reset).
+  if (state_.load(std::memory_order_relaxed) != kFailed)
+    state_.store(kNotMine, std::memory_order_release);
+}
+
+// ---------------------------------------------------------------- the move --
+
+// The other end's queue pair went away (DETACH, a disconnect, or a send
+// that nobody acknowledges). Its owner's host may still hold the end, and
+// one of its processes take it over: wait for its MOVE. Without a DETACH
+// the wait is bounded (a process that vanished without a word leaves none
+// that will take over, unless another holds the end and uses it soon).
+void VerbsChannel::detach_locked(bool bounded) {
+  const int st = state_.load(std::memory_order_relaxed);
+  if (st != kOwned && st != kAwaitHello) return;
+  // Reset for kernel bytes (either end): nobody takes a reset connection over.
+  if ((carrier_flags_.load(std::memory_order_relaxed) | peer_flags_) & kKernelBytes) return;
+  record_rx_locked();
+  state_.store(kDetached, std::memory_order_release);
+  deadline_ms_ = bounded ? now_ms() + kVerbsMoveMs : 0;
+  arm_timer(timer_fd_, deadline_ms_);
+  LOG_DEBUG(
+      "rdma: the other end's queue pair went away%s: waiting for a process that takes it "
+      "over",
+      bounded ? " without a word" : "");
+}
+
+void VerbsChannel::check_deadline_locked() {
+  const int st = state_.load(std::memory_order_relaxed);
+  if ((st != kAwaitHello && st != kDetached) || deadline_ms_ == 0 || now_ms() < deadline_ms_)
+    return;
+  if (ended_locked()) return;
+  fail_move_locked(st == kAwaitHello
+                       ? "the process that took the other end over did not come up in time"
+                       : "the other end's queue pair went away and no process took it over in "
+                         "time",
+                   true);
+}
+
+void VerbsChannel::fail_move_locked(const char* why, bool tell_peer) {
+  if (state_.load(std::memory_order_relaxed) == kFailed) return;
+  state_.store(kFailed, std::memory_order_release);
+  carrier_lost(kTransportError | kPeerClosed);
+  arm_timer(timer_fd_, 0);
+  stats_reset_connection(Reset::kMoveFailed);
+  LOG_WARN("rdma: moving the connection to another process failed (%s): it is reset", why);
+  if (tell_peer) send_reset_frame_locked(0);
+  unwatch_tcp_locked();
+}
+
+// A RESET frame to the other end (flags: kMoveKernelBytes or 0), for when
+// no queue pair of ours reaches it. Best effort, bounded.
+void VerbsChannel::send_reset_frame_locked(uint8_t flags) {
+  if (tcp_fd_ < 0 || !end_.hdr() || !end_lock_frames(end_.hdr(), now_ms() + 100)) return;
+  MoveFrame r;
+  r.type = MoveType::kReset;
+  r.flags = flags;
+  (void)send_frame_locked(r);
+  end_unlock_frames(end_.hdr());
+}
+
+// The one reader of the connection's kernel socket. After the switch only
+// move frames (MoveFrame) may arrive there; they are looked at (MSG_PEEK)
+// and consumed only by the process they are for. Anything else (kForeign,
+// or kBad: the magic with fields no librsock writes) is bytes that reached
+// the socket behind librsock (README, "What librsock intercepts"): the
+// callers reset the connection on both ends for them (kernel_bytes). The
+// end of the socket: kEnd (the other end's last holder closed or died: a
+// FIN from its kernel), kReset (a reset from its kernel: an abortive close,
+// or a peer whose queue pair failed, ~VerbsChannel; never unread bytes of
+// ours, since nothing is sent on it but frames, which are all read), kError
+// (anything else). kPartial: a frame's first bytes, whose rest is still to
+// come (at most kVerbsMoveMs). *len: the bytes looked at.
+VerbsChannel::Kernel VerbsChannel::read_kernel_socket_locked(MoveFrame* frame, size_t* len) {
+  uint8_t buf[kMoveFrameBytes];
+  *len = 0;
+  if (tcp_fd_ < 0) return Kernel::kNothing;
+  const ssize_t n = real().recv(tcp_fd_, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return Kernel::kEnd;
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Kernel::kNothing;
+    return (errno == ECONNRESET || errno == EPIPE) ? Kernel::kReset : Kernel::kError;
+  }
+  *len = static_cast<size_t>(n);
+  const FrameScan scan = scan_move_frame(buf, static_cast<size_t>(n), frame);
+  if (scan != FrameScan::kNeedMore) partial_since_ms_ = 0;
+  switch (scan) {
+    case FrameScan::kNeedMore: {
+      // The rest of a frame is on its way: one send() wrote it, onto a
+      // socket that carries nothing else, so it follows at once. Unless the
+      // other end went away in the middle (then it never comes), or it
+      // stays away: bytes behind librsock that start like a frame. Either
+      // way they are no frame (the connection resets, then ends).
+      pollfd p = {tcp_fd_, POLLRDHUP, 0};
+      const int64_t now = now_ms();
+      if (partial_since_ms_ == 0) partial_since_ms_ = now;
+      if ((real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) ||
+          now - partial_since_ms_ > kVerbsMoveMs) {
+        partial_since_ms_ = 0;
+        return Kernel::kForeign;
+      }
+      return Kernel::kPartial;
+    }
+    case FrameScan::kNotFrame:
+      return Kernel::kForeign;
+    case FrameScan::kBad:
+      return Kernel::kBad;
+    case FrameScan::kFrame:
+      return Kernel::kFrame;
+  }
+  return Kernel::kBad;
+}
+
+// Consumes len bytes that a look showed (a frame: counted in the end's
+// frame_bytes_in; or bytes that are not librsock's).
+void VerbsChannel::consume_kernel_locked(size_t len, bool frame) {
+  uint8_t buf[kMoveFrameBytes];
+  while (len > 0) {
+    const ssize_t n = real().recv(tcp_fd_, buf, std::min(len, sizeof buf), MSG_DONTWAIT);
+    if (n <= 0) return;
+    len -= static_cast<size_t>(n);
+    if (frame && end_.hdr())
+      end_.hdr()->frame_bytes_in.fetch_add(static_cast<uint64_t>(n), std::memory_order_acq_rel);
   }
 }
 
-// Bytes reached our TCP socket behind librsock: the connection resets here
-// (ECONNRESET), the peer is told (FLAGS KERNEL_BYTES), and the reset is
-// reported once in this process.
+int VerbsChannel::send_frame_locked(const MoveFrame& f) {
+  uint8_t out[kMoveFrameBytes];
+  encode_move_frame(f, out);
+  const int64_t deadline = now_ms() + kVerbsMoveMs;
+  size_t done = 0;
+  while (done < sizeof out) {
+    const ssize_t n =
+        real().send(tcp_fd_, out + done, sizeof out - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -errno;
+    pollfd p = {tcp_fd_, POLLOUT, 0};
+    if (real().poll(&p, 1, ms_left(deadline)) == 0) return -ETIMEDOUT;
+  }
+  return 0;
+}
+
+MoveFrame VerbsChannel::my_frame_locked(MoveType type, uint64_t nonce) {
+  MoveFrame f;
+  f.type = type;
+  f.ring_log2 = static_cast<uint8_t>(log2_of(ring_bytes_));
+  f.mtu = mtu_;
+  f.flags = static_cast<uint8_t>(frame_flags(flags_sent_));
+  f.qpn = qp_ ? qp_->qp_num : 0;
+  f.psn = my_psn_;
+  f.ring = {rx_mr_ ? rx_mr_->rkey : 0, reinterpret_cast<uintptr_t>(rx_ring_)};
+  f.nonce = nonce;
+  f.rx_consumed = rx_consumed_.load(std::memory_order_relaxed);
+  f.tx_sent = posted_head_;
+  memcpy(f.gid, gid_, sizeof f.gid);
+  return f;
+}
+
+// The owner looks at its kernel socket: the other end's liveness, and the
+// frames of a move of the other end.
+void VerbsChannel::service_kernel_socket_locked() {
+  for (int i = 0; i < 4; ++i) {
+    MoveFrame f;
+    size_t len = 0;
+    const Kernel k = read_kernel_socket_locked(&f, &len);
+    switch (k) {
+      case Kernel::kNothing:
+      case Kernel::kPartial:
+        return;
+      case Kernel::kEnd:
+      case Kernel::kReset:
+      case Kernel::kError:
+        // The other end's last holder closed (or died): what reached the
+        // ring is delivered, then the stream decides between EOF and a
+        // reset by what the other end read (a reset from its kernel is
+        // one in any case).
+        poll_cq_locked();
+        carrier_lost(k == Kernel::kEnd     ? kPeerClosed
+                     : k == Kernel::kReset ? kPeerClosed | kPeerReset
+                                           : kTransportError | kPeerClosed);
+        unwatch_tcp_locked();
+        arm_timer(timer_fd_, 0);
+        return;
+      case Kernel::kForeign:
+      case Kernel::kBad:
+        // Bytes behind librsock's back (a raw write, io_uring, stdio on the
+        // peer's fd; a forged frame): they belong to no frame. They are
+        // dropped, and the connection is reset on both ends.
+        if (!end_owns(end_.hdr(), epoch_)) {
+          become_lost_locked();  // the new owner's to report
+          return;
+        }
+        consume_kernel_locked(len, false);
+        kernel_bytes_seen_locked();
+        continue;
+      case Kernel::kFrame:
+        break;
+    }
+    // Frames are consumed by the owner only, in order, under the frame
+    // lock (a taker on this host fences us under it).
+    VerbsEndHeader* h = end_.hdr();
+    if (!end_lock_frames(h, now_ms() + kVerbsMoveMs)) return;
+    if (!end_owns(h, epoch_)) {
+      end_unlock_frames(h);
+      become_lost_locked();
+      return;
+    }
+    consume_kernel_locked(kMoveFrameBytes, true);
+    if ((carrier_flags_.load(std::memory_order_relaxed) | peer_flags_) & kKernelBytes) {
+      // Reset for kernel bytes: a process of the other end that takes it
+      // over learns so instead of a new queue pair.
+      end_unlock_frames(h);
+      if (f.type == MoveType::kMove) send_reset_frame_locked(kMoveKernelBytes);
+      continue;
+    }
+    if (f.type == MoveType::kMove) {
+      handle_move_locked(f);
+    } else if (f.type == MoveType::kReset) {
+      end_unlock_frames(h);
+      poll_cq_locked();
+      if (f.flags & kMoveKernelBytes)
+        kernel_bytes_from_peer_locked();
+      else
+        fail_move_locked("the other end failed to move", false);
+      return;
+    }  // kMoved: an answer to a takeover that another one superseded
+    end_unlock_frames(h);
+    if (state_.load(std::memory_order_relaxed) == kFailed) return;
+  }
+}
+
+// The other end moved to another process (MOVE): a new queue pair of ours
+// for its new one, our answer (MOVED), then wait for its first message
+// before we resend what it has not read (it may not be up yet).
+void VerbsChannel::handle_move_locked(const MoveFrame& f) {
+  poll_cq_locked();  // what the old queue pair delivered
+  // (Our read total may grow meanwhile, in another thread's recv: a smaller
+  // one only makes the taker resend bytes we have, to the same place.)
+  const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+  if (f.ring_log2 != log2_of(ring_bytes_) || f.rx_consumed > posted_head_ ||
+      posted_head_ - f.rx_consumed > ring_bytes_ || f.tx_sent < consumed ||
+      f.tx_sent < peer_head_ || f.tx_sent - consumed > ring_bytes_) {
+    LOG_WARN(
+        "rdma: a move frame with impossible positions (read %llu of our %llu, sent %llu, "
+        "we read %llu)",
+        static_cast<unsigned long long>(f.rx_consumed),
+        static_cast<unsigned long long>(posted_head_), static_cast<unsigned long long>(f.tx_sent),
+        static_cast<unsigned long long>(consumed));
+    fail_move_locked("impossible positions", true);
+    return;
+  }
+  if (gid_index_ < 0) {
+    fail_move_locked("no RoCE GID for this end's address: the queue pair cannot be made by hand",
+                     true);
+    return;
+  }
+  VerbsPort port;
+  port.ctx = ctx_;
+  port.port = port_;
+  port.gid_index = gid_index_;
+  memcpy(port.gid, gid_, sizeof gid_);
+  port.mtu = mtu_;
+  uint32_t inline_bytes = 0;
+  ibv_qp* qp = verbs_create_qp(pd_, cq_, port, &inline_bytes);
+  if (!qp) {
+    fail_move_locked("cannot create a queue pair", true);
+    return;
+  }
+  QpAddress peer;
+  peer.qpn = f.qpn;
+  peer.psn = f.psn;
+  memcpy(peer.gid, f.gid, 16);
+  peer.mtu = f.mtu;
+  const uint32_t psn = verbs_random_psn();
+  // The old queue pair stops (the other end's new one must never see a
+  // write of it land late). The new one was created while the old one
+  // still existed, so it has another number, which tells the old one's
+  // leftovers in the shared CQ apart.
+  ibv_qp* const old = qp_;
+  const bool old_from_cm = qp_from_cm_;
+  qp_ = qp;
+  qp_from_cm_ = false;
+  max_inline_ = inline_bytes;
+  reset_qp_counters_locked();
+  if (old) {
+    if (old_from_cm && cm_connected_ && id_) rdma_disconnect(id_);
+    ibv_qp_attr err = {};
+    err.qp_state = IBV_QPS_ERR;
+    ibv_modify_qp(old, &err, IBV_QP_STATE);
+    poll_cq_locked();
+    if (old_from_cm && id_)
+      rdma_destroy_qp(id_);
+    else
+      ibv_destroy_qp(old);
+  }
+  cm_connected_ = false;
+  int rc = repost_locked(kVerbsRecvDepth);
+  if (rc == 0) rc = verbs_connect_qp(qp_, port, peer, psn);
+  if (rc < 0) {
+    fail_move_locked("cannot bring the new queue pair up", true);
+    return;
+  }
+  my_psn_ = psn;
+  remote_addr_ = f.ring.addr;
+  remote_rkey_ = f.ring.rkey;
+  if (f.rx_consumed > peer_consumed_) peer_consumed_ = f.rx_consumed;
+  replay_from_ = f.rx_consumed;
+  if (int r = send_frame_locked(my_frame_locked(MoveType::kMoved, f.nonce)); r < 0) {
+    fail_move_locked("cannot answer on the kernel socket", false);
+    return;
+  }
+  state_.store(kAwaitHello, std::memory_order_release);
+  deadline_ms_ = now_ms() + kVerbsMoveMs;
+  arm_timer(timer_fd_, deadline_ms_);
+  LOG_INFO("rdma: the other end moved to another process: new queue pair");
+}
+
+// The taker's first message arrived on the new queue pair: it is up.
+// Resend what it has not read, and our flags.
+void VerbsChannel::on_hello_locked() {
+  state_.store(kOwned, std::memory_order_release);
+  deadline_ms_ = 0;
+  arm_timer(timer_fd_, 0);
+  // Our read total as of now (the MOVED frame had it as of then): a close
+  // that comes with the flags below must find it exact at the taker.
+  const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+  if (post_imm_locked(verbs_imm::kCredit, consumed) == 0) granted_ = consumed;
+  if (post_range_locked(replay_from_, posted_head_) < 0) return;
+  const uint32_t sticky = flags_sent_ & kStickyFlags;
+  if (sticky) (void)post_imm_locked(verbs_imm::kFlags, sticky);
+}
+
+// A process that holds the end but not its queue pair makes its own (a
+// device context of its own: the parent's descriptors are refused here),
+// fences the owner, reads where it stopped, and announces itself (MOVE).
+int VerbsChannel::prepare_take_over_locked() {
+  VerbsEndHeader* h = end_.hdr();
+  verbs_global_init();
+  VerbsPort port;
+  if (int rc = verbs_open_port_for(h->local, &port); rc < 0) {
+    LOG_WARN("rdma: no RoCE device has this connection's address: it cannot be taken over");
+    return rc;
+  }
+  ctx_ = port.ctx;
+  own_ctx_ = true;
+  port_ = port.port;
+  gid_index_ = port.gid_index;
+  memcpy(gid_, port.gid, sizeof gid_);
+  mtu_ = port.mtu;
+  if (int rc = end_.map_rings(); rc < 0) return rc;
+  rx_ring_ = end_.rx_ring();
+  tx_buf_ = end_.tx_mirror();
+  pd_ = ibv_alloc_pd(ctx_);
+  if (!pd_) return errno ? -errno : -ENOMEM;
+  comp_channel_ = ibv_create_comp_channel(ctx_);
+  if (!comp_channel_) return errno ? -errno : -ENOMEM;
+  cq_ = ibv_create_cq(ctx_, static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16), nullptr,
+                      comp_channel_, 0);
+  if (!cq_) return errno ? -errno : -ENOMEM;
+  if (int r = set_nonblock(comp_channel_->fd); r < 0) return r;
+  qp_ = verbs_create_qp(pd_, cq_, port, &max_inline_);
+  if (!qp_) return errno ? -errno : -ENOMEM;
+  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!rx_mr_) return errno ? -errno : -ENOMEM;
+  tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE);
+  if (!tx_mr_) return errno ? -errno : -ENOMEM;
+  reset_qp_counters_locked();
+  if (int rc = repost_locked(kVerbsRecvDepth); rc < 0) return rc;
+  watch_fd_locked(comp_channel_->fd);
+  return 0;
+}
+
+int VerbsChannel::continue_take_over_locked(EndPositions* at) {
+  VerbsEndHeader* h = end_.hdr();
+  for (;;) {
+    MoveFrame f;
+    size_t len = 0;
+    const Kernel r = read_kernel_socket_locked(&f, &len);
+    switch (r) {
+      case Kernel::kNothing:
+      case Kernel::kPartial:
+        return -EAGAIN;
+      case Kernel::kForeign:
+      case Kernel::kBad:
+        // Not a frame: bytes behind librsock's back (or a forged frame).
+        // The connection is reset on both ends.
+        consume_kernel_locked(len, false);
+        kernel_bytes_seen_locked();
+        return -ECONNRESET;
+      case Kernel::kEnd:
+      case Kernel::kReset:
+      case Kernel::kError: {
+        // The other end is gone before it answered: what reached the ring
+        // while the previous owner had the end is all there will be. It
+        // recorded how far that is when it last looked at its queue (its
+        // close, exit or exec looks once more).
+        const int64_t deadline = now_ms() + kVerbsMoveMs;
+        while (!(h->peer_flags.load(std::memory_order_acquire) & kMoveClosed) &&
+               prev_owner_ != static_cast<int>(getpid()) && !pid_gone(prev_owner_) &&
+               now_ms() < deadline)
+          usleep(5000);
+        const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+        const uint64_t head = std::max(h->rx_head.load(std::memory_order_acquire), consumed);
+        if (head - consumed <= ring_bytes_) peer_head_ = head;
+        peer_flags_ |= peer_flags_of(h->peer_flags.load(std::memory_order_acquire));
+        // What the other end read of ours it told a process that is gone
+        // (its credits): the end reads as its kernel reported it, a FIN as
+        // EOF, a reset as a reset.
+        peer_consumed_ = posted_head_;
+        state_.store(kOwned, std::memory_order_release);
+        carrier_lost(r == Kernel::kEnd     ? kPeerClosed
+                     : r == Kernel::kReset ? kPeerClosed | kPeerReset
+                                           : kTransportError | kPeerClosed);
+        unwatch_tcp_locked();
+        at->tx_sent = at->tx_credited = posted_head_;
+        at->rx_consumed = consumed;
+        at->fin_sent = (flags_sent_ & verbs_imm::kFin) != 0;
+        stats_connection(Path::kRdma);
+        return 0;
+      }
+      case Kernel::kFrame:
+        break;
+    }
+    if (!end_lock_frames(h, now_ms() + kVerbsMoveMs)) return -EAGAIN;
+    if (!end_owns(h, epoch_)) {  // a later taker fenced us
+      end_unlock_frames(h);
+      become_lost_locked();
+      return -ECONNRESET;
+    }
+    if (f.type == MoveType::kMoved && f.nonce != move_nonce_) {
+      consume_kernel_locked(kMoveFrameBytes, true);  // for a takeover superseded by ours
+      end_unlock_frames(h);
+      continue;
+    }
+    consume_kernel_locked(kMoveFrameBytes, true);
+    end_unlock_frames(h);
+    if (f.type == MoveType::kReset) {
+      if (f.flags & kMoveKernelBytes)
+        kernel_bytes_from_peer_locked();
+      else
+        fail_move_locked("the other end failed to move", false);
+      return -ECONNRESET;
+    }
+    // MOVED, our answer; or the other end's own MOVE (it moves at the same
+    // time: each takes the other's MOVE as the answer).
+    return connect_taker_locked(f, at);
+  }
+}
+
+int VerbsChannel::connect_taker_locked(const MoveFrame& f, EndPositions* at) {
+  const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+  if (f.ring_log2 != log2_of(ring_bytes_) || f.rx_consumed > posted_head_ ||
+      posted_head_ - f.rx_consumed > ring_bytes_ || f.tx_sent < consumed ||
+      f.tx_sent - consumed > ring_bytes_) {
+    fail_move_locked("the other end answered with impossible positions", true);
+    return -ECONNRESET;
+  }
+  VerbsPort port;
+  port.ctx = ctx_;
+  port.port = port_;
+  port.gid_index = gid_index_;
+  memcpy(port.gid, gid_, sizeof gid_);
+  port.mtu = mtu_;
+  QpAddress peer;
+  peer.qpn = f.qpn;
+  peer.psn = f.psn;
+  memcpy(peer.gid, f.gid, 16);
+  peer.mtu = f.mtu;
+  if (verbs_connect_qp(qp_, port, peer, my_psn_) < 0) {
+    fail_move_locked("cannot bring the new queue pair up", true);
+    return -ECONNRESET;
+  }
+  remote_addr_ = f.ring.addr;
+  remote_rkey_ = f.ring.rkey;
+  peer_consumed_ = f.rx_consumed;
+  peer_head_ = consumed;
+  state_.store(kOwned, std::memory_order_release);
+  // Our first message tells the other end we are up (it waits for it
+  // before it resends): our exact read total. Then what it has not read of
+  // ours, and our flags.
+  if (post_imm_locked(verbs_imm::kCredit, consumed) == 0) granted_ = consumed;
+  (void)post_range_locked(f.rx_consumed, posted_head_);
+  const uint32_t sticky = flags_sent_ & kStickyFlags;
+  if (sticky) {
+    end_.hdr()->flags_sent.fetch_or(frame_flags(sticky), std::memory_order_acq_rel);
+    (void)post_imm_locked(verbs_imm::kFlags, sticky);
+  }
+  at->tx_sent = posted_head_;
+  at->tx_credited = f.rx_consumed;
+  at->rx_consumed = consumed;
+  at->fin_sent = (flags_sent_ & verbs_imm::kFin) != 0;
+  stats_connection(Path::kRdma);
+  LOG_INFO("rdma connection taken over by this process (pid %d)", static_cast<int>(getpid()));
+  return 0;
+}
+
+bool VerbsChannel::needs_take_over() {
+  const int st = state_.load(std::memory_order_acquire);
+  return st == kNotMine || st == kTaking;
+}
+
+int VerbsChannel::take_over(EndPositions* at) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int st = state_.load(std::memory_order_relaxed);
+  if (st == kLost || st == kFailed) return -ECONNRESET;
+  if (st != kNotMine && st != kTaking) return -ECONNRESET;  // (not called then)
+  if (st == kNotMine) {
+    if (reset_for_kernel_bytes_locked()) return -ECONNRESET;
+    if (int rc = prepare_take_over_locked(); rc < 0) {
+      // Nothing was changed for the other processes: the end stays with its
+      // owner; here it is unusable (and our close must not reset it).
+      quiet_failure_ = true;
+      fail_move_locked(strerror(-rc), false);
+      return -ECONNRESET;
+    }
+    VerbsEndHeader* h = end_.hdr();
+    const int64_t deadline = now_ms() + kVerbsMoveMs;
+    if (!end_lock_frames(h, deadline)) {
+      fail_move_locked("the end's frame lock stayed taken", false);
+      return -ECONNRESET;
+    }
+    prev_owner_ = h->owner_pid.load(std::memory_order_acquire);
+    const int fenced = end_fence(h, deadline, &epoch_);
+    // From here on the previous owner fails every call: a failure is the
+    // connection's.
+    if (fenced < 0) {
+      end_unlock_frames(h);
+      fail_move_locked("the previous owner stayed inside an operation", true);
+      return -ECONNRESET;
+    }
+    if (reset_for_kernel_bytes_locked()) {  // since the look above
+      end_unlock_frames(h);
+      return -ECONNRESET;
+    }
+    posted_head_ = h->tx_sent.load(std::memory_order_acquire);
+    rx_consumed_.store(h->rx_consumed.load(std::memory_order_acquire), std::memory_order_relaxed);
+    flags_sent_ |= imm_flags_of(h->flags_sent.load(std::memory_order_acquire));
+    // We continue from what the previous owner's application read: the
+    // other end sends again what lies beyond, then its FIN or CLOSED (RC
+    // order). Taken from the end's memory now, a FIN would come before
+    // those bytes and end the stream short (only a taker that finds the
+    // other end gone reads them there, with rx_head: continue_take_over).
+    peer_flags_ = 0;
+    peer_head_ = rx_consumed_.load(std::memory_order_relaxed);
+    granted_ = 0;
+    my_psn_ = verbs_random_psn();
+    move_nonce_ = random_nonce();
+    h->move_nonce.store(move_nonce_, std::memory_order_release);
+    watch_fd_locked(tcp_fd_);
+    const int sent = send_frame_locked(my_frame_locked(MoveType::kMove, move_nonce_));
+    end_unlock_frames(h);
+    if (sent < 0) {
+      fail_move_locked("cannot write on the kernel socket", false);
+      return -ECONNRESET;
+    }
+    state_.store(kTaking, std::memory_order_release);
+    LOG_DEBUG("rdma: taking the connection over (sent MOVE)");
+  }
+  return continue_take_over_locked(at);
+}
+
+// ------------------------------------------------ close, exit, exec hand-off --
+
+// Sends nothing new; waits (bounded) until every WR posted so far has
+// completed, so that nothing we published dies with the queue pair.
+bool VerbsChannel::flush_posted_locked(int64_t deadline_ms) {
+  if (!qp_ || remote_rkey_ == 0 || state_.load(std::memory_order_relaxed) != kOwned) return false;
+  poll_cq_locked();
+  // Not when the peer has closed: it reads nothing more, and it may have
+  // torn down its QP already, so the marker would only run into the
+  // deadline.
+  if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) ||
+      (peer_flags_ & kPeerClosed) || wr_done_ >= wr_posted_)
+    return true;
+  ibv_send_wr wr = {};
+  wr.opcode = IBV_WR_RDMA_WRITE;  // zero-length: a pure ordering marker
+  wr.wr.rdma.remote_addr = remote_addr_;
+  wr.wr.rdma.rkey = remote_rkey_;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (reserve_sq_locked(1) != 0) return false;
+  wr.wr_id = ++wr_posted_;
+  last_signaled_ = wr_posted_;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
+  // Also over once the peer disconnects or detaches: nothing more can be
+  // delivered (and its QP may be gone: no ACK would ever come).
+  while (wr_done_ < wr_posted_ &&
+         (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kPeerClosed)) == 0 &&
+         state_.load(std::memory_order_relaxed) == kOwned && now_ms() < deadline_ms) {
+    poll_cq_locked();
+    if (wr_done_ < wr_posted_) {
+      drain_cm_events_locked();
+      usleep(100);
+    }
+  }
+  return wr_done_ >= wr_posted_;
+}
+
+// Drives a move that is under way to its end, bounded: the process is
+// about to let the end go (close, exit, exec) and whatever it still holds
+// must reach the other end first. last_holder: nobody on this host can
+// take over after us, so a detached end waits for the other end's taker.
+void VerbsChannel::settle_locked(std::unique_lock<std::mutex>& lock, int64_t deadline_ms,
+                                 bool last_holder) {
+  for (;;) {
+    const int st = state_.load(std::memory_order_relaxed);
+    if (ended_locked()) return;
+    if (st == kTaking) {
+      EndPositions at;
+      if (continue_take_over_locked(&at) != -EAGAIN) continue;
+    } else if (st == kAwaitHello) {
+      poll_cq_locked();
+      check_deadline_locked();
+      if (state_.load(std::memory_order_relaxed) != kAwaitHello) continue;
+    } else if (st == kDetached && last_holder && posted_head_ > peer_consumed_) {
+      // Bytes the other end may not have: only its next taker can get them.
+      service_kernel_socket_locked();
+      poll_cq_locked();
+      check_deadline_locked();
+      if (state_.load(std::memory_order_relaxed) != kDetached) continue;
+    } else {
+      return;
+    }
+    if (now_ms() >= deadline_ms) {
+      fail_move_locked("the connection was still moving when this process let it go", true);
+      return;
+    }
+    lock.unlock();
+    usleep(2000);
+    lock.lock();
+  }
+}
+
+// The owner lets the end go: close (detach: other processes hold it), exit
+// or exec. Whatever a move under way still holds is delivered first; then
+// everything posted; a detaching owner reports its exact read total and
+// DETACH, so that the other end waits for the next owner instead of
+// failing, and releases the end.
+void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool detach) {
+  const int st0 = state_.load(std::memory_order_relaxed);
+  if (st0 != kOwned && st0 != kDetached && st0 != kAwaitHello && st0 != kTaking) {
+    if (st0 == kLost) poll_cq_locked();  // records what reached the ring (rx_head)
+    return;
+  }
+  const int64_t deadline = now_ms() + kVerbsMoveMs;
+  settle_locked(lock, deadline, !detach);
+  if (state_.load(std::memory_order_relaxed) == kOwned) {
+    if (detach && !(carrier_flags_.load(std::memory_order_relaxed) & kTransportError)) {
+      const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+      if (consumed > granted_ && post_imm_locked(verbs_imm::kCredit, consumed) == 0)
+        granted_ = consumed;
+      (void)post_imm_locked(verbs_imm::kFlags, (flags_sent_ & kStickyFlags) | verbs_imm::kDetach);
+    }
+    flush_posted_locked(std::min(deadline, now_ms() + kCloseWaitMs));
+  }
+  poll_cq_locked();
+  record_rx_locked();
+  if (detach && end_.hdr()) end_release(end_.hdr(), epoch_);
+  if (cm_connected_ && id_ && remote_rkey_ != 0) rdma_disconnect(id_);
+  cm_connected_ = false;
+}
+
+void VerbsChannel::at_exit() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (exited_) return;
+  exited_ = true;
+  check_owner_locked();
+  // The queue pair dies with the process: deliver what is posted; if other
+  // processes hold the end, one of them may take it over. (Closed already,
+  // with its state still referenced: as its close decided.)
+  const bool others = end_.hdr() && end_.hdr()->holders.load(std::memory_order_acquire) > 1;
+  hand_over_locked(lock, !last_close_ && (detach_close_ || others));
+}
+
+void VerbsChannel::own_fds(std::vector<int>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int fd : {tcp_fd_, epoll_fd_, wake_fd_, timer_fd_, end_.memfd()})
+    if (fd >= 0) out->push_back(fd);
+  if (comp_channel_) out->push_back(comp_channel_->fd);
+  if (cm_channel_) out->push_back(cm_channel_->fd);
+  if (own_ctx_ && ctx_) {
+    out->push_back(ctx_->cmd_fd);
+    out->push_back(ctx_->async_fd);
+  }
+}
+
+void VerbsChannel::prepare_exec() {
+  std::unique_lock<std::mutex> lock(mu_);
+  check_owner_locked();
+  // The queue pair dies with this image; the new one takes the end over.
+  hand_over_locked(lock, true);
+}
+
+void VerbsChannel::exec_failed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int st = state_.load(std::memory_order_relaxed);
+  if (st != kOwned && st != kDetached && st != kAwaitHello) return;
+  // The other end was told this queue pair goes away: this image takes the
+  // end over again, like a new one, on its next use.
+  unwatch_tcp_locked();
+  if (comp_channel_ && epoll_fd_ >= 0)
+    real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, comp_channel_->fd, nullptr);
+  if (cm_channel_ && epoll_fd_ >= 0)
+    real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, cm_channel_->fd, nullptr);
+  destroy_qp_locked();
+  if (rx_mr_) ibv_dereg_mr(rx_mr_);
+  if (tx_mr_) ibv_dereg_mr(tx_mr_);
+  rx_mr_ = tx_mr_ = nullptr;
+  if (cq_) {
+    if (unacked_cq_events_) ibv_ack_cq_events(cq_, unacked_cq_events_);
+    unacked_cq_events_ = 0;
+    ibv_destroy_cq(cq_);
+    cq_ = nullptr;
+  }
+  if (comp_channel_) ibv_destroy_comp_channel(comp_channel_);
+  comp_channel_ = nullptr;
+  if (pd_) ibv_dealloc_pd(pd_);
+  pd_ = nullptr;
+  if (id_) rdma_destroy_id(id_);
+  id_ = nullptr;
+  if (cm_channel_) rdma_destroy_event_channel(cm_channel_);
+  cm_channel_ = nullptr;
+  if (own_ctx_ && ctx_) ibv_close_device(ctx_);
+  ctx_ = nullptr;
+  own_ctx_ = false;
+  end_.unmap_rings();
+  rx_ring_ = tx_buf_ = nullptr;
+  cq_armed_ = event_owed_ = false;
+  state_.store(kNotMine, std::memory_order_release);
+}
+
+// ------------------------------------------- the end of the kernel socket --
+
+// The connection has ended here: the other end is gone (kPeerClosed from
+// the socket or the queue pair), the carrier broke, or bytes behind
+// librsock reset it.
+bool VerbsChannel::ended_locked() const {
+  return (carrier_flags_.load(std::memory_order_relaxed) &
+          (kPeerClosed | kTransportError | kKernelBytes)) != 0;
+}
+
+// Bytes reached our TCP socket behind librsock (no move frame: see
+// read_kernel_socket_locked): the connection resets here (ECONNRESET), the
+// other end is told, and the reset is reported once in this process. The
+// other end hears it on the queue pair (FLAGS KERNEL_BYTES) when ours is
+// connected to it, else (the connection moves) on the kernel socket, in a
+// RESET frame that says KERNEL_BYTES, which whichever process of the other
+// end takes it over reads first. The end's memory keeps it (flags_sent), so
+// that another process holding this end that would take it over stays reset
+// instead (reset_for_kernel_bytes_locked), and a MOVE that comes later is
+// answered with that RESET frame (service_kernel_socket_locked).
 void VerbsChannel::kernel_bytes_seen_locked() {
   if (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes) return;
   if (!kernel_bytes_reported_) report_kernel_bytes("rdma", true);
   kernel_bytes_reported_ = true;
-  if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
-      wr_posted_ - wr_done_ + 1 <= kVerbsSendDepth) {
-    flags_sent_ |= verbs_imm::kKernelBytes;
+  flags_sent_ |= verbs_imm::kKernelBytes;
+  if (end_.hdr()) end_.hdr()->flags_sent.fetch_or(kMoveKernelBytes, std::memory_order_acq_rel);
+  if (state_.load(std::memory_order_relaxed) == kOwned && qp_ &&
+      (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
+      wr_posted_ - wr_done_ + 1 <= kVerbsSendDepth)
     (void)post_imm_locked(verbs_imm::kFlags, flags_sent_);
-  }
+  else
+    send_reset_frame_locked(kMoveKernelBytes);
   carrier_lost(kKernelBytes);
+  stop_moving_locked();
 }
 
+// The other end reset the connection for bytes that reached its kernel
+// socket behind librsock (FLAGS KERNEL_BYTES, or a RESET frame saying so).
+void VerbsChannel::kernel_bytes_from_peer_locked() {
+  if (peer_flags_ & kKernelBytes) return;
+  peer_flags_ |= kKernelBytes;
+  if (!kernel_bytes_reported_) report_kernel_bytes("rdma", false);
+  kernel_bytes_reported_ = true;
+  record_rx_locked();  // into the end's peer_flags, for another holder
+  stop_moving_locked();
+}
+
+// A process about to take the end over: was the connection reset for
+// kernel bytes while another process owned it (found on this end's socket,
+// or told by the other end)? Then it is reset here too, with no move.
+bool VerbsChannel::reset_for_kernel_bytes_locked() {
+  VerbsEndHeader* h = end_.hdr();
+  const bool here = h->flags_sent.load(std::memory_order_acquire) & kMoveKernelBytes;
+  const bool there = h->peer_flags.load(std::memory_order_acquire) & kMoveKernelBytes;
+  if (!here && !there) return false;
+  if (!kernel_bytes_reported_) report_kernel_bytes("rdma", here);
+  kernel_bytes_reported_ = true;
+  if (here) flags_sent_ |= verbs_imm::kKernelBytes;
+  if (there) peer_flags_ |= kKernelBytes;
+  carrier_lost(kKernelBytes);
+  state_.store(kFailed, std::memory_order_release);
+  return true;
+}
+
+// A reset ends a move under way: no deadline, no frame to wait for.
+void VerbsChannel::stop_moving_locked() {
+  const int st = state_.load(std::memory_order_relaxed);
+  if (st != kDetached && st != kAwaitHello && st != kTaking) return;
+  state_.store(kFailed, std::memory_order_release);
+  deadline_ms_ = 0;
+  arm_timer(timer_fd_, 0);
+}
+
+// One look at the kernel socket (a MSG_PEEK that finds nothing, as a rule):
+// a peer that died without a word, bytes behind librsock, or a MOVE for a
+// program that keeps busy without sleeping. Only the owner reads it: a
+// taker reads its answer in take_over(), and a process that lost the end
+// leaves it to the new owner.
 void VerbsChannel::probe() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (carrier_flags_.load(std::memory_order_relaxed) & (kPeerClosed | kTransportError)) return;
-  look_at_tcp_locked(false);
+  if (ended_locked()) return;
+  if (!check_owner_locked() || state_.load(std::memory_order_relaxed) == kTaking) return;
+  service_kernel_socket_locked();
 }
 
 uint64_t VerbsChannel::peer_read_total() {

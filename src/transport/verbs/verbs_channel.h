@@ -7,8 +7,23 @@
 // too (zero-length WRITE_WITH_IMM): there is no other control traffic.
 // A sleeper waits on an epoll fd holding the completion channel, the
 // connection's rdma_cm event channel and a private dup of the kernel TCP
-// socket (liveness). Thread-safety: as Channel; all verbs state is under one
-// internal mutex (poll may be called from any thread).
+// socket (liveness).
+//
+// Several processes may hold the end (fork, exec); the queue pair belongs to
+// the one that made it. The end's rings, its send mirror and the owner's
+// positions live in memory those processes share (verbs_end.h). A process
+// that uses the end without owning it takes it over (take_over): it opens
+// the device itself, makes a queue pair, and moves the connection onto it
+// with the other end's owner through frames on the kernel TCP socket
+// (MoveFrame, src/ring/handshake.h); the previous owner fails every call
+// from then on. Every read of that socket goes through one function
+// (read_kernel_socket_locked): after the switch only those frames may be
+// there, and any other byte reached the socket behind librsock: the
+// connection is reset on both ends (kernel_bytes). docs/protocol.md
+// section 7 ("Moving a connection") has the wire side, docs/design.md
+// ("RDMA connections that move") the why.
+// Thread-safety: as Channel; all verbs state is under one internal mutex
+// (poll may be called from any thread).
 #pragma once
 
 #include <atomic>
@@ -16,8 +31,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
+#include "ring/handshake.h"
 #include "transport/channel.h"
+#include "transport/verbs/verbs_end.h"
 
 struct rdma_cm_id;
 struct rdma_event_channel;
@@ -26,6 +44,8 @@ struct ibv_cq;
 struct ibv_comp_channel;
 struct ibv_mr;
 struct ibv_wc;
+struct ibv_qp;
+struct ibv_context;
 
 namespace rsock {
 
@@ -44,7 +64,9 @@ namespace rsock {
 //                  anything is freed), bit 3 RESET (with CLOSED: an abortive
 //                  close, SO_LINGER 0), bit 4 KERNEL_BYTES (the sender reset
 //                  the connection: bytes reached its TCP socket behind
-//                  librsock); bits 5..29 zero.
+//                  librsock), bit 8 DETACH (not sticky: this queue pair goes
+//                  away, the end stays with another process of the sender's
+//                  host); the other bits zero.
 //   type 3 ACK     value = receive WQEs the sender has re-posted in total
 //                  (= our immediates it has consumed) mod 2^30: message
 //                  credits.
@@ -64,6 +86,7 @@ enum Flag : uint32_t {
   kStalled = 1u << 2,
   kReset = 1u << 3,
   kKernelBytes = 1u << 4,
+  kDetach = 1u << 8,
 };
 inline constexpr uint32_t encode(Type t, uint64_t value) {
   return (static_cast<uint32_t>(t) << kTypeShift) | (static_cast<uint32_t>(value) & kValueMask);
@@ -83,16 +106,26 @@ inline constexpr uint32_t kVerbsCtrlReserve = 16;  // K: message credits DATA ma
 inline constexpr uint32_t kVerbsSendDepth = 4 * kVerbsRecvDepth;
 inline constexpr uint32_t kVerbsSignalEvery = 32;  // selective signaling period
 inline constexpr uint32_t kVerbsMaxInline = 256;   // asked for; the device may give less
+// Bound of each step of a move that waits for another process: the other
+// end's first message on the new queue pair, a previous owner that is
+// inside an operation, a close or exit that must deliver what a moving
+// connection still holds.
+inline constexpr int64_t kVerbsMoveMs = 10000;
 
 class VerbsChannel final : public Channel {
  public:
   // Phase 1 (setup, before the rdma_cm connect/accept): creates the PD, CQ,
   // completion channel and QP on `id` (its device is known: route resolved
-  // or connect request received) and registers the rings. Takes ownership of
-  // id and of cm_channel (the id's own event channel). Returns nullptr with
-  // *err = negative errno on failure; then the caller still owns both.
+  // or connect request received), the end's shared memory (verbs_end.h) and
+  // registers its ring and mirror. Takes ownership of id and of cm_channel
+  // (the id's own event channel). Returns nullptr with *err = negative errno
+  // on failure; then the caller still owns both.
   static std::unique_ptr<VerbsChannel> create(rdma_cm_id* id, rdma_event_channel* cm_channel,
                                               size_t ring_bytes, int* err);
+  // An end inherited through exec (the exec hand-off validated `end`): this
+  // image does not own it; its first use takes it over. tcp_fd: the
+  // connection's socket (a private dup is made). nullptr with *err.
+  static std::unique_ptr<VerbsChannel> adopt(VerbsEnd end, int tcp_fd, int* err);
   ~VerbsChannel() override;
   VerbsChannel(const VerbsChannel&) = delete;
   VerbsChannel& operator=(const VerbsChannel&) = delete;
@@ -103,7 +136,8 @@ class VerbsChannel final : public Channel {
   rdma_cm_id* id() const { return id_; }
 
   // Phase 2 (after ESTABLISHED): the peer's ring, and the TCP socket whose
-  // private dup carries liveness. Returns 0 or a negative errno.
+  // private dup carries liveness (and, later, the frames of a move).
+  // Returns 0 or a negative errno.
   int start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd);
 
   const char* name() const override { return "rdma"; }
@@ -121,10 +155,46 @@ class VerbsChannel final : public Channel {
   void probe() override;
   uint64_t peer_read_total() override;
   int kernel_socket() const override { return tcp_fd_; }
+  void add_holder() override;
+  bool drop_holder() override;
+  bool needs_take_over() override;
+  int take_over(EndPositions* at) override;
+  int enter() override;
+  void leave() override;
+  void note_read(uint64_t total) override;
+  void after_fork_child() override;
+  void at_exit() override;
+
+  // Exec hand-off (lifecycle/exec_handoff.h). The region the new image
+  // validates and maps; before the exec, the owner hands the end over
+  // (delivers what it posted, tells the peer its queue pair goes away,
+  // releases the end); should the exec fail, this image takes it over
+  // again on its next use (exec_failed). undo_add_holder: a spawn that
+  // was counted as a holder did not happen.
+  int memfd() const { return end_.memfd(); }
+  // The descriptors this channel opened in this process, which a
+  // close_range/closefrom of the application must leave open.
+  void own_fds(std::vector<int>* out);
+  uint64_t nonce() const;
+  void prepare_exec();
+  void exec_failed();
+  void undo_add_holder();
 
  private:
+  // Where this process stands with the end (state_).
+  enum State : int {
+    kOwned,       // ours, on a connected queue pair
+    kDetached,    // ours, but the other end's queue pair went away: wait for its taker's MOVE
+    kAwaitHello,  // ours, answered a MOVE: wait for the taker's first message
+    kNotMine,     // held here (fork, exec), owned by another process: the first use takes it
+    kTaking,      // fenced the previous owner, sent MOVE: wait for the answer
+    kLost,        // was ours; another process took it over: every call fails
+    kFailed       // a move failed: the connection is reset
+  };
+
   VerbsChannel() = default;
   int setup(size_t ring_bytes);
+  int open_wait_fds();
   // All below: with mu_ held.
   int poll_cq_locked();
   void on_completion(const ibv_wc& wc);
@@ -135,32 +205,79 @@ class VerbsChannel final : public Channel {
   void maybe_ack_locked();
   int post_imm_locked(verbs_imm::Type type, uint64_t value);
   int post_locked(void* first_wr, int count);
+  int post_range_locked(uint64_t from, uint64_t to);
   int reserve_sq_locked(int count);
   bool data_window_open_locked() const;
   void carrier_lost(uint32_t flags);
   void drain_cm_events_locked();
-  void look_at_tcp_locked(bool drain);
+  bool ended_locked() const;
   void kernel_bytes_seen_locked();
+  void kernel_bytes_from_peer_locked();
+  bool reset_for_kernel_bytes_locked();
+  void stop_moving_locked();
   void teardown(bool destroy_id);
+  void forget_verbs_objects();
+  void destroy_qp_locked();
+  void reset_qp_counters_locked();
+  bool flush_posted_locked(int64_t deadline_ms);
+
+  // The move (docs/protocol.md section 7, "Moving a connection").
+  bool owner_state() const;
+  bool check_owner_locked();
+  void become_lost_locked();
+  void report_lost_locked();
+  void detach_locked(bool bounded = true);
+  void record_rx_locked();
+  enum class Kernel { kNothing, kPartial, kFrame, kForeign, kBad, kEnd, kReset, kError };
+  Kernel read_kernel_socket_locked(MoveFrame* frame, size_t* len);
+  void consume_kernel_locked(size_t len, bool frame);
+  void service_kernel_socket_locked();
+  void unwatch_tcp_locked();
+  void watch_fd_locked(int fd);
+  int send_frame_locked(const MoveFrame& f);
+  MoveFrame my_frame_locked(MoveType type, uint64_t nonce);
+  int prepare_take_over_locked();
+  int continue_take_over_locked(EndPositions* at);
+  int connect_taker_locked(const MoveFrame& f, EndPositions* at);
+  void handle_move_locked(const MoveFrame& f);
+  void on_hello_locked();
+  void check_deadline_locked();
+  void fail_move_locked(const char* why, bool tell_peer);
+  void send_reset_frame_locked(uint8_t flags);
+  void settle_locked(std::unique_lock<std::mutex>& lock, int64_t deadline_ms, bool last_holder);
+  void hand_over_locked(std::unique_lock<std::mutex>& lock, bool detach);
 
   std::mutex mu_;
+  std::atomic<int> state_{kOwned};
+  VerbsEnd end_;        // the shared memory of this end
+  uint64_t epoch_ = 0;  // the epoch this process owns (owner states)
   rdma_event_channel* cm_channel_ = nullptr;
   rdma_cm_id* id_ = nullptr;
+  bool cm_connected_ = false;  // the queue pair is rdma_cm's, connected through id_
+  ibv_context* ctx_ = nullptr;
+  bool own_ctx_ = false;  // opened by us (a taker), not rdma_cm's
+  uint8_t port_ = 0;
+  int gid_index_ = -1;  // of our TCP address on port_ (-1: unknown, a move fails)
+  uint8_t gid_[16] = {};
+  uint8_t mtu_ = 0;
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* comp_channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
-  bool qp_created_ = false;
+  ibv_qp* qp_ = nullptr;
+  bool qp_from_cm_ = false;
   ibv_mr* rx_mr_ = nullptr;
   ibv_mr* tx_mr_ = nullptr;
-  uint8_t* rx_ring_ = nullptr;  // the peer writes here
+  uint8_t* rx_ring_ = nullptr;  // the peer writes here (the end's ring, mapped here)
   uint8_t* tx_buf_ = nullptr;   // mirror of the peer's ring, source of our writes
   size_t ring_bytes_ = 0;
   uint32_t max_inline_ = 0;
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
   int tcp_fd_ = -1;    // private dup of the kernel TCP socket
-  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ + wake_fd_
+  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ + wake_fd_ + timer
   int wake_fd_ = -1;   // eventfd: re-wakes other sleepers after a drain took the CQ event
+  int timer_fd_ = -1;  // wakes a sleeper at a move's deadline
+  bool tcp_watched_ = false;
 
   // Receive side: what the peer told us.
   uint64_t peer_head_ = 0;
@@ -170,19 +287,35 @@ class VerbsChannel final : public Channel {
   uint64_t recv_done_ = 0;      // receive completions polled
   uint64_t recv_reposted_ = 0;  // their WQEs re-posted (<= recv_done_, see kRepostBatch)
   uint64_t recv_reported_ = 0;  // recv_reposted_ as of our last ACK
+  std::atomic<uint64_t> rx_consumed_{0};  // what our application has read (note_read)
 
   // Send side.
-  uint64_t posted_head_ = 0;  // bytes we have RDMA-written and announced
+  uint64_t posted_head_ = 0;  // bytes we have published (RDMA-written and announced,
+                              // or held in the mirror while the connection moves)
   uint64_t granted_ = 0;      // consumed total of our last CREDIT
-  uint32_t flags_sent_ = 0;   // sticky verbs_imm::Flag bits already sent
+  uint32_t flags_sent_ = 0;   // sticky verbs_imm::Flag bits already sent (or to send)
   bool stall_announced_ = false;
-  uint64_t msgs_sent_ = 0;   // immediates posted
+  uint64_t msgs_sent_ = 0;   // immediates posted on this queue pair
   uint64_t peer_acked_ = 0;  // the peer's re-posted total (its last ACK)
   uint64_t wr_posted_ = 0;   // send WRs posted (wr_id = sequence number, from 1)
   uint64_t wr_done_ = 0;     // highest sequence known complete
   uint64_t last_signaled_ = 0;
   uint64_t tx_epoch_ = 0;
   bool tx_was_blocked_ = false;
+
+  // A move in progress.
+  uint64_t move_nonce_ = 0;  // our MOVE's (taker)
+  uint32_t my_psn_ = 0;
+  uint64_t replay_from_ = 0;     // the taker has read up to here: resend from it
+  int64_t deadline_ms_ = 0;      // kAwaitHello: the taker's first message by then
+  bool lost_reported_ = false;   // the one log line and count of a lost end
+  bool last_close_ = false;      // drop_holder: the last holder closes (CLOSED)
+  bool detach_close_ = false;    // drop_holder: the owner closes, others hold the end
+  bool exited_ = false;          // at_exit ran: nothing more to deliver at teardown
+  bool hello_seen_ = false;      // kAwaitHello: a message arrived on the new queue pair
+  bool detach_pending_ = false;  // a DETACH arrived (handled after the CQ poll)
+  int prev_owner_ = 0;           // the owner a takeover fenced (its pid)
+  bool quiet_failure_ = false;   // this process could not take over; the connection is fine
 
   int armed_ = 0;
   uint32_t unacked_cq_events_ = 0;
@@ -191,7 +324,8 @@ class VerbsChannel final : public Channel {
   // is still unread in the completion channel: read before the next sleep.
   bool event_owed_ = false;
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
-  bool kernel_bytes_reported_ = false;  // under mu_
+  bool kernel_bytes_reported_ = false;      // the one log line and count of kernel_bytes
+  int64_t partial_since_ms_ = 0;            // a frame's prefix waits on the kernel socket since
 };
 
 }  // namespace rsock

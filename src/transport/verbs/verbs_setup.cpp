@@ -104,7 +104,11 @@ void note_device(const rdma_cm_id* id) {
 // copy-on-fork for pinned pages (Linux >= 5.13) needs nothing
 // (IBV_FORK_UNNEEDED); otherwise ibv_fork_init() marks registered memory
 // MADV_DONTFORK so that a fork() cannot move pages under the device.
-void global_init() {
+void global_init() { verbs_global_init(); }
+
+}  // namespace
+
+void verbs_global_init() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (ibv_is_fork_initialized() == IBV_FORK_UNNEEDED) {
@@ -115,6 +119,8 @@ void global_init() {
     if (rc != 0) LOG_WARN("rdma: ibv_fork_init: %s", strerror(rc));
   });
 }
+
+namespace {
 
 // ------------------------------------------------------------ rdma_cm I/O --
 

@@ -36,6 +36,10 @@ bool verbs_available();
 bool verbs_usable_here();
 // Called in the child after fork().
 void verbs_after_fork_child();
+// Fork safety of registered memory, settled once before the first
+// registration of this process (ibv_fork_init unless the kernel makes it
+// unnecessary).
+void verbs_global_init();
 
 // Server: an rdma_cm listener on the same local IP:port as the kernel TCP
 // listener tcp_listen_fd (the two coexist: rdma_cm has its own port space).

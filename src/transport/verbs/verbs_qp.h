@@ -1,0 +1,55 @@
+// RC queue pairs brought up by hand, without rdma_cm: what moving a
+// connection to another process needs (docs/protocol.md section 7, "Moving
+// a connection"). A fork's child cannot use rdma_cm (librdmacm keeps the
+// parent's device descriptors, which the kernel refuses in another process),
+// but it can open the device itself with libibverbs: the port and GID come
+// from the connection's own TCP address (RoCE: the GID is the IP address),
+// and the other side's queue pair number, PSN, GID and MTU arrive in band.
+// Thread-safety: stateless functions over caller-owned objects.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+#include "ring/wire.h"
+
+namespace rsock {
+
+// A device port and the GID of one of its addresses.
+struct VerbsPort {
+  ibv_context* ctx = nullptr;
+  uint8_t port = 0;
+  int gid_index = -1;
+  uint8_t gid[16] = {};
+  uint8_t mtu = 0;  // enum ibv_mtu of the port's active MTU
+};
+
+// How the other side reaches a queue pair.
+struct QpAddress {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  uint8_t gid[16] = {};
+  uint8_t mtu = 0;
+};
+
+// Opens (ibv_open_device) the device that has `addr` as a RoCE GID (v2
+// preferred) on an active port. *out->ctx is then ours to close. Returns 0,
+// or -ENODEV when no device has it (InfiniBand and iWARP devices, whose
+// GIDs are not IP addresses, have none).
+int verbs_open_port_for(const WireAddr& addr, VerbsPort* out);
+// The same lookup on a context already open (rdma_cm's), on one port.
+int verbs_find_gid(ibv_context* ctx, uint8_t port, const WireAddr& addr, VerbsPort* out);
+
+// An RC queue pair on pd and cq with our queue sizes (verbs_channel.h), in
+// INIT with remote write allowed. *max_inline: what the device granted.
+// nullptr with errno set on failure.
+ibv_qp* verbs_create_qp(ibv_pd* pd, ibv_cq* cq, const VerbsPort& port, uint32_t* max_inline);
+// INIT -> RTR -> RTS towards `peer`, our first PSN `psn`. Returns 0 or a
+// negative errno.
+int verbs_connect_qp(ibv_qp* qp, const VerbsPort& port, const QpAddress& peer, uint32_t psn);
+
+// A random 24-bit PSN.
+uint32_t verbs_random_psn();
+
+}  // namespace rsock
