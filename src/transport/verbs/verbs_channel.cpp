@@ -42,6 +42,10 @@
 // re-posted in batches of kRepostBatch, or all of them in arm(). A drain
 // that finds an event still owed (its caller did not arm in between) reads
 // it at once, so wait_fd never stays readable for more than one extra turn.
+// Whichever thread reads an event (or a cm event, or the TCP socket's EOF)
+// says so (arm and drain_wakeups return true), and the socket layer wakes
+// the connection's other sleepers (socket/wake_hub.h): another thread of
+// the process may have been woken by that very event and not yet looked.
 #include "transport/verbs/verbs_channel.h"
 
 #include <arpa/inet.h>
@@ -51,7 +55,6 @@
 #include <rdma/rdma_cma.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -168,8 +171,6 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   if (tcp_fd_ < 0) return -errno;
   epoll_fd_ = real().epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) return -errno;
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return -errno;
   if (int r = set_nonblock(cm_channel_->fd); r < 0) return r;
   // rdma_cm leaves the RNR NAK delay at its maximum (655 ms); an RNR only
   // happens when the peer stopped polling, and then it should retry soon
@@ -178,7 +179,7 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   qa.min_rnr_timer = 12;
   if (ibv_modify_qp(id_->qp, &qa, IBV_QP_MIN_RNR_TIMER) != 0)
     LOG_DEBUG("rdma: cannot lower the RNR timer: %s", strerror(errno));
-  const int fds[4] = {comp_channel_->fd, cm_channel_->fd, tcp_fd_, wake_fd_};
+  const int fds[3] = {comp_channel_->fd, cm_channel_->fd, tcp_fd_};
   for (int fd : fds) {
     epoll_event ev = {};
     ev.events = EPOLLIN | (fd == tcp_fd_ ? uint32_t{EPOLLRDHUP} : 0u);
@@ -259,8 +260,7 @@ void VerbsChannel::teardown(bool destroy_id) {
   pd_ = nullptr;
   if (epoll_fd_ >= 0) real().close(epoll_fd_);
   if (tcp_fd_ >= 0) real().close(tcp_fd_);
-  if (wake_fd_ >= 0) real().close(wake_fd_);
-  epoll_fd_ = tcp_fd_ = wake_fd_ = -1;
+  epoll_fd_ = tcp_fd_ = -1;
   if (destroy_id && id_) rdma_destroy_id(id_);
   id_ = nullptr;
   if (destroy_id && cm_channel_) rdma_destroy_event_channel(cm_channel_);
@@ -532,15 +532,17 @@ PeerState VerbsChannel::poll() {
   return s;
 }
 
-void VerbsChannel::arm(uint32_t want) {
+bool VerbsChannel::arm(uint32_t want) {
   std::lock_guard<std::mutex> lock(mu_);
   ++armed_;
   // Work left over from the last wakeup, done now that the caller is about
-  // to sleep (see "The wakeup path" above).
+  // to sleep (see "The wakeup path" above). The event it reads may be one
+  // another thread still sleeps on: the caller passes it on.
   flush_reposts_locked();
+  bool took_event = false;
   if (event_owed_) {
     event_owed_ = false;
-    (void)take_cq_event_locked();
+    took_event = take_cq_event_locked();
   }
   // Any completion from now on (data, credit, flags, ACK, error) makes the
   // completion channel readable; the caller re-checks after arm(), which
@@ -552,6 +554,7 @@ void VerbsChannel::arm(uint32_t want) {
     if (post_imm_locked(verbs_imm::kFlags, flags_sent_ | verbs_imm::kStalled) == 0)
       stall_announced_ = true;
   }
+  return took_event;
 }
 
 void VerbsChannel::disarm(uint32_t /*want*/) {
@@ -559,10 +562,11 @@ void VerbsChannel::disarm(uint32_t /*want*/) {
   if (armed_ > 0) --armed_;
 }
 
-void VerbsChannel::drain_cm_events_locked() {
+bool VerbsChannel::drain_cm_events_locked() {
   // Connection events: the peer disconnected (after CLOSED: a clean end;
   // before: it vanished) or the device went away.
-  for (;;) {
+  bool took = false;
+  for (;; took = true) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(cm_channel_, &ev) != 0) break;
     const rdma_cm_event_type type = ev->event;
@@ -575,6 +579,7 @@ void VerbsChannel::drain_cm_events_locked() {
       carrier_lost(kTransportError | kPeerClosed);
     }
   }
+  return took;
 }
 
 bool VerbsChannel::take_cq_event_locked() {
@@ -594,7 +599,7 @@ void VerbsChannel::request_notify_locked() {
   cq_armed_ = true;
 }
 
-void VerbsChannel::drain_wakeups() {
+bool VerbsChannel::drain_wakeups() {
   std::lock_guard<std::mutex> lock(mu_);
   // The usual wakeup is a completion event: take it and leave the other
   // sources alone. wait_fd is level-triggered, so anything else that is
@@ -607,32 +612,31 @@ void VerbsChannel::drain_wakeups() {
   // New completions while the CQ was armed: the notification has fired
   // (every completion after ibv_req_notify_cq does; the caller polled after
   // arming, so these came after it). Its event is read before the next
-  // sleep, not here on the way to the caller's reply. A lone sleeper only:
-  // with several, the one that wakes re-arms and re-wakes the others below.
-  // Should the guess be wrong (say, another thread polled them), the cost
-  // is one wasted read in arm() or one extra wakeup, as with a stale event.
+  // sleep, not here on the way to the caller's reply, and meanwhile it
+  // keeps wait_fd readable for any other sleeper. Only when at most one
+  // thread is armed: with several, reading it at once and passing the
+  // wakeup on (the caller kicks the others) beats having each of them wake
+  // on it and look. Should the guess be wrong (say, another thread polled
+  // them), the cost is one wasted read in arm() or one extra wakeup, as
+  // with a stale event.
   const int found = poll_cq_locked();
   if (!took_event && found > 0 && cq_armed_ && armed_ <= 1) {
     cq_armed_ = false;
     event_owed_ = true;
-    return;
+    return false;
   }
   if (!took_event) took_event = take_cq_event_locked();
+  bool took_other = false;
   if (!took_event) {
-    uint64_t count;
-    if (wake_fd_ >= 0) (void)!real().read(wake_fd_, &count, sizeof count);
-    drain_cm_events_locked();
-    look_at_tcp_locked(true);
+    took_other = drain_cm_events_locked();
+    took_other |= look_at_tcp_locked(true);
   }
   poll_cq_locked();
-  // The caller disarms and re-checks next (and arm() re-arms the CQ before
-  // it sleeps again): re-arm here only for other sleepers. A CQ armed for
-  // nobody turns the next completion into a stale event and a wasted wakeup.
-  if (armed_ > 1 && cq_ && !cq_armed_) request_notify_locked();
-  if (took_event && armed_ > 1 && wake_fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!real().write(wake_fd_, &one, sizeof one);
-  }
+  // No CQ notification is requested here for the other sleepers: the
+  // caller's kick brings them back through arm(), which requests it before
+  // they sleep again (a CQ armed for nobody turns the next completion into
+  // a stale event and a wasted wakeup).
+  return took_event || took_other;
 }
 
 // The kernel TCP connection: nothing is sent on it after the switch, so
@@ -642,8 +646,8 @@ void VerbsChannel::drain_wakeups() {
 // peer's socket here, so a reset from its kernel is meant: an abortive
 // close (SO_LINGER 0), or a peer whose queue pair failed and whose bytes
 // may have died with it (~VerbsChannel): a reset, never a quiet EOF.
-void VerbsChannel::look_at_tcp_locked(bool drain) {
-  if (tcp_fd_ < 0) return;
+bool VerbsChannel::look_at_tcp_locked(bool drain) {
+  if (tcp_fd_ < 0) return false;
   uint32_t lost = 0;
   bool foreign = false;
   if (drain) {
@@ -659,7 +663,7 @@ void VerbsChannel::look_at_tcp_locked(bool drain) {
       lost = kTransportError | kPeerClosed;
   } else {
     CarrierInfo ci;
-    if (carrier_info(tcp_fd_, &ci) != 0) return;
+    if (carrier_info(tcp_fd_, &ci) != 0) return false;
     if (!ci.open) lost = ci.reset ? kPeerClosed | kPeerReset : kPeerClosed;
     // The pairing's own bytes were read before start(): any byte waiting
     // now is foreign.
@@ -672,9 +676,11 @@ void VerbsChannel::look_at_tcp_locked(bool drain) {
   }
   if (lost || foreign) {
     // Level-triggered EOF (or bytes left unread) would keep wait_fd
-    // readable for ever.
+    // readable for ever. (Which other sleepers may have slept on: the
+    // caller passes it on.)
     real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, tcp_fd_, nullptr);
   }
+  return lost || foreign;
 }
 
 // Bytes reached our TCP socket behind librsock: the connection resets here

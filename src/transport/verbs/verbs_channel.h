@@ -114,10 +114,10 @@ class VerbsChannel final : public Channel {
   int grant(uint64_t consumed) override;
   void signal(uint32_t flags) override;
   PeerState poll() override;
-  void arm(uint32_t want) override;
+  bool arm(uint32_t want) override;
   void disarm(uint32_t want) override;
   int wait_fd() const override { return epoll_fd_; }
-  void drain_wakeups() override;
+  bool drain_wakeups() override;
   void probe() override;
   uint64_t peer_read_total() override;
   int kernel_socket() const override { return tcp_fd_; }
@@ -138,8 +138,8 @@ class VerbsChannel final : public Channel {
   int reserve_sq_locked(int count);
   bool data_window_open_locked() const;
   void carrier_lost(uint32_t flags);
-  void drain_cm_events_locked();
-  void look_at_tcp_locked(bool drain);
+  bool drain_cm_events_locked();        // whether it took any
+  bool look_at_tcp_locked(bool drain);  // whether wait_fd's TCP part changed
   void kernel_bytes_seen_locked();
   void teardown(bool destroy_id);
 
@@ -159,8 +159,7 @@ class VerbsChannel final : public Channel {
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
   int tcp_fd_ = -1;    // private dup of the kernel TCP socket
-  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ + wake_fd_
-  int wake_fd_ = -1;   // eventfd: re-wakes other sleepers after a drain took the CQ event
+  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_
 
   // Receive side: what the peer told us.
   uint64_t peer_head_ = 0;
