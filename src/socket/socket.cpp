@@ -219,12 +219,15 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     if (t.fd < 0 && (until < 0 || until > now + WakeHub::kBlindSliceNs))
       until = now + WakeHub::kBlindSliceNs;
     const int rc = sleep_on_fd(ch.wait_fd(), until, on_signal, t.fd);
-    if (ch.drain_wakeups()) c.wake.kick(true);
+    const bool drained = ch.drain_wakeups();
+    if (drained) c.wake.kick(true);
     leave();
     if (rc == -EINTR || rc == -ERESTART) return rc;
-    // Woken: the caller's own retry looks at the stream (one look fewer on
-    // the way to the reply); a spurious wakeup brings it back here.
-    if (rc > 0) return 0;
+    // Woken by a doorbell: the caller's own retry looks at the stream (one
+    // look fewer on the way to the reply); a spurious wakeup brings it back
+    // here. Woken by another thread's kick (or by nothing we drained): look
+    // here, and sleep again without a new spin when it was not for us.
+    if (rc > 0 && drained) return 0;
     if (ready()) return 0;
   }
 }
