@@ -231,7 +231,8 @@ EXPORT int close(int fd) {
 
 // close_range and closefrom close the application's fds in a range: their
 // state goes as for close(). librsock's own fds in the range (a surviving
-// connection's doorbell dup and region memfd) are kept open, since the
+// connection's doorbell dup, region memfd and WakeHub eventfd) are kept
+// open, since the
 // program never knew of them: a daemon's closefrom(3) must not break the
 // accelerated stdin it keeps.
 namespace {
@@ -249,6 +250,7 @@ int close_span(unsigned first, unsigned last, int flags) {
     if (s->kind() != FdState::Kind::kConnection) return;
     Channel& ch = static_cast<ConnectionState*>(s)->stream().channel();
     keep.push_back(ch.wait_fd());
+    keep.push_back(static_cast<ConnectionState*>(s)->wake.shared_fd_if_any());
     if (strcmp(ch.name(), "shm") == 0) keep.push_back(static_cast<ShmChannel&>(ch).memfd());
     if (strcmp(ch.name(), "rdma") == 0) static_cast<VerbsChannel&>(ch).own_fds(&keep);
   });

@@ -108,6 +108,11 @@ void before_fork() {
 void after_fork_child() {
   fd_table().after_fork_child();
   g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
+  // The parent's sleepers are not here (socket/wake_hub.h).
+  fd_table().for_each([](int, FdState* s) {
+    if (s->kind() == FdState::Kind::kConnection)
+      static_cast<ConnectionState*>(s)->wake.after_fork_child();
+  });
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
   stats_reset();

@@ -23,8 +23,10 @@ namespace rsock {
 namespace {
 
 // Kernel epoll data for an accelerated member: our tag in the high word, the
-// fd in the low word. Such an event is a doorbell, never shown to the app.
-constexpr uint64_t kTag = 0x72736f6300000000ull;  // "rsoc"
+// fd in the low word. Such an event is a doorbell (kTag) or a kick of the
+// member's WakeHub (kKickTag), never shown to the app.
+constexpr uint64_t kTag = 0x72736f6300000000ull;      // "rsoc"
+constexpr uint64_t kKickTag = 0x72736f6b00000000ull;  // "rsok"
 constexpr uint64_t kTagMask = 0xffffffff00000000ull;
 
 int64_t spin_budget_ns() {
@@ -94,6 +96,16 @@ struct EpollMember {
   uint32_t last_mask = 0;
   uint64_t last_rx = ~0ull;
   uint64_t last_tx = ~0ull;
+  bool hub_counted = false;  // counted in its connection's HubWatch
+};
+
+// The set watches the WakeHub fd of each connection among its members
+// (edge-triggered, kKickTag), once however many members share it (dup'd
+// fds); `id` says which fd that was (WakeHub::shared_fd).
+struct HubWatch {
+  int fd = -1;
+  uint64_t id = 0;
+  int members = 0;
 };
 
 std::mutex g_sets_mu;
@@ -121,12 +133,15 @@ class EpollState final : public FdState {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [fd, m] : members) m.st.get()->epoll_refs.fetch_sub(1);
     members.clear();
+    hubs.clear();
   }
   const int epfd;
   std::atomic<unsigned> kernel_ticks{0};  // see look_at_kernel
   SpinGovernor spin;                      // epoll_wait's spin length
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
+  // Keyed by the hub, which lives as long as a member holds its connection.
+  std::map<const WakeHub*, HubWatch> hubs;
 };
 
 // Whether a wait loop also asks the kernel about its kernel members (one
@@ -176,16 +191,95 @@ int collect(EpollState& s, epoll_event* out, int max) {
   return n;
 }
 
-// Arms (or disarms) the members' channels around a kernel wait. A disarm
-// undoes exactly the arms recorded on the member: its events may have
-// changed (EPOLL_CTL_MOD) or it may have become a connection meanwhile.
-void arm_all(EpollState& s, bool arm) {
+// Makes sure the set watches the WakeHub fd of m's connection (fd is m's
+// application fd, for the tag). Returns false when it cannot (no fd). Under
+// s.mu.
+bool watch_hub(EpollState& s, EpollMember& m, int fd) {
+  WakeHub& hub = m.conn()->wake;
+  uint64_t id = 0;
+  const int hfd = hub.shared_fd(&id);
+  if (hfd < 0) return false;
+  HubWatch& w = s.hubs[&hub];
+  if (w.id != id) {  // new, or a fork's child made the hub a new fd
+    epoll_event kev = {};
+    kev.events = EPOLLIN | EPOLLET;  // every kick is an event, whatever the level
+    kev.data.u64 = kKickTag | static_cast<uint32_t>(fd);
+    if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, hfd, &kev) != 0 && errno != EEXIST) {
+      if (w.members == 0) s.hubs.erase(&hub);
+      return false;
+    }
+    w.fd = hfd;
+    w.id = id;
+  }
+  if (!m.hub_counted) {
+    m.hub_counted = true;
+    ++w.members;
+  }
+  return true;
+}
+
+// Undoes m's share of its connection's HubWatch. Under s.mu.
+void unwatch_hub(EpollState& s, EpollMember& m) {
+  if (!m.hub_counted) return;
+  m.hub_counted = false;
+  WakeHub& hub = m.conn()->wake;
+  auto it = s.hubs.find(&hub);
+  if (it == s.hubs.end() || --it->second.members > 0) return;
+  // Not a fd of a hub from before a fork (its number may be anyone's now).
+  uint64_t id = 0;
+  if (hub.shared_fd(&id) == it->second.fd && id == it->second.id)
+    real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  s.hubs.erase(it);
+}
+
+// A connection this epoll_wait sleeps on: held (with its hub) until the
+// wait has left the hub.
+struct Joined {
+  FdRef conn;
+  WakeHub::Ticket ticket;
+};
+
+// Before a kernel wait: joins the hubs of the members' connections (edge
+// sleepers: the set watches their fds) and arms their channels; *blind
+// when a hub has no fd the set watches.
+void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
   std::lock_guard<std::mutex> lock(s.mu);
+  *blind = false;
   for (auto& [fd, m] : s.members) {
     ConnectionState* c = m.conn();
-    if (!c) continue;
+    if (!c || m.disabled) continue;
+    const bool watched = watch_hub(s, m, fd);
+    Joined j;
+    c->ref();
+    j.conn = FdRef(c);
+    j.ticket = c->wake.join_edge();
+    if (!watched) {
+      j.ticket.fd = -1;
+      *blind = true;
+    }
+    joined->push_back(std::move(j));
     Channel& ch = c->stream().channel();
-    if (!arm) {
+    if (m.events & (EPOLLIN | EPOLLRDHUP)) {
+      if (ch.arm(kWantData)) c->wake.kick(true);
+      ++m.armed_data;
+    }
+    if (m.events & EPOLLOUT) {
+      if (ch.arm(kWantSpace)) c->wake.kick(true);
+      ++m.armed_space;
+    }
+  }
+}
+
+// After the wait: disarms exactly the arms recorded on the members (their
+// events may have changed, EPOLL_CTL_MOD, or they may have become
+// connections meanwhile) and leaves the hubs joined.
+void disarm_all(EpollState& s, std::vector<Joined>* joined) {
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto& [fd, m] : s.members) {
+      ConnectionState* c = m.conn();
+      if (!c) continue;
+      Channel& ch = c->stream().channel();
       if (m.armed_data > 0) {
         ch.disarm(kWantData);
         --m.armed_data;
@@ -194,24 +288,28 @@ void arm_all(EpollState& s, bool arm) {
         ch.disarm(kWantSpace);
         --m.armed_space;
       }
-      continue;
-    }
-    if (m.disabled) continue;
-    if (m.events & (EPOLLIN | EPOLLRDHUP)) {
-      ch.arm(kWantData);
-      ++m.armed_data;
-    }
-    if (m.events & EPOLLOUT) {
-      ch.arm(kWantSpace);
-      ++m.armed_space;
     }
   }
+  for (Joined& j : *joined) j.conn.as<ConnectionState>()->wake.leave(j.ticket);
+  joined->clear();
 }
 
-// Moves kernel events into place, draining doorbells of accelerated members.
-int filter_kernel(EpollState& s, epoll_event* ev, int n) {
+// Whether this wait joined c's hub.
+bool has_joined(const std::vector<Joined>* joined, const ConnectionState* c) {
+  if (joined)
+    for (const Joined& j : *joined)
+      if (j.conn.get() == c) return true;
+  return false;
+}
+
+// Moves kernel events into place, draining doorbells of accelerated members
+// (and passing on what a drain consumed: joined, the connections this wait
+// sleeps on, or nullptr while spinning). A kick needs nothing here: the
+// caller looks at every member next.
+int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joined>* joined) {
   int kept = 0;
   for (int i = 0; i < n; ++i) {
+    if ((ev[i].data.u64 & kTagMask) == kKickTag) continue;
     if ((ev[i].data.u64 & kTagMask) == kTag) {
       int fd = static_cast<int>(ev[i].data.u64 & 0xffffffffu);
       std::lock_guard<std::mutex> lock(s.mu);
@@ -222,7 +320,8 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n) {
         real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
         m.stale.reset();
       }
-      if (ConnectionState* c = m.conn()) c->stream().channel().drain_wakeups();
+      if (ConnectionState* c = m.conn())
+        if (c->stream().channel().drain_wakeups()) c->wake.kick(has_joined(joined, c));
       continue;
     }
     ev[kept++] = ev[i];
@@ -245,16 +344,18 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     if (fds[i].fd >= 0 && fd_table().has(fds[i].fd)) any = true;
   // Small sets (the usual case) live on the stack: a poll loop allocates
   // nothing per call.
+  // kfds: the kernel's view of the set, and when it sleeps, one entry more
+  // per accelerated member, its WakeHub ticket's fd.
   constexpr nfds_t kInline = 16;
   FdRef refs_inline[kInline];
-  pollfd kfds_inline[kInline];
+  pollfd kfds_inline[2 * kInline];
   std::vector<FdRef> refs_heap;
   std::vector<pollfd> kfds_heap;
   FdRef* refs = refs_inline;
   pollfd* kfds = kfds_inline;
   if (any && n > kInline) {
     refs_heap.resize(n);
-    kfds_heap.resize(n);
+    kfds_heap.resize(2 * n);
     refs = refs_heap.data();
     kfds = kfds_heap.data();
   }
@@ -316,33 +417,57 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     }
     if (spinning) spin.missed();
     spinning = false;
-    // Block: arm the accelerated members, re-check, then sleep in the kernel
-    // on their doorbells and on the kernel members together.
+    // Block: join each accelerated member's WakeHub (so that a doorbell
+    // another thread of ours drains reaches us too), arm it, re-check, then
+    // sleep in the kernel on their doorbells, their hubs' fds and the
+    // kernel members together.
+    WakeHub::Ticket tickets_inline[kInline];
+    std::vector<WakeHub::Ticket> tickets_heap;
+    WakeHub::Ticket* tickets = tickets_inline;
+    if (n > kInline) {
+      tickets_heap.resize(n);
+      tickets = tickets_heap.data();
+    }
+    WakeHub::PrivateFd own;
+    bool blind = false;
     for (nfds_t i = 0; i < n; ++i)
-      if (ConnectionState* c = as_conn(refs[i]))
-        c->stream().channel().arm(want_of_poll(fds[i].events));
+      if (ConnectionState* c = as_conn(refs[i])) {
+        tickets[i] = c->wake.join(&own);
+        if (c->stream().channel().arm(want_of_poll(fds[i].events))) c->wake.kick(true);
+        if (tickets[i].fd < 0) blind = true;
+      }
     bool now_ready = false;
     for (nfds_t i = 0; i < n && !now_ready; ++i)
       if (ConnectionState* c = as_conn(refs[i]))
         now_ready = poll_events_of(c->stream().events(), fds[i].events) != 0;
     int rc = 0, err = 0;
     if (!now_ready) {
+      nfds_t k = n;
       for (nfds_t i = 0; i < n; ++i) {
-        if (ConnectionState* c = as_conn(refs[i]))
+        if (ConnectionState* c = as_conn(refs[i])) {
           kfds[i] = {c->stream().channel().wait_fd(), POLLIN, 0};
-        else
+          kfds[k++] = {tickets[i].fd, POLLIN, 0};
+        } else {
           kfds[i] = {fds[i].fd, fds[i].events, 0};
+        }
       }
       timespec ts;
       int ms;
-      remaining(deadline, &ts, &ms);
-      rc = real().ppoll(kfds, n, deadline < 0 ? nullptr : &ts, mask);
+      int64_t until = deadline;
+      // Without a ticket fd (out of fds), another thread's drain could not
+      // wake us: sleep in slices (WakeHub::kBlindSliceNs) and look again.
+      if (blind && (until < 0 || until > monotonic_ns() + WakeHub::kBlindSliceNs))
+        until = monotonic_ns() + WakeHub::kBlindSliceNs;
+      remaining(until, &ts, &ms);
+      rc = real().ppoll(kfds, k, until < 0 ? nullptr : &ts, mask);
       err = errno;
     }
     for (nfds_t i = 0; i < n; ++i)
       if (ConnectionState* c = as_conn(refs[i])) {
-        if (!now_ready && kfds[i].revents) c->stream().channel().drain_wakeups();
-        c->stream().channel().disarm(want_of_poll(fds[i].events));
+        Channel& ch = c->stream().channel();
+        if (!now_ready && kfds[i].revents && ch.drain_wakeups()) c->wake.kick(true);
+        ch.disarm(want_of_poll(fds[i].events));
+        c->wake.leave(tickets[i]);
       }
     if (rc < 0 && err == EINTR) return -EINTR;
     if (rc < 0) return -err;
@@ -449,6 +574,7 @@ void unregister(EpollState& s, EpollMember& m) {
   if (ConnectionState* c = m.conn()) {
     for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
     for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
+    unwatch_hub(s, m);
   }
   real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
   if (m.stale)
@@ -593,7 +719,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     const bool last = deadline >= 0 && monotonic_ns() >= deadline;
     if (n < maxevents && look_at_kernel(n > 0, last, iter, &s->kernel_ticks)) {
       int k = real().epoll_wait(epfd, events + n, maxevents - n, 0);
-      if (k > 0) n += filter_kernel(*s, events + n, k);
+      if (k > 0) n += filter_kernel(*s, events + n, k, nullptr);
     }
     if (n > 0) {
       if (spinning && iter > 1) s->spin.caught();
@@ -605,18 +731,26 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     }
     if (spinning) s->spin.missed();
     spinning = false;
-    arm_all(*s, true);
+    // Block: join the members' hubs (so that a doorbell another thread of
+    // ours drains reaches us too) and arm them, re-check, then sleep.
+    std::vector<Joined> joined;
+    bool blind = false;
+    arm_all(*s, &joined, &blind);
     n = collect(*s, events, maxevents);
     int k = 0, err = 0;
     if (n == 0) {
       timespec ts;
       int ms;
-      remaining(deadline, &ts, &ms);
+      int64_t until = deadline;
+      // A hub the set cannot watch (out of fds): sleep in slices.
+      if (blind && (until < 0 || until > monotonic_ns() + WakeHub::kBlindSliceNs))
+        until = monotonic_ns() + WakeHub::kBlindSliceNs;
+      remaining(until, &ts, &ms);
       k = real().epoll_pwait(epfd, events, maxevents, ms, mask);
       err = errno;
-      if (k > 0) n = filter_kernel(*s, events, k);
+      if (k > 0) n = filter_kernel(*s, events, k, &joined);
     }
-    arm_all(*s, false);
+    disarm_all(*s, &joined);
     if (k < 0 && err == EINTR) return -EINTR;
     if (k < 0) return -err;
     if (n > 0) {

@@ -56,12 +56,12 @@ bool first_handler(const sigset_t& set, struct sigaction* sa) {
 }
 
 // The fallback when no signalfd can be made: any handler ends the sleep.
-int plain_sleep(int fd, int64_t deadline_ns, OnSignal on_signal) {
+int plain_sleep(int fd, int also_fd, int64_t deadline_ns, OnSignal on_signal) {
   for (;;) {
-    pollfd p = {fd, POLLIN, 0};
+    pollfd p[2] = {{fd, POLLIN, 0}, {also_fd, POLLIN, 0}};
     const int ms = poll_ms(deadline_ns);
     if (ms == 0 && deadline_ns >= 0) return 0;
-    int rc = real().poll(&p, 1, ms);
+    int rc = real().poll(p, 2, ms);
     if (rc > 0) return 1;
     if (rc == 0) continue;  // the deadline is checked above
     if (errno == EINTR && on_signal == OnSignal::kContinue) continue;
@@ -71,7 +71,7 @@ int plain_sleep(int fd, int64_t deadline_ns, OnSignal on_signal) {
 
 }  // namespace
 
-int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal) {
+int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
   // Every signal blocked while we sleep: one that arrives stays pending, and
   // the signalfd of the signals this thread had unblocked turns readable
   // (a process-directed signal that another thread can take goes there
@@ -81,7 +81,8 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal) {
   // makes poll() return EINTR.
   sigset_t all, old;
   sigfillset(&all);
-  if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0) return plain_sleep(fd, deadline_ns, on_signal);
+  if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0)
+    return plain_sleep(fd, also_fd, deadline_ns, on_signal);
   sigset_t watch;
   sigemptyset(&watch);
   for (int sig = 1; sig < NSIG; ++sig)
@@ -92,7 +93,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal) {
   const int sfd = signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sfd < 0) {
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    return plain_sleep(fd, deadline_ns, on_signal);
+    return plain_sleep(fd, also_fd, deadline_ns, on_signal);
   }
   int result = 0;
   for (;;) {
@@ -101,8 +102,9 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal) {
       result = 0;
       break;
     }
-    pollfd p[2] = {{fd, POLLIN, 0}, {sfd, POLLIN, 0}};
-    const int rc = real().poll(p, 2, ms);
+    // A negative fd is ignored by poll.
+    pollfd p[3] = {{fd, POLLIN, 0}, {sfd, POLLIN, 0}, {also_fd, POLLIN, 0}};
+    const int rc = real().poll(p, 3, ms);
     if (rc < 0) {
       if (errno == EINTR) continue;  // glibc's setxid handler ran (SA_RESTART)
       result = -errno;

@@ -9,7 +9,7 @@
 // kernel never restarts them, and they sleep in the real ppoll/epoll_pwait,
 // which behave so by themselves.
 //
-// Two sleeps: sleep_on_fd waits for an fd with every signal blocked and a
+// Two sleeps: sleep_on_fd waits for fds with every signal blocked and a
 // signalfd of the signals the thread had unblocked beside it, so that it
 // learns which signal arrived and how its handler was installed before the
 // handler runs, then unblocks them (the handlers run then) and decides as
@@ -37,13 +37,13 @@ enum class OnSignal : uint8_t {
   kContinue,
 };
 
-// Sleeps until fd is readable (returns 1), deadline_ns passes
-// (CLOCK_MONOTONIC nanoseconds, -1 for none; returns 0) or a signal handler
-// ran (-EINTR, or -ERESTART under kRestartable when the handler had
-// SA_RESTART). The handlers have run when it returns. Should the signalfd
-// not be available (no fd left), it sleeps in a plain poll, where any
-// handler means -EINTR.
-int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal);
+// Sleeps until fd (or also_fd, unless it is -1) is readable (returns 1),
+// deadline_ns passes (CLOCK_MONOTONIC nanoseconds, -1 for none; returns 0)
+// or a signal handler ran (-EINTR, or -ERESTART under kRestartable when the
+// handler had SA_RESTART). The handlers have run when it returns. Should
+// the signalfd not be available (no fd left), it sleeps in a plain poll,
+// where any handler means -EINTR.
+int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd = -1);
 
 // Sleeps while *word == expected: returns 0 when woken (or the value had
 // changed), -ETIMEDOUT at deadline_ns, -EINTR when a handler ends the call.

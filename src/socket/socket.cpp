@@ -184,50 +184,50 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
 
   Channel& ch = c.stream().channel();
   for (;;) {
-    ch.arm(want);
-    if (ready()) {
+    // Join before arming and re-checking: a wakeup that another thread of
+    // this process consumes after our re-check (a poller draining the
+    // doorbell rung for us) is then passed on to us (wake_hub.h). One
+    // blocking call sleeps on the doorbell; the others on the hub's word,
+    // until a kick or until that one returns.
+    WakeHub::PrivateFd own;
+    const WakeHub::Ticket t = c.wake.join_blocking(&own);
+    if (ch.arm(want)) c.wake.kick(true);
+    auto leave = [&] {
       ch.disarm(want);
+      c.wake.leave(t);
+    };
+    if (ready()) {
+      leave();
       return 0;
     }
-    if (deadline_ns >= 0 && deadline_ns <= monotonic_ns()) {
-      ch.disarm(want);
+    const int64_t now = monotonic_ns();
+    if (deadline_ns >= 0 && deadline_ns <= now) {
+      leave();
       return -EAGAIN;
     }
-    // The doorbell is shared by every thread of this connection, and
-    // draining it consumes the wakeups meant for all of them: a reader that
-    // drained the byte rung for a sleeping writer would leave that writer
-    // asleep forever. So one thread sleeps on the doorbell; the others (still
-    // armed, so the peer keeps ringing) wait until it returns, then re-check.
     // Both sleeps end on a signal as the kernel's would (interruptible.h).
-    std::unique_lock<std::mutex> lock(c.wait_mu);
-    if (c.poller) {
-      const uint32_t gen = c.wake_gen.load(std::memory_order_relaxed);
-      ++c.waiters;
-      lock.unlock();
-      int w = sleep_on_word(&c.wake_gen, gen, deadline_ns, on_signal);
-      lock.lock();
-      --c.waiters;
-      lock.unlock();
-      ch.disarm(want);
+    if (t.kind == WakeHub::Ticket::kWord) {
+      const int w = sleep_on_word(c.wake.word(), t.word, deadline_ns, on_signal);
+      leave();
       if (w == -EINTR) return -EINTR;
       if (ready()) return 0;
       continue;
     }
-    c.poller = true;
-    lock.unlock();
-    const int rc = sleep_on_fd(ch.wait_fd(), deadline_ns, on_signal);
-    ch.drain_wakeups();
-    lock.lock();
-    c.poller = false;
-    c.wake_gen.fetch_add(1, std::memory_order_relaxed);
-    const bool wake = c.waiters > 0;
-    lock.unlock();
-    if (wake) wake_word(&c.wake_gen);
-    ch.disarm(want);
+    // Without a ticket fd (out of fds) nothing could wake us for another
+    // thread's drain: sleep in slices and look again.
+    int64_t until = deadline_ns;
+    if (t.fd < 0 && (until < 0 || until > now + WakeHub::kBlindSliceNs))
+      until = now + WakeHub::kBlindSliceNs;
+    const int rc = sleep_on_fd(ch.wait_fd(), until, on_signal, t.fd);
+    const bool drained = ch.drain_wakeups();
+    if (drained) c.wake.kick(true);
+    leave();
     if (rc == -EINTR || rc == -ERESTART) return rc;
-    // Woken: the caller's own retry looks at the stream (one look fewer on
-    // the way to the reply); a spurious wakeup brings it back here.
-    if (rc > 0) return 0;
+    // Woken by a doorbell: the caller's own retry looks at the stream (one
+    // look fewer on the way to the reply); a spurious wakeup brings it back
+    // here. Woken by another thread's kick (or by nothing we drained): look
+    // here, and sleep again without a new spin when it was not for us.
+    if (rc > 0 && drained) return 0;
     if (ready()) return 0;
   }
 }

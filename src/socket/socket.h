@@ -18,6 +18,7 @@
 #include "common/spin.h"
 #include "fdtable/fdtable.h"
 #include "socket/interruptible.h"
+#include "socket/wake_hub.h"
 #include "stats/stats.h"
 #include "stream/stream.h"
 
@@ -68,13 +69,10 @@ class ConnectionState final : public FdState {
   std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO
   SpinGovernor spin;                       // conn_wait's spin length
 
-  // Threads blocked in conn_wait: one sleeps in the kernel on the doorbell,
-  // the others sleep on wake_gen (a futex) until it comes back (see
-  // conn_wait).
-  std::mutex wait_mu;
-  bool poller = false;                // a thread sleeps on the doorbell (under wait_mu)
-  int waiters = 0;                    // threads asleep on wake_gen (under wait_mu)
-  std::atomic<uint32_t> wake_gen{0};  // bumped under wait_mu whenever the poller returns
+  // Every thread of this process asleep on the connection (conn_wait,
+  // poll/select, epoll_wait) joins it: a transport wakeup that one of them
+  // consumes reaches all of them (wake_hub.h).
+  WakeHub wake;
 
  private:
   Stream stream_;

@@ -8,7 +8,9 @@
 // lock, grant under its receive lock; poll, arm, disarm, signal and
 // drain_wakeups may be called from any thread; take_over under both of the
 // stream's locks; enter/leave/note_read under the lock of the operation
-// they bracket.
+// they bracket. The wakeups wait_fd() carries belong to the connection, not
+// to a thread: the socket layer passes one that a thread consumed on to the
+// others (socket/wake_hub.h).
 #pragma once
 
 #include <cstddef>
@@ -99,7 +101,9 @@ class Channel {
 
   // A sleeper announces itself before blocking on wait_fd(), then re-checks
   // its condition; disarm() after waking. Counts nest (several threads).
-  virtual void arm(uint32_t want) = 0;
+  // Returns true when it consumed a wakeup that was pending on wait_fd()
+  // (see drain_wakeups).
+  [[nodiscard]] virtual bool arm(uint32_t want) = 0;
   virtual void disarm(uint32_t want) = 0;
 
   // An fd that turns readable when the peer publishes, grants or signals
@@ -109,8 +113,11 @@ class Channel {
   // Consumes pending wakeups after wait_fd() was readable; notices a carrier
   // failure or a peer that is gone (reported from then on by poll() as
   // kTransportError or kPeerClosed) and bytes that reached the kernel socket
-  // behind librsock (kKernelBytes).
-  virtual void drain_wakeups() = 0;
+  // behind librsock (kKernelBytes). Returns true when it consumed anything
+  // that made wait_fd() readable: every thread of the process that watches
+  // wait_fd() shares those wakeups, so the caller must then wake the
+  // others (socket/wake_hub.h), which may have slept through this one.
+  [[nodiscard]] virtual bool drain_wakeups() = 0;
 
   // Looks at the carrier without consuming anything (one system call): a
   // peer that died shows in poll() from then on, as do bytes that reached

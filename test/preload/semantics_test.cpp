@@ -5,9 +5,10 @@
 // check: O_NONBLOCK/MSG_DONTWAIT/FIONBIO, a full ring and SO_SNDTIMEO,
 // MSG_PEEK/MSG_WAITALL/FIONREAD, SO_RCVTIMEO, EPIPE/SIGPIPE/MSG_NOSIGNAL,
 // sendto/recvfrom/SO_ERROR, dup/dup2/dup3, poll/select/epoll over mixed fds,
-// idle CPU, two threads asleep in recv and in poll/epoll on one fd). Here every case must pass and
-// the stats must show that the connection under test really was on shared memory (and the control
-// one on TCP), with byte counters equal to what the programs say they moved.
+// idle CPU, two threads asleep on one fd in a mix of recv/send, poll and
+// epoll_wait). Here every case must pass and the stats must show that the
+// connection under test really was on shared memory (and the control one on
+// TCP), with byte counters equal to what the programs say they moved.
 #include "harness.h"
 
 namespace rsock_test {
@@ -15,25 +16,7 @@ namespace {
 
 class SemanticsTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {};
 
-// Cases that fail because of a librsock bug that is not fixed yet. They are
-// skipped unless RSOCK_TEST_KNOWN_BUGS=1 (then they run, to reproduce).
-const char* known_bug(const std::string& name) {
-  if (name == "mt_poll" || name == "mt_epoll")
-    return "KNOWN BUG: lost wakeup between threads sleeping in different calls on one "
-           "accelerated fd. poll/select (rs_poll) and epoll (filter_kernel) drain the "
-           "connection's shared doorbell (ShmChannel::drain_wakeups) whatever other thread of "
-           "the process sleeps on it, so a thread blocked in recv() (conn_wait) whose doorbell "
-           "byte they consumed sleeps on with its data in the ring (and a poller can lose a "
-           "credit wakeup to conn_wait the same way). Needs one wakeup that reaches every "
-           "local sleeper of a connection.";
-  return nullptr;
-}
-
 TEST_P(SemanticsTest, OnSharedMemory) {
-  if (const char* why = known_bug(GetParam())) {
-    const char* force = getenv("RSOCK_TEST_KNOWN_BUGS");
-    if (!force || std::string(force) != "1") GTEST_SKIP() << why;
-  }
   const int port = free_port();
   int port2 = free_port();
   for (int i = 0; i < 20 && port2 == port; ++i) port2 = free_port();
@@ -120,9 +103,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTest,
                          ::testing::Values("nonblock", "sendfull", "peek", "timeo", "epipe", "addr",
                                            "dup", "poll", "select", "epoll_lt", "epoll_et",
                                            "epoll_oneshot", "idle", "mt_poll", "mt_epoll",
-                                           "nb_poll", "nb_select", "nb_epoll", "nb_block",
-                                           "nb_dup", "nb_fallback", "nb_close", "nb_accept",
-                                           "nb_epoll_mod"),
+                                           "mt_recv_send", "mt_poll_send", "mt_epoll_send",
+                                           "mt_poll_poll", "mt_epoll_epoll", "mt_poll_epoll",
+                                           "mt_epoll_poll", "nb_poll", "nb_select", "nb_epoll",
+                                           "nb_block", "nb_dup", "nb_fallback", "nb_close",
+                                           "nb_accept", "nb_epoll_mod"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -4,7 +4,7 @@
 // Two connections join a client and a server:
 //   A  127.0.0.1:<port>   the connection under test (the tests name it in
 //                         RSOCK_PEERS, so with librsock on both ends it is
-//                         carried over shared memory);
+//                         carried over shared memory, or RDMA between hosts);
 //   T  127.0.0.1:<port2>  a plain TCP control connection (no rule names it):
 //                         the client sends the server one command per line,
 //                         and uses T as "a plain TCP fd" in readiness checks.
@@ -24,10 +24,14 @@
 // and never arrived). A failed
 // check prints "FAIL ..." on stderr and exits 1.
 //
-// Usage: rs_sem --role server --port P --port2 P2
-//        rs_sem --role client --port P --port2 P2 --case NAME
+// Usage: rs_sem --role server --port P --port2 P2 [--addr IPV4]
+//        rs_sem --role client --port P --port2 P2 [--addr IPV4] --case NAME
+// --addr: the server's address (default 127.0.0.1), where it listens and
+// the client connects; the rdma tier runs the mt_* cases between two hosts.
 //   cases: nonblock sendfull peek timeo epipe addr dup poll select epoll_lt
-//          epoll_et epoll_oneshot idle mt_poll mt_epoll
+//          epoll_et epoll_oneshot idle mt_poll mt_epoll mt_recv_send
+//          mt_poll_send mt_epoll_send mt_poll_poll mt_epoll_epoll
+//          mt_poll_epoll mt_epoll_poll
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod (A made by a
 //          nonblocking connect; the client's first line "hello DELAY_MS" tells
 //          the server to accept A that much later; "hello 0 nbaccept": the
@@ -186,11 +190,15 @@ bool a_recv_all(int fd, uint8_t* p, size_t n) {
 
 // ---- connections ------------------------------------------------------------------
 
-sockaddr_in loopback(int port) {
+// The server's address (--addr; 127.0.0.1 unless the two ends run on two
+// hosts, as in the rdma tier).
+in_addr g_addr = {htonl(INADDR_LOOPBACK)};
+
+sockaddr_in server_addr(int port) {
   sockaddr_in a = {};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr = g_addr;
   return a;
 }
 
@@ -199,7 +207,7 @@ int listen_on(int port) {
   CHECK(s >= 0, "socket");
   int one = 1;
   setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
+  sockaddr_in a = server_addr(port);
   CHECK(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "bind port %d", port);
   CHECK(listen(s, 8) == 0, "listen");
   return s;
@@ -208,7 +216,7 @@ int listen_on(int port) {
 int connect_to(int port, int fd = -1) {
   if (fd < 0) fd = socket(AF_INET, SOCK_STREAM, 0);
   CHECK(fd >= 0, "socket");
-  sockaddr_in a = loopback(port);
+  sockaddr_in a = server_addr(port);
   CHECK(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "connect port %d", port);
   return fd;
 }
@@ -665,7 +673,7 @@ void case_epipe() {
 }
 
 void case_addr() {
-  sockaddr_in bogus = loopback(9);
+  sockaddr_in bogus = server_addr(9);
   bogus.sin_addr.s_addr = htonl(0x7f000002);  // 127.0.0.2:9: not the peer, never contacted
   auto data = stream_bytes(41, 0, 10);
   ssize_t r = sendto(A, data.data(), 5, 0, reinterpret_cast<sockaddr*>(&bogus), sizeof bogus);
@@ -715,7 +723,7 @@ void case_addr() {
   len = sizeof peer;
   CHECK(getpeername(A, reinterpret_cast<sockaddr*>(&peer), &len) == 0, "getpeername");
   CHECK(peer.sin_family == AF_INET && ntohs(peer.sin_port) == g_port &&
-            peer.sin_addr.s_addr == htonl(INADDR_LOOPBACK),
+            peer.sin_addr.s_addr == g_addr.s_addr,
         "getpeername names the server");
   sockaddr_in self = {};
   len = sizeof self;
@@ -1136,18 +1144,60 @@ void case_idle() {
   say("OK idle_epoll");
 }
 
-// Two threads on one accelerated fd, each asleep in a different call: a
-// reader blocked in recv() and a writer blocked in poll(POLLOUT) or
-// epoll_wait(EPOLLOUT) on a full ring. Each wakeup the peer sends must reach
-// the thread it is for: the reader's byte must arrive while the writer keeps
-// waiting, and the writer must see POLLOUT once the peer frees the ring
-// while the reader keeps waiting.
-void mt_wait_case(bool use_epoll) {
+// How a thread of the mt_* cases sleeps until A is readable or writable.
+enum class WaitKind { kCall, kPoll, kEpoll };  // kCall: blocking recv() or send()
+
+// Sleeps in poll() or in epoll_wait() on a set of its own until A has
+// `events` (POLLIN or POLLOUT), without a timeout: a wait that gave up would
+// look at the ring once more and find what it waits for, hiding a lost
+// wakeup; a lost one hangs the client instead, which the test reports.
+class Waiter {
+ public:
+  Waiter(WaitKind kind, short events) : kind_(kind), events_(events) {
+    if (kind_ != WaitKind::kEpoll) return;
+    ep_ = epoll_create1(0);
+    CHECK(ep_ >= 0, "epoll_create1");
+    ep_ctl(ep_, EPOLL_CTL_ADD, A, events == POLLIN ? EPOLLIN : EPOLLOUT, 1);
+  }
+  ~Waiter() {
+    if (ep_ >= 0) close(ep_);
+  }
+  void wait() {
+    if (kind_ == WaitKind::kEpoll) {
+      epoll_event ev;
+      int n = epoll_wait(ep_, &ev, 1, -1);
+      CHECK(n == 1, "epoll_wait returned %d", n);
+      CHECK(ev.events & (events_ == POLLIN ? EPOLLIN : EPOLLOUT), "epoll events 0x%x", ev.events);
+      return;
+    }
+    pollfd p = {A, events_, 0};
+    int n = poll(&p, 1, -1);
+    CHECK(n == 1 && (p.revents & events_), "poll returned %d (revents 0x%x)", n, p.revents);
+  }
+
+ private:
+  WaitKind kind_;
+  short events_;
+  int ep_ = -1;
+};
+
+// Two threads on one accelerated fd, each asleep in its own call: a reader
+// waiting for one byte (blocked in recv(), or in poll/epoll_wait for POLLIN
+// and then reading it) and a writer waiting for space on a full ring
+// (blocked in send(), or in poll/epoll_wait for POLLOUT). Each wakeup the
+// peer sends must reach the thread it is for: the reader's byte must arrive
+// while the writer keeps waiting, and the writer must see the space once
+// the peer frees the ring while the reader keeps waiting for its next byte.
+// mt_poll and mt_epoll: recv() and poll/epoll; the others are named
+// mt_<reader>_<writer>.
+void mt_wait_case(WaitKind reader_kind, WaitKind writer_kind) {
   constexpr int kRounds = 8;
   constexpr uint64_t kFillSeed = 160;
   std::atomic<int> got{-1};
   std::thread reader([&] {
+    Waiter w(reader_kind, POLLIN);
     for (int i = 0; i < kRounds; ++i) {
+      if (reader_kind != WaitKind::kCall) w.wait();
       uint8_t b;
       ssize_t r = a_recv(A, &b, 1, 0);
       CHECK(r == 1, "reader thread: recv returned %zd", r);
@@ -1155,24 +1205,6 @@ void mt_wait_case(bool use_epoll) {
       got.store(i);
     }
   });
-  int ep = -1;
-  if (use_epoll) {
-    ep = epoll_create1(0);
-    CHECK(ep >= 0, "epoll_create1");
-    ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLOUT, 1);
-  }
-  auto wait_writable = [&](int timeout_ms) {
-    if (use_epoll) {
-      epoll_event ev;
-      int n = epoll_wait(ep, &ev, 1, timeout_ms);
-      CHECK(n >= 0, "epoll_wait");
-      return n == 1 && (ev.events & EPOLLOUT);
-    }
-    pollfd p = {A, POLLOUT, 0};
-    int n = poll(&p, 1, timeout_ms);
-    CHECK(n >= 0, "poll");
-    return n == 1 && (p.revents & POLLOUT);
-  };
   uint64_t filled = 0;
   for (int i = 0; i < kRounds; ++i) {
     // Fill the ring (the server does not read until told to).
@@ -1185,28 +1217,36 @@ void mt_wait_case(bool use_epoll) {
       }
       filled += static_cast<uint64_t>(r);
     }
+    // The writer sleeps until there is space: in send() it writes one more
+    // byte of the fill stream when there is.
+    std::thread writer([&, filled] {
+      if (writer_kind == WaitKind::kCall) {
+        const uint8_t b = stream_byte(kFillSeed, filled);
+        ssize_t r = a_send(A, &b, 1, 0);
+        CHECK(r == 1, "writer thread: send returned %zd", r);
+      } else {
+        Waiter(writer_kind, POLLOUT).wait();
+      }
+    });
     // The reader's byte comes 50 ms later, while both threads sleep.
     cmd("sendA 1 %d 50", 170 + i);
-    // Sleep in poll/epoll meanwhile (on a full ring it stays asleep; kernel
-    // TCP may report space early, which is not what is checked here).
-    (void)wait_writable(300);
     const int64_t end = now_ms() + 5000;
     while (got.load() < i && now_ms() < end) sleep_ms(2);
     CHECK(got.load() >= i, "round %d: the reader never woke for its byte (lost wakeup)", i);
-    // Now the server drains the ring while the reader sleeps for its next byte.
+    // Now the server drains the ring while the reader sleeps for its next
+    // byte, and the writer must wake.
+    if (writer_kind == WaitKind::kCall) ++filled;  // the byte the writer sends
     cmd("readA %llu %llu", (unsigned long long)filled, (unsigned long long)kFillSeed);
-    CHECK(wait_writable(5000), "round %d: no POLLOUT after the peer freed the ring (lost wakeup)",
-          i);
+    writer.join();
     expect_reply("ok " + std::to_string(filled));
     filled = 0;
   }
   reader.join();
-  if (ep >= 0) close(ep);
-  say("OK mt_%s_and_recv", use_epoll ? "epoll" : "poll");
+  say("OK mt_reader_and_writer");
 }
 
-void case_mt_poll() { mt_wait_case(false); }
-void case_mt_epoll() { mt_wait_case(true); }
+void case_mt_poll() { mt_wait_case(WaitKind::kCall, WaitKind::kPoll); }
+void case_mt_epoll() { mt_wait_case(WaitKind::kCall, WaitKind::kEpoll); }
 
 // Nonblocking connect of A (the nb_* cases). The server accepts A only
 // kAcceptDelayMs after the hello, so A's pairing is still under way during
@@ -1223,7 +1263,7 @@ void nb_connect(int accept_delay_ms) {
   cmd("hello %d", accept_delay_ms);
   A = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   CHECK(A >= 0, "socket");
-  sockaddr_in a = loopback(g_port);
+  sockaddr_in a = server_addr(g_port);
   errno = 0;
   CHECK(connect(A, reinterpret_cast<sockaddr*>(&a), sizeof a) == -1 && errno == EINPROGRESS,
         "nonblocking connect returns EINPROGRESS at once");
@@ -1239,7 +1279,7 @@ void nb_while_pairing() {
   CHECK(send(A, &b, 1, 0) == -1 && errno == EAGAIN, "send while pairing: EAGAIN");
   errno = 0;
   CHECK(recv(A, &b, 1, 0) == -1 && errno == EAGAIN, "recv while pairing: EAGAIN");
-  sockaddr_in a = loopback(g_port);
+  sockaddr_in a = server_addr(g_port);
   errno = 0;
   CHECK(connect(A, reinterpret_cast<sockaddr*>(&a), sizeof a) == -1 && errno == EALREADY,
         "connect again while pairing: EALREADY");
@@ -1463,6 +1503,20 @@ int run_client(const std::string& name) {
     case_mt_poll();
   else if (name == "mt_epoll")
     case_mt_epoll();
+  else if (name == "mt_recv_send")
+    mt_wait_case(WaitKind::kCall, WaitKind::kCall);
+  else if (name == "mt_poll_send")
+    mt_wait_case(WaitKind::kPoll, WaitKind::kCall);
+  else if (name == "mt_epoll_send")
+    mt_wait_case(WaitKind::kEpoll, WaitKind::kCall);
+  else if (name == "mt_poll_poll")
+    mt_wait_case(WaitKind::kPoll, WaitKind::kPoll);
+  else if (name == "mt_epoll_epoll")
+    mt_wait_case(WaitKind::kEpoll, WaitKind::kEpoll);
+  else if (name == "mt_poll_epoll")
+    mt_wait_case(WaitKind::kPoll, WaitKind::kEpoll);
+  else if (name == "mt_epoll_poll")
+    mt_wait_case(WaitKind::kEpoll, WaitKind::kPoll);
   else
     die(__LINE__, "case", "unknown case %s", name.c_str());
   cmd("quit");
@@ -1488,10 +1542,13 @@ int main(int argc, char** argv) {
       port2 = atoi(argv[i + 1]);
     else if (k == "--case")
       g_case = argv[i + 1];
+    else if (k == "--addr" && inet_pton(AF_INET, argv[i + 1], &g_addr) != 1)
+      port = 0;  // usage
   }
   if (port <= 0 || port2 <= 0 || (g_role != "server" && g_role != "client") ||
       (g_role == "client" && g_case.empty())) {
-    fprintf(stderr, "usage: rs_sem --role server|client --port P --port2 P2 [--case NAME]\n");
+    fprintf(stderr,
+            "usage: rs_sem --role server|client --port P --port2 P2 [--addr IPV4] [--case NAME]\n");
     return 2;
   }
   g_port = port;

@@ -379,6 +379,36 @@ case_pairing-stress-reuseport() { pairing_stress 7572 reuseport 4 12 4 2 ""; }
 # many processes with few connections each.
 case_pairing-stress-tiny() { pairing_stress 7573 fork 12 4 4 1 "1 5 2 3 4 1"; }
 
+# Two threads of the client on one rdma connection, each asleep in its own
+# call (rs_sem's mt_* cases: a reader in recv, poll or epoll_wait, a writer
+# in send, poll or epoll_wait on a full 64 KiB ring): each wakeup must reach
+# the thread it is for, here completion events that one thread consumes
+# for both (src/socket/wake_hub.h). rs_sem's control connection, on port + 1,
+# stays on TCP.
+threads_case() {
+  local port=$1 which=$2
+  local common=(--addr "$SRV_IP" --port "$port" --port2 "$((port + 1))")
+  if [ "$HOST" = A ]; then
+    env_for srv "$port" yes
+    ENVV+=(RSOCK_RING_SIZE=64K)
+    start srv "$TIER_BIN/rs_sem" --role server "${common[@]}"
+    ready srv "$port" yes
+    finish srv 150 "$CASE.cli-done"
+    await_clients
+  else
+    await_server
+    env_for cli "$port" yes
+    ENVV+=(RSOCK_RING_SIZE=64K)
+    start cli "$TIER_BIN/rs_sem" --role client "${common[@]}" --case "$which"
+    finish cli 150
+    rsock_signal "$CASE.cli-done"
+  fi
+}
+case_threads-recv-poll() { threads_case 7581 mt_poll; }
+case_threads-recv-epoll() { threads_case 7583 mt_epoll; }
+case_threads-poll-send() { threads_case 7585 mt_poll_send; }
+case_threads-epoll-epoll() { threads_case 7587 mt_epoll_epoll; }
+
 sockperf_case() {
   local port=$1 mode=$2
   if [ "$HOST" = A ]; then

@@ -118,6 +118,14 @@
 #                                resets.taken_over, one log line), the
 #                                child's 2000 all; stats of all three agree
 #                                with the records
+#   threads-recv-poll            rs_sem's mt_* cases over rdma (64 KiB rings):
+#   threads-recv-epoll           two client threads on one connection, a
+#   threads-poll-send            reader (recv, poll or epoll_wait) and a writer
+#   threads-epoll-epoll          (send, poll or epoll_wait) on a full ring;
+#                                each wakeup must reach its thread: the
+#                                client's own checks pass (a lost wakeup fails
+#                                one or hangs), both ends rdma 1 and tcp 1 (the
+#                                control connection), bytes as the programs say
 #   sockperf-pingpong            unmodified sockperf, shim on both ends
 #   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
 #   iperf3                       unmodified iperf3 -t 2, shim on both ends
@@ -200,6 +208,7 @@ ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-c
            forged-request pairing-stress pairing-stress-reuseport pairing-stress-tiny
            fork-conn fork-conn-late fork-conn-noclose fork-conn-orphan fork-conn-parent-exit inetd
            both-write
+           threads-recv-poll threads-recv-epoll threads-poll-send threads-epoll-epoll
            sockperf-pingpong sockperf-throughput
            iperf3 fork-per-connection nginx-workers redis
            peer-killed kernel-bytes memlock device-lost" # device-lost destroys a device: last
@@ -787,6 +796,25 @@ judge_pairing_stress() {
 judge_pairing-stress() { judge_pairing_stress 4 12 2 1; }
 judge_pairing-stress-reuseport() { judge_pairing_stress 4 12 2 1; }
 judge_pairing-stress-tiny() { judge_pairing_stress 12 4 2 0; }
+
+# threads-*: rs_sem's client checked its own threads' waits (a lost wakeup
+# fails a check or hangs it); both ends on rdma with the control connection
+# on TCP, and their stats count the bytes they say they moved.
+judge_threads() {
+  local p r tot
+  for p in srv cli; do
+    r=$(rc_of "$p")
+    [ "$r" = 0 ] || why "$p exit status $r ($(tail -n 2 "$DIR/$p.err" 2> /dev/null | paste -sd' '))"
+    tot=$(grep -m1 '^TOTALS ' "$DIR/$p.out" 2> /dev/null)
+    [ -n "$tot" ] || { why "$p printed no TOTALS"; continue; }
+    expect_stats "$p" rs_sem 1 1 '{}' "$(val "$tot" sent)" "$(val "$tot" received)"
+  done
+  grep -qx DONE "$DIR/cli.out" 2> /dev/null || why "the client did not finish its checks"
+}
+judge_threads-recv-poll() { judge_threads; }
+judge_threads-recv-epoll() { judge_threads; }
+judge_threads-poll-send() { judge_threads; }
+judge_threads-epoll-epoll() { judge_threads; }
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2> /dev/null; }
 judge_sockperf() { # MODE pp|tp

@@ -70,6 +70,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "socket/wake_hub.h"
 #include "stats/stats.h"
 #include "stream/stream.h"
 #include "transport/verbs/verbs_channel.h"
@@ -127,6 +128,11 @@ rsock::Config test_config() {
 
 // ------------------------------------------------------------- blocking I/O --
 
+// The stream's WakeHub, as the socket layer's ConnectionState holds one
+// (this program has one stream at a time): the threads that wait on it
+// share it.
+rsock::WakeHub g_wake;
+
 // Waits until the stream is readable (kWantData) or writable (kWantSpace),
 // as src/socket does. Returns false after kWaitMs.
 bool wait_ready(rsock::Stream& s, uint32_t want) {
@@ -141,20 +147,25 @@ bool wait_ready(rsock::Stream& s, uint32_t want) {
   const int64_t deadline = now_us() + kWaitMs * 1000ll;
   rsock::Channel& ch = s.channel();
   for (;;) {
-    ch.arm(want);
+    rsock::WakeHub::PrivateFd own;
+    const rsock::WakeHub::Ticket t = g_wake.join(&own);
+    if (ch.arm(want)) g_wake.kick(true);
     if (ready()) {
       ch.disarm(want);
+      g_wake.leave(t);
       return true;
     }
     const int64_t left = deadline - now_us();
     if (left <= 0) {
       ch.disarm(want);
+      g_wake.leave(t);
       return false;
     }
-    pollfd p = {ch.wait_fd(), POLLIN, 0};
-    poll(&p, 1, static_cast<int>(left / 1000) + 1);
-    ch.drain_wakeups();
+    pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.fd, POLLIN, 0}};
+    poll(p, 2, static_cast<int>(left / 1000) + 1);
+    if (ch.drain_wakeups()) g_wake.kick(true);
     ch.disarm(want);
+    g_wake.leave(t);
     if (ready()) return true;
   }
 }

@@ -2,8 +2,9 @@
 // position-addressed byte pattern (the byte at absolute stream position p is a
 // pure function of (seed, p), so a receiver verifies any chunking without
 // storing the stream), a blocking wait that mirrors src/socket's conn_wait
-// (spin on events(), then arm, re-check, poll on wait_fd with a timeout), and
-// a two-thread pump that streams a pattern from one Stream to another.
+// (spin on events(), then join the end's WakeHub, arm, re-check, poll on
+// wait_fd and the hub's fd with a timeout, drain, kick), and a two-thread
+// pump that streams a pattern from one Stream to another.
 #pragma once
 
 #include <errno.h>
@@ -14,11 +15,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "socket/wake_hub.h"
 #include "stream/stream.h"
 #include "transport/channel.h"
 
@@ -100,6 +105,17 @@ struct WaitParams {
   int stall_limit = 5000;  // consecutive no-progress timeouts before declaring deadlock
 };
 
+// The WakeHub of a stream end, as the socket layer's ConnectionState holds
+// one: the threads that wait on one end share it.
+inline WakeHub& hub_of(const Stream& s) {
+  static std::mutex mu;
+  static std::map<const Stream*, std::unique_ptr<WakeHub>> hubs;
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<WakeHub>& h = hubs[&s];
+  if (!h) h = std::make_unique<WakeHub>();
+  return *h;
+}
+
 // Waits like src/socket's conn_wait until `want` is ready on s. Returns false
 // when the pump was stopped or a deadlock was declared.
 inline bool wait_ready(Stream& s, uint32_t want, PumpShared& sh, const WaitParams& wp) {
@@ -110,20 +126,25 @@ inline bool wait_ready(Stream& s, uint32_t want, PumpShared& sh, const WaitParam
   for (int i = 0; i < wp.spin; ++i)
     if (ready()) return true;
   Channel& ch = s.channel();
+  WakeHub& hub = hub_of(s);
   int stalled = 0;
   uint64_t seen = sh.progress.load();
   for (;;) {
     if (sh.stop.load()) return false;
-    ch.arm(want);
+    WakeHub::PrivateFd own;
+    const WakeHub::Ticket t = hub.join(&own);
+    if (ch.arm(want)) hub.kick(true);
     if (ready()) {
       ch.disarm(want);
+      hub.leave(t);
       return true;
     }
-    pollfd p = {ch.wait_fd(), POLLIN, 0};
+    pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.fd, POLLIN, 0}};
     sh.sleeps.fetch_add(1);
-    int rc = ::poll(&p, 1, wp.timeout_ms);
-    ch.drain_wakeups();
+    int rc = ::poll(p, 2, wp.timeout_ms);
+    if (ch.drain_wakeups()) hub.kick(true);
     ch.disarm(want);
+    hub.leave(t);
     if (ready()) return true;
     if (rc == 0) {
       sh.timeouts.fetch_add(1);

@@ -40,9 +40,10 @@ class FakeChannel final : public Channel {
     if (link_->failed_) s.flags |= kTransportError | kPeerClosed;
     return s;
   }
-  void arm(uint32_t) override {
+  bool arm(uint32_t) override {
     std::lock_guard<std::mutex> lock(link_->mu_);
     link_->ends_[side_].waiting++;
+    return false;
   }
   void disarm(uint32_t) override {
     std::lock_guard<std::mutex> lock(link_->mu_);
@@ -58,10 +59,11 @@ class FakeChannel final : public Channel {
     std::lock_guard<std::mutex> lock(link_->mu_);
     link_->ends_[side_].read = total;
   }
-  void drain_wakeups() override {
+  bool drain_wakeups() override {
     uint64_t v;
-    while (::read(link_->ends_[side_].event_fd, &v, sizeof v) == sizeof v) {
-    }
+    bool took = false;
+    while (::read(link_->ends_[side_].event_fd, &v, sizeof v) == sizeof v) took = true;
+    return took;
   }
 
  private:

@@ -34,10 +34,10 @@ class LostChannel final : public Channel {
     s.flags = kTransportError;  // a reset: the first call fails with ECONNRESET
     return s;
   }
-  void arm(uint32_t) override {}
+  bool arm(uint32_t) override { return false; }
   void disarm(uint32_t) override {}
   int wait_fd() const override { return wait_fd_; }
-  void drain_wakeups() override {}
+  bool drain_wakeups() override { return false; }
   uint64_t peer_read_total() override { return 0; }
 
  private:

@@ -244,7 +244,7 @@ PeerState ShmChannel::poll() {
   return s;
 }
 
-void ShmChannel::arm(uint32_t want) {
+bool ShmChannel::arm(uint32_t want) {
   if (want & kWantData) {
     armed_data_.fetch_add(1, std::memory_order_relaxed);
     rx_->consumer_waiting.fetch_add(1, std::memory_order_seq_cst);
@@ -254,6 +254,7 @@ void ShmChannel::arm(uint32_t want) {
     tx_->producer_waiting.fetch_add(1, std::memory_order_seq_cst);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  return false;  // consumes nothing
 }
 
 void ShmChannel::disarm(uint32_t want) {
@@ -311,7 +312,7 @@ bool ShmChannel::drop_holder_unless_last() {
   return false;
 }
 
-void ShmChannel::drain_wakeups() {
+bool ShmChannel::drain_wakeups() {
   char buf[256];
   uint64_t took = 0;
   int err = 0;
@@ -343,6 +344,9 @@ void ShmChannel::drain_wakeups() {
     peer_gone(kPeerClosed);
   else if (err != 0)
     peer_gone(kPeerClosed | kTransportError);
+  // Doorbells taken (and an error, which recv() reports once) were other
+  // sleepers' wakeups too; an EOF stays readable for them.
+  return took > 0 || err != 0;
 }
 
 void ShmChannel::probe() {

@@ -77,10 +77,10 @@ class ShmChannel final : public Channel {
   int grant(uint64_t consumed) override;
   void signal(uint32_t flags) override;
   PeerState poll() override;
-  void arm(uint32_t want) override;
+  bool arm(uint32_t want) override;
   void disarm(uint32_t want) override;
   int wait_fd() const override { return doorbell_fd_; }
-  void drain_wakeups() override;
+  bool drain_wakeups() override;
   void probe() override;
   uint64_t peer_read_total() override;
   void note_read(uint64_t total) override;

@@ -73,7 +73,6 @@
 #include <rdma/rdma_cma.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/timerfd.h>
@@ -252,16 +251,13 @@ uint64_t VerbsChannel::rx_addr() const { return reinterpret_cast<uintptr_t>(rx_r
 uint32_t VerbsChannel::rx_rkey() const { return rx_mr_->rkey; }
 uint64_t VerbsChannel::nonce() const { return end_.hdr() ? end_.hdr()->nonce : 0; }
 
-// The wait fds of this process: epoll set, eventfd, timer (not the verbs
+// The wait fds of this process: epoll set and timer (not the verbs
 // ones, which come with a queue pair).
 int VerbsChannel::open_wait_fds() {
   epoll_fd_ = real().epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) return -errno;
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return -errno;
   timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
   if (timer_fd_ < 0) return -errno;
-  watch_fd_locked(wake_fd_);
   watch_fd_locked(timer_fd_);
   return 0;
 }
@@ -394,9 +390,8 @@ void VerbsChannel::teardown(bool destroy_id) {
   pd_ = nullptr;
   if (epoll_fd_ >= 0) real().close(epoll_fd_);
   if (tcp_fd_ >= 0) real().close(tcp_fd_);
-  if (wake_fd_ >= 0) real().close(wake_fd_);
   if (timer_fd_ >= 0) real().close(timer_fd_);
-  epoll_fd_ = tcp_fd_ = wake_fd_ = timer_fd_ = -1;
+  epoll_fd_ = tcp_fd_ = timer_fd_ = -1;
   tcp_watched_ = false;
   if (destroy_id && id_) rdma_destroy_id(id_);
   id_ = nullptr;
@@ -800,16 +795,18 @@ PeerState VerbsChannel::poll() {
   return s;
 }
 
-void VerbsChannel::arm(uint32_t want) {
+bool VerbsChannel::arm(uint32_t want) {
   std::lock_guard<std::mutex> lock(mu_);
   ++armed_;
-  if (!cq_) return;  // nothing of ours to be notified of yet (the end moves here)
+  if (!cq_) return false;  // nothing of ours to be notified of yet (the end moves here)
   // Work left over from the last wakeup, done now that the caller is about
-  // to sleep (see "The wakeup path" above).
+  // to sleep (see "The wakeup path" above). The event it reads may be one
+  // another thread still sleeps on: the caller passes it on.
   if (state_.load(std::memory_order_relaxed) == kOwned) flush_reposts_locked();
+  bool took_event = false;
   if (event_owed_) {
     event_owed_ = false;
-    (void)take_cq_event_locked();
+    took_event = take_cq_event_locked();
   }
   // Any completion from now on (data, credit, flags, ACK, error) makes the
   // completion channel readable; the caller re-checks after arm(), which
@@ -822,6 +819,7 @@ void VerbsChannel::arm(uint32_t want) {
     if (post_imm_locked(verbs_imm::kFlags, flags_sent_ | verbs_imm::kStalled) == 0)
       stall_announced_ = true;
   }
+  return took_event;
 }
 
 void VerbsChannel::disarm(uint32_t /*want*/) {
@@ -829,12 +827,13 @@ void VerbsChannel::disarm(uint32_t /*want*/) {
   if (armed_ > 0) --armed_;
 }
 
-void VerbsChannel::drain_cm_events_locked() {
-  if (!cm_channel_) return;
+bool VerbsChannel::drain_cm_events_locked() {
+  if (!cm_channel_) return false;
   // Connection events: the peer disconnected (after CLOSED: a clean end;
   // after DETACH, or without a word: its queue pair is gone, the end may
   // move) or the device went away.
-  for (;;) {
+  bool took = false;
+  for (;; took = true) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(cm_channel_, &ev) != 0) break;
     const rdma_cm_event_type type = ev->event;
@@ -853,6 +852,7 @@ void VerbsChannel::drain_cm_events_locked() {
       carrier_lost(kTransportError | kPeerClosed);
     }
   }
+  return took;
 }
 
 bool VerbsChannel::take_cq_event_locked() {
@@ -872,7 +872,7 @@ void VerbsChannel::request_notify_locked() {
   cq_armed_ = true;
 }
 
-void VerbsChannel::drain_wakeups() {
+bool VerbsChannel::drain_wakeups() {
   std::lock_guard<std::mutex> lock(mu_);
   check_owner_locked();
   const int st = state_.load(std::memory_order_relaxed);
@@ -887,36 +887,38 @@ void VerbsChannel::drain_wakeups() {
   // New completions while the CQ was armed: the notification has fired
   // (every completion after ibv_req_notify_cq does; the caller polled after
   // arming, so these came after it). Its event is read before the next
-  // sleep, not here on the way to the caller's reply. A lone sleeper only:
-  // with several, the one that wakes re-arms and re-wakes the others below.
-  // Should the guess be wrong (say, another thread polled them), the cost
-  // is one wasted read in arm() or one extra wakeup, as with a stale event.
+  // sleep, not here on the way to the caller's reply, and meanwhile it
+  // keeps wait_fd readable for any other sleeper. Only when at most one
+  // thread is armed: with several, reading it at once and passing the
+  // wakeup on (the caller kicks the others) beats having each of them wake
+  // on it and look. Should the guess be wrong (say, another thread polled
+  // them), the cost is one wasted read in arm() or one extra wakeup, as
+  // with a stale event.
   const int found = poll_cq_locked();
   if (!took_event && found > 0 && cq_armed_ && armed_ <= 1) {
     cq_armed_ = false;
     event_owed_ = true;
-    return;
+    return false;
   }
   if (!took_event) took_event = take_cq_event_locked();
+  bool took_other = false;
   if (!took_event) {
     uint64_t count;
-    if (wake_fd_ >= 0) (void)!real().read(wake_fd_, &count, sizeof count);
-    if (timer_fd_ >= 0) (void)!real().read(timer_fd_, &count, sizeof count);
-    drain_cm_events_locked();
+    if (timer_fd_ >= 0 && real().read(timer_fd_, &count, sizeof count) == sizeof count)
+      took_other = true;
+    took_other |= drain_cm_events_locked();
     // The kernel TCP connection: EOF or an error (the peer's end is gone),
     // or frames of a move. A taker reads its answer in take_over().
-    if (st == kOwned || st == kDetached || st == kAwaitHello) service_kernel_socket_locked();
+    if (st == kOwned || st == kDetached || st == kAwaitHello)
+      took_other |= service_kernel_socket_locked();
     check_deadline_locked();
   }
   poll_cq_locked();
-  // The caller disarms and re-checks next (and arm() re-arms the CQ before
-  // it sleeps again): re-arm here only for other sleepers. A CQ armed for
-  // nobody turns the next completion into a stale event and a wasted wakeup.
-  if (armed_ > 1 && cq_ && !cq_armed_) request_notify_locked();
-  if (took_event && armed_ > 1 && wake_fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!real().write(wake_fd_, &one, sizeof one);
-  }
+  // No CQ notification is requested here for the other sleepers: the
+  // caller's kick brings them back through arm(), which requests it before
+  // they sleep again (a CQ armed for nobody turns the next completion into
+  // a stale event and a wasted wakeup).
+  return took_event || took_other;
 }
 
 // -------------------------------------------------------- processes, holders --
@@ -1023,12 +1025,11 @@ void VerbsChannel::after_fork_child() {
   new (&mu_) std::mutex();
   std::lock_guard<std::mutex> lock(mu_);
   forget_verbs_objects();
-  // The epoll set, eventfd and timer are shared with the parent (fork
+  // The epoll set and timer are shared with the parent (fork
   // copies descriptors, not the files): ours from now on.
   if (epoll_fd_ >= 0) real().close(epoll_fd_);
-  if (wake_fd_ >= 0) real().close(wake_fd_);
   if (timer_fd_ >= 0) real().close(timer_fd_);
-  epoll_fd_ = wake_fd_ = timer_fd_ = -1;
+  epoll_fd_ = timer_fd_ = -1;
   tcp_watched_ = false;
   (void)open_wait_fds();
   reset_qp_counters_locked();
@@ -1201,8 +1202,9 @@ MoveFrame VerbsChannel::my_frame_locked(MoveType type, uint64_t nonce) {
 }
 
 // The owner looks at its kernel socket: the other end's liveness, and the
-// frames of a move of the other end.
-void VerbsChannel::service_kernel_socket_locked() {
+// frames of a move of the other end. Returns whether it consumed or learned
+// anything (which other sleepers on wait_fd may have woken for).
+bool VerbsChannel::service_kernel_socket_locked() {
   for (int i = 0; i < 4; ++i) {
     MoveFrame f;
     size_t len = 0;
@@ -1210,7 +1212,7 @@ void VerbsChannel::service_kernel_socket_locked() {
     switch (k) {
       case Kernel::kNothing:
       case Kernel::kPartial:
-        return;
+        return i > 0;
       case Kernel::kEnd:
       case Kernel::kReset:
       case Kernel::kError:
@@ -1224,7 +1226,7 @@ void VerbsChannel::service_kernel_socket_locked() {
                                            : kTransportError | kPeerClosed);
         unwatch_tcp_locked();
         arm_timer(timer_fd_, 0);
-        return;
+        return true;
       case Kernel::kForeign:
       case Kernel::kBad:
         // Bytes behind librsock's back (a raw write, io_uring, stdio on the
@@ -1232,7 +1234,7 @@ void VerbsChannel::service_kernel_socket_locked() {
         // dropped, and the connection is reset on both ends.
         if (!end_owns(end_.hdr(), epoch_)) {
           become_lost_locked();  // the new owner's to report
-          return;
+          return true;
         }
         consume_kernel_locked(len, false);
         kernel_bytes_seen_locked();
@@ -1243,11 +1245,11 @@ void VerbsChannel::service_kernel_socket_locked() {
     // Frames are consumed by the owner only, in order, under the frame
     // lock (a taker on this host fences us under it).
     VerbsEndHeader* h = end_.hdr();
-    if (!end_lock_frames(h, now_ms() + kVerbsMoveMs)) return;
+    if (!end_lock_frames(h, now_ms() + kVerbsMoveMs)) return i > 0;
     if (!end_owns(h, epoch_)) {
       end_unlock_frames(h);
       become_lost_locked();
-      return;
+      return true;
     }
     consume_kernel_locked(kMoveFrameBytes, true);
     if ((carrier_flags_.load(std::memory_order_relaxed) | peer_flags_) & kKernelBytes) {
@@ -1266,11 +1268,12 @@ void VerbsChannel::service_kernel_socket_locked() {
         kernel_bytes_from_peer_locked();
       else
         fail_move_locked("the other end failed to move", false);
-      return;
+      return true;
     }  // kMoved: an answer to a takeover that another one superseded
     end_unlock_frames(h);
-    if (state_.load(std::memory_order_relaxed) == kFailed) return;
+    if (state_.load(std::memory_order_relaxed) == kFailed) return true;
   }
+  return true;
 }
 
 // The other end moved to another process (MOVE): a new queue pair of ours
@@ -1718,7 +1721,7 @@ void VerbsChannel::at_exit() {
 
 void VerbsChannel::own_fds(std::vector<int>* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int fd : {tcp_fd_, epoll_fd_, wake_fd_, timer_fd_, end_.memfd()})
+  for (int fd : {tcp_fd_, epoll_fd_, timer_fd_, end_.memfd()})
     if (fd >= 0) out->push_back(fd);
   if (comp_channel_) out->push_back(comp_channel_->fd);
   if (cm_channel_) out->push_back(cm_channel_->fd);

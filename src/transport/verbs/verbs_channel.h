@@ -148,10 +148,10 @@ class VerbsChannel final : public Channel {
   int grant(uint64_t consumed) override;
   void signal(uint32_t flags) override;
   PeerState poll() override;
-  void arm(uint32_t want) override;
+  bool arm(uint32_t want) override;
   void disarm(uint32_t want) override;
   int wait_fd() const override { return epoll_fd_; }
-  void drain_wakeups() override;
+  bool drain_wakeups() override;
   void probe() override;
   uint64_t peer_read_total() override;
   int kernel_socket() const override { return tcp_fd_; }
@@ -209,7 +209,7 @@ class VerbsChannel final : public Channel {
   int reserve_sq_locked(int count);
   bool data_window_open_locked() const;
   void carrier_lost(uint32_t flags);
-  void drain_cm_events_locked();
+  bool drain_cm_events_locked();  // whether it took any
   bool ended_locked() const;
   void kernel_bytes_seen_locked();
   void kernel_bytes_from_peer_locked();
@@ -231,7 +231,7 @@ class VerbsChannel final : public Channel {
   enum class Kernel { kNothing, kPartial, kFrame, kForeign, kBad, kEnd, kReset, kError };
   Kernel read_kernel_socket_locked(MoveFrame* frame, size_t* len);
   void consume_kernel_locked(size_t len, bool frame);
-  void service_kernel_socket_locked();
+  bool service_kernel_socket_locked();  // whether it consumed or learned anything
   void unwatch_tcp_locked();
   void watch_fd_locked(int fd);
   int send_frame_locked(const MoveFrame& f);
@@ -274,8 +274,7 @@ class VerbsChannel final : public Channel {
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
   int tcp_fd_ = -1;    // private dup of the kernel TCP socket
-  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ + wake_fd_ + timer
-  int wake_fd_ = -1;   // eventfd: re-wakes other sleepers after a drain took the CQ event
+  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ + timer
   int timer_fd_ = -1;  // wakes a sleeper at a move's deadline
   bool tcp_watched_ = false;
 
