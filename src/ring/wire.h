@@ -64,6 +64,16 @@ struct EndpointControl {
 static_assert(sizeof(EndpointControl) == kCacheLine);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
+// Which process, of those holding one end (fork, exec), moves its bytes
+// (the protocol is in transport/end_owner.h).
+struct EndOwner {
+  std::atomic<uint64_t> epoch;     // bumped by each takeover
+  std::atomic<int32_t> owner_pid;  // the owner's pid; 0: released (closed, exit, exec)
+  std::atomic<int32_t> busy;       // the owner's operations in progress
+};
+static_assert(sizeof(EndOwner) == 16);
+static_assert(std::atomic<int32_t>::is_always_lock_free);
+
 // The start of the shared region (a memfd created by the accepting side).
 // Ring data follows at ring_offset[d], page-aligned, ring_bytes long each.
 struct RegionHeader {
@@ -84,6 +94,14 @@ struct RegionHeader {
   // trusts the region (docs/protocol.md, section 8). It lies after the
   // control words, inside the header page, so no earlier offset moves.
   WireAddr endpoint[2][2];
+  // The owner of each side's end among the processes that hold it (side 0
+  // server, 1 client), on a line of its own: the owner's operations count
+  // themselves in `busy`. Zero in a fresh region; each side initialises its
+  // own when it attaches. One line each: the owner's every operation
+  // writes `busy`, and the two sides' owners are different processes.
+  struct alignas(kCacheLine) OwnerLine {
+    EndOwner o;
+  } owner[2];
 };
 static_assert(offsetof(RegionHeader, dir) % kCacheLine == 0);
 static_assert(offsetof(RegionHeader, end) % kCacheLine == 0);

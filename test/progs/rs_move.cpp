@@ -31,8 +31,16 @@
 //       64-byte records on it (parent tag P, child tag C, sequence numbers
 //       from 0, checksummed). The parent writes until a write fails (or
 //       kMaxParent records); the child starts once the parent has written
-//       kHead records, writes kChild, shuts down writing and exits. Prints
+//       kHead records, writes kChild, shuts down writing and exits (with
+//       --hold: only once the parent's writes have ended). Prints
 //       "PARENT wrote=N end=done|<errno name>" and "CHILD wrote=M end=...".
+//   rs_move --role handback --addr A --port P --child-exit close|exit
+//       one process after the other: accepts one connection, writes kHead
+//       records (tag P), forks; the child writes kChild records (tag C) and
+//       ends with close() and exit(0) (close) or exit(0) alone (exit); the
+//       parent waits for it, then writes kHead more records (P, sequence
+//       going on) and closes. Prints "PARENT wrote=N end=..." and "CHILD
+//       wrote=M end=...". Exit 0 iff every write of both succeeded.
 //   rs_move --role records --addr A --port P
 //       connects, reads records to EOF and checks each: "RECORDS P=N C=M
 //       bad=K" (bad: a torn or corrupt record, or a sequence that is not
@@ -264,16 +272,17 @@ void make_record(uint8_t* r, char tag, uint32_t seq) {
   memcpy(r + kRecord - 4, &s, 4);
 }
 
-int run_both_write(const std::string& addr, int port) {
+int run_both_write(const std::string& addr, int port, bool hold) {
   int ls = listen_on(addr, port);
   say("READY");
   int c = accept_one(ls);
   if (c < 0) return 1;
-  int go[2];
-  if (pipe(go) != 0) return 1;
+  int go[2], done[2];
+  if (pipe(go) != 0 || pipe(done) != 0) return 1;
   pid_t pid = fork();
   if (pid == 0) {
     close(go[1]);
+    close(done[1]);
     char b;
     pollfd p{go[0], POLLIN, 0};
     if (poll(&p, 1, kWaitMs) != 1 || ::read(go[0], &b, 1) != 1) _exit(3);
@@ -285,11 +294,16 @@ int run_both_write(const std::string& addr, int port) {
       if (!write_all(c, r, kRecord, &err)) break;
     }
     say("CHILD wrote=%u end=%s", n, n == kChild ? "done" : errno_name(err));
+    if (hold) {
+      pollfd q{done[0], POLLIN, 0};
+      (void)poll(&q, 1, kWaitMs);
+    }
     shutdown(c, SHUT_WR);
     close(c);
     exit(n == kChild ? 0 : 1);
   }
   close(go[0]);
+  close(done[0]);
   uint8_t r[kRecord];
   uint32_t n = 0;
   int err = 0;
@@ -301,10 +315,51 @@ int run_both_write(const std::string& addr, int port) {
   }
   say("PARENT wrote=%u end=%s", n, n == kMaxParent ? "done" : errno_name(err));
   close(go[1]);
+  close(done[1]);
   close(c);
   const bool child_ok = wait_pid(pid);
   close(ls);
   return child_ok ? 0 : 1;
+}
+
+int run_handback(const std::string& addr, int port, const std::string& child_exit) {
+  int ls = listen_on(addr, port);
+  say("READY");
+  int c = accept_one(ls);
+  if (c < 0) return 1;
+  uint8_t r[kRecord];
+  uint32_t n = 0;
+  int err = 0;
+  bool ok = true;
+  for (; n < kHead && ok; ++n) {
+    make_record(r, 'P', n);
+    ok = write_all(c, r, kRecord, &err);
+  }
+  if (!ok) {
+    say("PARENT wrote=%u end=%s", n - 1, errno_name(err));
+    return 1;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    uint32_t m = 0;
+    for (; m < kChild; ++m) {
+      make_record(r, 'C', m);
+      if (!write_all(c, r, kRecord, &err)) break;
+    }
+    say("CHILD wrote=%u end=%s", m, m == kChild ? "done" : errno_name(err));
+    if (child_exit == "close") close(c);
+    exit(m == kChild ? 0 : 1);
+  }
+  const bool child_ok = wait_pid(pid);
+  for (; n < 2 * kHead && ok; ++n) {
+    make_record(r, 'P', n);
+    ok = write_all(c, r, kRecord, &err);
+  }
+  if (!ok) --n;
+  say("PARENT wrote=%u end=%s", n, ok ? "done" : errno_name(err));
+  close(c);
+  close(ls);
+  return child_ok && ok ? 0 : 1;
 }
 
 int run_records(const std::string& addr, int port) {
@@ -374,7 +429,7 @@ int main(int argc, char** argv) {
   if (n > 0) g_self.assign(path, static_cast<size_t>(n));
   std::string role, addr = "127.0.0.1", close_when = "before", child_exit = "close";
   int port = 0, count = 1;
-  bool parent_exit = false;
+  bool parent_exit = false, hold = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -392,6 +447,8 @@ int main(int argc, char** argv) {
       child_exit = next();
     else if (a == "--parent-exit")
       parent_exit = true;
+    else if (a == "--hold")
+      hold = true;
     else {
       fprintf(stderr, "rs_move: unknown argument %s\n", a.c_str());
       return 2;
@@ -400,7 +457,8 @@ int main(int argc, char** argv) {
   if (role == "fork") return run_fork(addr, port, count, close_when, child_exit, parent_exit);
   if (role == "inetd") return run_inetd(addr, port, count);
   if (role == "echo-stdio") return run_echo_stdio();
-  if (role == "both-write") return run_both_write(addr, port);
+  if (role == "both-write") return run_both_write(addr, port, hold);
+  if (role == "handback") return run_handback(addr, port, child_exit);
   if (role == "records") return run_records(addr, port);
   fprintf(stderr, "usage: see the header of test/progs/rs_move.cpp\n");
   return 2;

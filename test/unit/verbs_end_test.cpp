@@ -69,8 +69,8 @@ TEST(VerbsEnd, CreatedOwnedByUsWithItsRings) {
   ASSERT_GE(p.server, 0);
   VerbsEnd e = end_for(p);
   ASSERT_TRUE(e.valid());
-  EXPECT_EQ(e.hdr()->epoch.load(), 1u);
-  EXPECT_EQ(e.hdr()->owner_pid.load(), getpid());
+  EXPECT_EQ(e.hdr()->own.epoch.load(), 1u);
+  EXPECT_EQ(e.hdr()->own.owner_pid.load(), getpid());
   EXPECT_EQ(e.hdr()->holders.load(), 1u);
   EXPECT_EQ(e.ring_bytes(), 8192u);
   ASSERT_NE(e.rx_ring(), nullptr);
@@ -124,7 +124,7 @@ TEST(VerbsEnd, ATakeoverFencesTheOwner) {
   EXPECT_EQ(epoch, 2u);
   EXPECT_FALSE(end_enter(h, 1));  // the previous owner's operations fail
   EXPECT_FALSE(end_owns(h, 1));
-  EXPECT_EQ(h->busy.load(), 0);  // and count nothing
+  EXPECT_EQ(h->own.busy.load(), 0);  // and count nothing
   EXPECT_TRUE(end_enter(h, 2));
   end_leave(h);
 }
@@ -141,7 +141,7 @@ TEST(VerbsEnd, TheFenceWaitsForTheOperationInProgress) {
     pause();
     _exit(0);
   }
-  h->owner_pid.store(owner);
+  h->own.owner_pid.store(owner);
   ASSERT_TRUE(end_enter(h, 1));  // its operation (counted here for it)
   std::atomic<bool> left{false};
   std::thread op([&] {
@@ -154,7 +154,7 @@ TEST(VerbsEnd, TheFenceWaitsForTheOperationInProgress) {
   EXPECT_TRUE(left.load());  // not before the operation left
   op.join();
   // Bounded: an operation that never ends fails the fence at its deadline.
-  h->owner_pid.store(owner);
+  h->own.owner_pid.store(owner);
   ASSERT_TRUE(end_enter(h, epoch));
   EXPECT_EQ(end_fence(h, now_ms() + 50, &epoch), -ETIMEDOUT);
   end_leave(h);
@@ -171,24 +171,24 @@ TEST(VerbsEnd, TheFenceDoesNotWaitForAReleasedOrDeadOwner) {
   // operation: its count is void.
   const pid_t owner = fork();
   if (owner == 0) {
-    h->owner_pid.store(getpid());
+    h->own.owner_pid.store(getpid());
     end_enter(h, 1);
     _exit(0);
   }
-  for (int i = 0; i < 500 && h->busy.load() == 0; ++i) usleep(2000);
-  ASSERT_EQ(h->busy.load(), 1);
+  for (int i = 0; i < 500 && h->own.busy.load() == 0; ++i) usleep(2000);
+  ASSERT_EQ(h->own.busy.load(), 1);
   usleep(50000);  // (it has exited: a zombie until we wait for it)
   uint64_t epoch = 0;
   EXPECT_TRUE(pid_gone(owner));
   ASSERT_EQ(end_fence(h, now_ms() + 10000, &epoch), 0);
-  EXPECT_EQ(h->busy.load(), 0);
+  EXPECT_EQ(h->own.busy.load(), 0);
   waitpid(owner, nullptr, 0);
   // A released end (its owner closed, exited or exec'd).
   end_release(h, epoch);
-  EXPECT_EQ(h->owner_pid.load(), 0);
+  EXPECT_EQ(h->own.owner_pid.load(), 0);
   EXPECT_TRUE(end_owns(h, epoch));  // until someone takes it: an exec that fails goes on
   EXPECT_TRUE(end_reclaim(h, epoch));
-  EXPECT_EQ(h->owner_pid.load(), getpid());
+  EXPECT_EQ(h->own.owner_pid.load(), getpid());
   end_release(h, epoch);
   ASSERT_EQ(end_fence(h, now_ms() + 10000, &epoch), 0);
   EXPECT_FALSE(end_reclaim(h, epoch - 1));  // taken since: no way back

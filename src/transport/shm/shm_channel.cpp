@@ -13,11 +13,14 @@
 #include <algorithm>
 #include <new>
 
+#include "common/log.h"
 #include "common/real.h"
 #include "ring/region.h"
 #include "ring/ring.h"
+#include "stats/stats.h"
 #include "transport/addr.h"
 #include "transport/carrier.h"
+#include "transport/end_owner.h"
 
 namespace rsock {
 
@@ -109,6 +112,7 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
     : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
   init(map, is_server);
   holders_->store(1, std::memory_order_relaxed);
+  epoch_ = owner_init(own_);
   // Our own view of the connection, for a program that inherits this end
   // through exec (shm_region_validate). Only this side writes its slot.
   auto* h = static_cast<RegionHeader*>(map);
@@ -123,6 +127,13 @@ ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int do
                        int memfd)
     : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
   init(map, is_server);
+  // The image before exec owned the end: it still does (its threads, and
+  // any operation they had begun, ended with exec). Else the first use here
+  // takes it over.
+  if (own_->owner_pid.load(std::memory_order_acquire) == static_cast<int32_t>(getpid())) {
+    own_->busy.store(0, std::memory_order_seq_cst);
+    epoch_ = own_->epoch.load(std::memory_order_acquire);
+  }
 }
 
 void ShmChannel::init(void* map, bool is_server) {
@@ -141,6 +152,7 @@ void ShmChannel::init(void* map, bool is_server) {
   tx_ring_ = base + region_header_bytes() + static_cast<size_t>(tx_dir) * ring_bytes_;
   rx_ring_ = base + region_header_bytes() + static_cast<size_t>(rx_dir) * ring_bytes_;
   me_ = &h->end[is_server ? 0 : 1];
+  own_ = &h->owner[is_server ? 0 : 1].o;
   peer_ = &h->end[is_server ? 1 : 0];
   // Only the peer writes our receive ring: in this process it is read-only.
   mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
@@ -209,6 +221,9 @@ int ShmChannel::publish(uint64_t head) {
 }
 
 int ShmChannel::grant(uint64_t consumed) {
+  // A process that no longer owns the end read what it read before the
+  // owner took over: its count is stale, and credits never go back.
+  if (!owns()) return 0;
   rx_->consumed.store(consumed, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) ring_doorbell();
@@ -274,7 +289,10 @@ ShmPositions ShmChannel::positions() const {
   ShmPositions p;
   p.tx_head = tx_->head.load(std::memory_order_acquire);
   p.tx_credited = tx_->consumed.load(std::memory_order_acquire);
-  p.rx_granted = rx_->consumed.load(std::memory_order_acquire);
+  // What the application read, exactly (credits may lag, and the owner
+  // may be another process).
+  p.rx_granted = std::max(rx_->consumed.load(std::memory_order_acquire),
+                          me_->read.load(std::memory_order_acquire));
   p.fin_sent = (tx_->producer_flags.load(std::memory_order_acquire) & kSendFin) != 0;
   return p;
 }
@@ -303,13 +321,81 @@ void ShmChannel::forget_waiters(uint32_t data, uint32_t space) {
 
 void ShmChannel::add_holder() { holders_->fetch_add(1, std::memory_order_relaxed); }
 
-bool ShmChannel::drop_holder() { return holders_->fetch_sub(1, std::memory_order_acq_rel) == 1; }
+bool ShmChannel::drop_holder() {
+  // Another holder need not wait for us to take the end over.
+  if (epoch_ != 0) owner_release(own_, epoch_);
+  return holders_->fetch_sub(1, std::memory_order_acq_rel) == 1;
+}
 
 bool ShmChannel::drop_holder_unless_last() {
   uint32_t cur = holders_->load(std::memory_order_acquire);
   while (cur > 1)
-    if (holders_->compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel)) return true;
+    if (holders_->compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel)) {
+      if (epoch_ != 0) owner_release(own_, epoch_);
+      return true;
+    }
   return false;
+}
+
+// ------------------------------------------------------------ ownership --
+
+bool ShmChannel::owns() const { return epoch_ != 0 && owner_owns(own_, epoch_); }
+
+bool ShmChannel::needs_take_over() {
+  if (epoch_ == 0) return true;  // never ours in this process (a fork's child)
+  if (owner_owns(own_, epoch_)) return false;
+  // Taken over by another process: ours again once that one let go of it
+  // (closed its copy, exited, or died), else our calls fail (enter).
+  return owner_free(own_);
+}
+
+int ShmChannel::take_over(EndPositions* at) {
+  // The previous owner's operations are a copy and a store each: it leaves
+  // them at once unless it is stopped (SIGSTOP, a debugger).
+  uint64_t e = 0;
+  if (owner_fence(own_, monotonic_ms() + 10000, &e) != 0) {
+    LOG_WARN("shm connection: the process that used it last is stuck inside a call on it; "
+             "resetting the connection");
+    return -ECONNRESET;
+  }
+  epoch_ = e;
+  lost_reported_.store(false, std::memory_order_relaxed);
+  if (!counted_) {
+    stats_connection(Path::kShm);
+    counted_ = true;
+  }
+  // Exact positions: the previous owner published and recorded them inside
+  // its bracket. Credits for what it read but did not grant yet go out
+  // now, or a sender waiting for them would wait for ever.
+  at->tx_sent = tx_->head.load(std::memory_order_acquire);
+  at->tx_credited = tx_->consumed.load(std::memory_order_acquire);
+  at->rx_consumed = std::max(rx_->consumed.load(std::memory_order_acquire),
+                             me_->read.load(std::memory_order_acquire));
+  at->fin_sent = (tx_->producer_flags.load(std::memory_order_acquire) & kSendFin) != 0;
+  if (at->rx_consumed > rx_->consumed.load(std::memory_order_relaxed)) grant(at->rx_consumed);
+  return 0;
+}
+
+int ShmChannel::enter() {
+  if (epoch_ != 0 && owner_enter(own_, epoch_)) return 0;
+  if (epoch_ == 0) return -EAGAIN;  // take_over() comes first
+  if (!lost_reported_.exchange(true)) {
+    stats_reset_connection(Reset::kTakenOver);
+    LOG_WARN(
+        "shm connection taken over by another process that holds it (a fork's child or an "
+        "exec'd program that used it): calls on it in this process fail with ECONNRESET "
+        "until that process lets go of it");
+  }
+  return -ECONNRESET;
+}
+
+void ShmChannel::leave() { owner_leave(own_); }
+
+void ShmChannel::after_fork_child() {
+  // The end stays the parent's: the child's first operation takes it over.
+  epoch_ = 0;
+  lost_reported_.store(false, std::memory_order_relaxed);
+  counted_ = false;
 }
 
 bool ShmChannel::drain_wakeups() {

@@ -87,6 +87,16 @@ class ShmChannel final : public Channel {
   int kernel_socket() const override { return doorbell_fd_; }
   void add_holder() override;
   bool drop_holder() override;
+  // Several processes may hold this end (fork, exec): the one that uses it
+  // owns it (transport/end_owner.h, docs/design.md "Connections that
+  // move"). The rings are shared memory already, so taking it over is a
+  // fence and a read of the positions; a process whose end another one
+  // took over fails its calls with ECONNRESET while that one holds it.
+  bool needs_take_over() override;
+  int take_over(EndPositions* at) override;
+  int enter() override;
+  void leave() override;
+  void after_fork_child() override;
 
   // For the exec hand-off.
   // Drops this process as a holder unless it is the last one (then it
@@ -107,6 +117,7 @@ class ShmChannel final : public Channel {
   void ring_doorbell();
   void peer_gone(uint32_t flags);
   void kernel_bytes_seen();
+  bool owns() const;
 
   void* map_;
   size_t map_len_;
@@ -126,6 +137,15 @@ class ShmChannel final : public Channel {
   std::atomic<bool> kernel_bytes_reported_{false};
   std::atomic<uint32_t> armed_data_{0};   // this process's share of consumer_waiting
   std::atomic<uint32_t> armed_space_{0};  // and of producer_waiting
+  // Ownership of our end: the region's word for our side, and the epoch
+  // this process took (0: it never owned the end). epoch_ changes only in
+  // take_over(), under both of the stream's locks, and at fork.
+  EndOwner* own_ = nullptr;
+  uint64_t epoch_ = 0;
+  std::atomic<bool> lost_reported_{false};
+  // This process's stats count the connection (the pairing or the exec
+  // hand-off did; a fork's child does when it takes the end over).
+  bool counted_ = true;
 };
 
 }  // namespace rsock

@@ -240,7 +240,7 @@ int VerbsChannel::setup(size_t ring_bytes) {
   if (!rx_mr_) return errno ? -errno : -ENOMEM;
   tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes, IBV_ACCESS_LOCAL_WRITE);
   if (!tx_mr_) return errno ? -errno : -ENOMEM;
-  epoch_ = end_.hdr()->epoch.load(std::memory_order_relaxed);
+  epoch_ = end_.hdr()->own.epoch.load(std::memory_order_relaxed);
 
   // The peer may write as soon as the connection is established: the
   // receives must be posted before connect/accept.
@@ -1566,7 +1566,7 @@ int VerbsChannel::take_over(EndPositions* at) {
       fail_move_locked("the end's frame lock stayed taken", false);
       return -ECONNRESET;
     }
-    prev_owner_ = h->owner_pid.load(std::memory_order_acquire);
+    prev_owner_ = h->own.owner_pid.load(std::memory_order_acquire);
     const int fenced = end_fence(h, deadline, &epoch_);
     // From here on the previous owner fails every call: a failure is the
     // connection's.

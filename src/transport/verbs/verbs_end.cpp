@@ -20,11 +20,7 @@
 namespace rsock {
 namespace {
 
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+int64_t now_ms() { return monotonic_ms(); }
 
 size_t region_for(size_t ring_bytes) { return kPageBytes + 2 * ring_bytes; }
 
@@ -91,8 +87,7 @@ int VerbsEnd::create(size_t ring_bytes, const WireAddr& local, const WireAddr& p
   hd->nonce = nonce;
   hd->local = local;
   hd->peer = peer;
-  hd->epoch.store(1, std::memory_order_relaxed);
-  hd->owner_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+  (void)owner_init(&hd->own);
   hd->holders.store(1, std::memory_order_release);
   if (int rc = e.map_rings(); rc < 0) return rc;
   *out = static_cast<VerbsEnd&&>(e);
@@ -162,37 +157,9 @@ void verbs_end_drop_holder(int memfd, uint64_t nonce) {
 
 // ---- the owner protocol ------------------------------------------------------
 
-bool end_enter(VerbsEndHeader* h, uint64_t epoch) {
-  // Dekker with end_fence: we count ourselves, then look at the epoch; the
-  // taker moves the epoch, then looks at the count. Sequentially consistent
-  // on both sides, so one of us sees the other.
-  h->busy.fetch_add(1, std::memory_order_seq_cst);
-  if (h->epoch.load(std::memory_order_seq_cst) == epoch) return true;
-  h->busy.fetch_sub(1, std::memory_order_release);
-  return false;
-}
-
-void end_leave(VerbsEndHeader* h) { h->busy.fetch_sub(1, std::memory_order_release); }
-
-bool end_owns(const VerbsEndHeader* h, uint64_t epoch) {
-  return h->epoch.load(std::memory_order_acquire) == epoch;
-}
-
-bool pid_gone(int pid) {
-  if (pid <= 0 || (kill(pid, 0) != 0 && errno == ESRCH)) return true;
-  // A zombie (exited, not yet reaped) still answers kill(): its state in
-  // /proc says it runs nothing any more.
-  char path[32], buf[128];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const ssize_t n = real().read(fd, buf, sizeof buf - 1);
-  real().close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  const char* paren = strrchr(buf, ')');  // "pid (comm) S ...": comm may hold anything
-  return paren && (paren[1] == ' ') && (paren[2] == 'Z' || paren[2] == 'X');
-}
+bool end_enter(VerbsEndHeader* h, uint64_t epoch) { return owner_enter(&h->own, epoch); }
+void end_leave(VerbsEndHeader* h) { owner_leave(&h->own); }
+bool end_owns(const VerbsEndHeader* h, uint64_t epoch) { return owner_owns(&h->own, epoch); }
 
 bool end_lock_frames(VerbsEndHeader* h, int64_t deadline_ms) {
   const int32_t me = static_cast<int32_t>(getpid());
@@ -212,41 +179,9 @@ bool end_lock_frames(VerbsEndHeader* h, int64_t deadline_ms) {
 void end_unlock_frames(VerbsEndHeader* h) { h->frame_lock.store(0, std::memory_order_release); }
 
 int end_fence(VerbsEndHeader* h, int64_t deadline_ms, uint64_t* epoch) {
-  const int32_t me = static_cast<int32_t>(getpid());
-  const int32_t old_pid = h->owner_pid.load(std::memory_order_acquire);
-  const uint64_t e = h->epoch.fetch_add(1, std::memory_order_seq_cst) + 1;
-  h->owner_pid.store(me, std::memory_order_release);
-  *epoch = e;
-  // The previous owner released the end, died, or was this process's image
-  // before exec: nothing of it runs any more, and a count it left behind
-  // (a thread killed inside an operation) is void.
-  if (old_pid == 0 || old_pid == me || pid_gone(old_pid)) {
-    h->busy.store(0, std::memory_order_seq_cst);
-    return 0;
-  }
-  while (h->busy.load(std::memory_order_seq_cst) > 0) {
-    if (pid_gone(old_pid)) {
-      h->busy.store(0, std::memory_order_seq_cst);
-      break;
-    }
-    if (now_ms() >= deadline_ms) return -ETIMEDOUT;
-    sched_yield();
-  }
-  return 0;
+  return owner_fence(&h->own, deadline_ms, epoch);
 }
-
-void end_release(VerbsEndHeader* h, uint64_t epoch) {
-  int32_t me = static_cast<int32_t>(getpid());
-  if (h->epoch.load(std::memory_order_acquire) == epoch)
-    h->owner_pid.compare_exchange_strong(me, 0, std::memory_order_acq_rel);
-}
-
-bool end_reclaim(VerbsEndHeader* h, uint64_t epoch) {
-  if (h->epoch.load(std::memory_order_acquire) != epoch) return false;
-  int32_t zero = 0;
-  h->owner_pid.compare_exchange_strong(zero, static_cast<int32_t>(getpid()),
-                                       std::memory_order_acq_rel);
-  return h->epoch.load(std::memory_order_acquire) == epoch;
-}
+void end_release(VerbsEndHeader* h, uint64_t epoch) { owner_release(&h->own, epoch); }
+bool end_reclaim(VerbsEndHeader* h, uint64_t epoch) { return owner_reclaim(&h->own, epoch); }
 
 }  // namespace rsock

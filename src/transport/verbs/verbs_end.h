@@ -17,14 +17,8 @@
 // published. Both are addressed by stream position (offset = pos mod size),
 // so writing a mirror byte into the peer's ring again is always harmless.
 //
-// The owner protocol (no rdma-core type here; unit-tested in-process):
-//  * Each takeover bumps `epoch` and records the taker's pid; a process owns
-//    the end while the epoch it took is the current one.
-//  * An owner brackets every operation that moves bytes with enter()/leave()
-//    (a counter, `busy`, then a re-check of the epoch: Dekker with seq_cst),
-//    and records its positions inside the bracket. A taker bumps the epoch,
-//    then waits until `busy` is 0: from then on the old owner fails every
-//    call, and the positions it left are exact.
+// The owner protocol is transport/end_owner.h (shm uses it too); the
+// owner records its positions here inside its enter/leave bracket. Besides:
 //  * Frames on the kernel socket are written and consumed under
 //    `frame_lock` (a pid; a dead holder's lock is taken over), so that the
 //    frames of the processes on one host reach the wire in the order of
@@ -39,6 +33,7 @@
 #include <cstdint>
 
 #include "ring/wire.h"
+#include "transport/end_owner.h"
 
 namespace rsock {
 
@@ -55,11 +50,9 @@ struct VerbsEndHeader {
   WireAddr local;         // the TCP connection as this end sees it
   WireAddr peer;
   // Ownership.
-  alignas(kCacheLine) std::atomic<uint64_t> epoch;  // bumped by each takeover
-  std::atomic<int32_t> owner_pid;    // the owner's pid; 0: released (closed, exit, exec)
+  alignas(kCacheLine) EndOwner own;  // epoch, owner pid, busy (transport/end_owner.h)
   std::atomic<int32_t> frame_lock;   // pid of the process writing/consuming frames, 0: free
   std::atomic<uint32_t> holders;     // processes holding this end
-  std::atomic<int32_t> busy;         // the owner's operations in progress
   std::atomic<uint64_t> move_nonce;  // nonce of the latest takeover's MOVE frame
   // The owner's positions (written inside enter/leave, or under its lock).
   alignas(kCacheLine) std::atomic<uint64_t> tx_sent;  // bytes published to the peer
@@ -150,8 +143,5 @@ int end_fence(VerbsEndHeader* h, int64_t deadline_ms, uint64_t* epoch);
 // taker comes, so an exec that fails can go on (end_reclaim).
 void end_release(VerbsEndHeader* h, uint64_t epoch);
 bool end_reclaim(VerbsEndHeader* h, uint64_t epoch);
-
-// True when no process has pid (kill(pid, 0) says ESRCH).
-bool pid_gone(int pid);
 
 }  // namespace rsock
