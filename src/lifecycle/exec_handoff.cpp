@@ -310,6 +310,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
       // own copy meanwhile): count it now.
       if (kind == ExecKind::kSpawn) {
         shm->add_holder();
+        c->stream().quiesce();
         h->counted[h->ncounted++] = shm;
       }
       ok =

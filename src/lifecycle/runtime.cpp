@@ -102,7 +102,11 @@ std::vector<FdRef> connection_refs() {
 
 void before_fork() {
   pending_fork_prepare();
-  for (const FdRef& c : connection_refs()) c.as<ConnectionState>()->stream().channel().add_holder();
+  for (const FdRef& c : connection_refs()) {
+    Stream& s = c.as<ConnectionState>()->stream();
+    s.channel().add_holder();
+    s.quiesce();  // an operation that began before the count ends before the fork
+  }
 }
 
 void after_fork_child() {

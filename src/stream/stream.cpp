@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <new>
@@ -361,6 +362,18 @@ void Stream::report_consumed() {
   if (window_.consumed() != window_.granted()) {
     (void)channel_->grant(window_.consumed());
     window_.on_granted();
+  }
+}
+
+void Stream::quiesce() {
+  for (std::mutex* m : {&tx_mu_, &rx_mu_}) {
+    for (int i = 0; i < 5000; ++i) {
+      if (m->try_lock()) {
+        m->unlock();
+        break;
+      }
+      usleep(10);
+    }
   }
 }
 

@@ -83,6 +83,11 @@ class Stream {
   // Returns false when the totals are impossible (the caller must not use
   // the stream then).
   void report_consumed();
+  // Waits until no operation is in progress on this stream (bounded: a
+  // fork from a signal handler may interrupt one in this very thread).
+  // After a new process was counted as a holder (fork, spawn), every
+  // operation that starts from then on sees it (Channel::enter).
+  void quiesce();
   bool resume(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr);
 
   // look: the caller reports the answer to the application (poll, epoll),

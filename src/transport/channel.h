@@ -157,10 +157,11 @@ class Channel {
   virtual bool needs_take_over() { return false; }
   virtual int take_over(EndPositions* /*at*/) { return 0; }
   // Brackets every stream operation that moves bytes (send, recv): enter()
-  // returns 0 (inside the bracket: leave() ends it), 1 (no bracket needed:
-  // the connection is reset here, and the call goes on to report it as a
-  // reset), or a negative errno when this process may not use the end
-  // (another one took it over: the call fails, nothing moved).
+  // returns 0 (inside the bracket: leave() ends it), 1 (no bracket needed,
+  // no leave(): the connection is reset here, and the call goes on to
+  // report it as a reset; or no other process holds the end), or a
+  // negative errno when this process may not use the end (another one took
+  // it over: the call fails, nothing moved).
   virtual int enter() { return 0; }
   virtual void leave() {}
   // In a fork's child, before anything else: the carrier stays the

@@ -908,9 +908,9 @@ memcached_case() {
 # connections, each in a child forked for it (MODE: see forksrv.c), to a
 # client making them THREADS at a time with BYTES echoed and checked each.
 # Stats: the client COUNT shm connections; the parent accepted COUNT on shm;
-# each child (and, for inetd, each exec'd image, which takes the connection
-# over and counts it again) wrote one line, and the children moved exactly
-# the bytes echoed; no fallback, no reset anywhere.
+# each child (for inetd, each exec'd image) takes its connection over and
+# counts it again, and wrote one line; the children moved exactly the bytes
+# echoed; no fallback, no reset anywhere.
 fork_case() {
   local name=$1 mode=$2 count=$3 threads=$4 bytes=$5 port rc
   want "$name" || return 0
@@ -940,8 +940,7 @@ fork_case() {
   expect_end "$name" cli forksrv "$count"
   [[ $E_SENT == $((count * bytes)) && $E_RECV == $((count * bytes)) ]] ||
     WHY+="client stats: sent $E_SENT, received $E_RECV, want $((count * bytes)) each; "
-  local images=$((count + 1)) srv_shm=$count
-  [[ $mode == inetd ]] && srv_shm=$((2 * count))
+  local images=$((count + 1)) srv_shm=$((2 * count))
   expect_end "$name" srv forksrv "$srv_shm"
   [[ $E_SENT == $((count * bytes)) && $E_RECV == $((count * bytes)) ]] ||
     WHY+="server stats: sent $E_SENT, received $E_RECV, want $((count * bytes)) each; "
