@@ -72,14 +72,18 @@ void FdTable::after_fork_child() {
   }
 }
 
+// Acquire, not relaxed: a slot found empty must order the caller after
+// whatever its last writer did first (a pairing thread that hands an fd
+// back to the kernel calls epoll_ctl on it before it empties the slot; a
+// close() that finds the slot empty closes the number at once).
 bool FdTable::has(int fd) const {
   Slot* s = slot(fd, false);
-  return s && s->load(std::memory_order_relaxed) != 0;
+  return s && s->load(std::memory_order_acquire) != 0;
 }
 
 FdRef FdTable::get(int fd) const {
   Slot* s = slot(fd, false);
-  if (!s || s->load(std::memory_order_relaxed) == 0) return FdRef();
+  if (!s || s->load(std::memory_order_acquire) == 0) return FdRef();
   uintptr_t v = lock_slot(s);
   FdState* st = reinterpret_cast<FdState*>(v);
   if (st) st->ref();

@@ -670,7 +670,6 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
     auto it = s->members.find(fd);
     if (it == s->members.end() || it->second.st.get() != pending) continue;
     EpollMember& m = it->second;
-    pending->epoll_refs.fetch_sub(1);
     if (outcome) {
       // Watch the channel from now on; the pairing's eventfd stays until a
       // wait sees it fire, so that a thread asleep in epoll_wait wakes up.
@@ -693,6 +692,11 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
       real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
       s->members.erase(it);
     }
+    // Only now: a close() of fd that sees no reference left skips
+    // epoll_forget (and our lock) and closes at once, so it must not see
+    // that before the epoll_ctl on fd above is done, or the number could
+    // name another file by then.
+    pending->epoll_refs.fetch_sub(1);
   }
 }
 
