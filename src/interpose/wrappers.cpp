@@ -186,13 +186,19 @@ static int accept_common(int fd, struct sockaddr* addr, socklen_t* len, int flag
     const int saved = errno;
     FdRef l = fd_table().has(fd) ? fd_table().get(fd) : FdRef();
     // An event loop (nonblocking listener or new socket) pairs in the
-    // background; a blocking accept() pairs before it returns.
-    bool nonblocking = four && (flags & SOCK_NONBLOCK);
-    if (!nonblocking && l && l.get()->kind() == FdState::Kind::kListener) {
+    // background; a blocking accept() pairs before it returns, unless more
+    // connections wait to be accepted: pairing them one after the other
+    // would hold the accept queue full under a burst of connects (a small
+    // backlog then overflows, and the kernel retries the handshake only
+    // after a second, by when the clients have given up pairing).
+    bool background = four && (flags & SOCK_NONBLOCK);
+    if (!background && l && l.get()->kind() == FdState::Kind::kListener) {
       int fl = real().fcntl(fd, F_GETFL);
-      nonblocking = fl >= 0 && (fl & O_NONBLOCK);
+      background = fl >= 0 && (fl & O_NONBLOCK);
+      pollfd more = {fd, POLLIN, 0};
+      if (!background) background = real().poll(&more, 1, 0) == 1 && (more.revents & POLLIN);
     }
-    setup_accepted(*rt, l.get(), r, nonblocking);
+    setup_accepted(*rt, l.get(), r, background);
     errno = saved;
   }
   return r;

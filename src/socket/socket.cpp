@@ -533,7 +533,7 @@ void record_server_outcome(int fd, bool accelerated, Path path, Fallback why) {
   LOG_INFO("accept fd %d: plain TCP (%s)", fd, fallback_name(why));
 }
 
-void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool nonblocking) {
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool background) {
   if (listener == nullptr || listener->kind() != FdState::Kind::kListener) {
     if (rt.stats && is_tcp_stream(newfd)) stats_connection(Path::kTcp);
     return;
@@ -543,10 +543,11 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool nonblo
   Fallback why;
   std::unique_ptr<Pairing> p = accept_pairing(rt.config, *l, newfd, &path, &why);
   // A blocking accept() pairs here, for a short while: a cooperative peer
-  // is done by then. An event loop's accept(), and a pairing whose peer has
-  // not finished in that time, go on in the background (pending.h), so that
-  // a peer that stalls never holds up the accept() of other connections.
-  if (p && (nonblocking || !p->run(monotonic_ns() / 1000000 + kAcceptInlineMs))) {
+  // is done by then. An event loop's accept(), one with more connections
+  // waiting behind it, and a pairing whose peer has not finished in that
+  // time, go on in the background (pending.h), so that a peer that stalls
+  // never holds up the accept() of other connections.
+  if (p && (background || !p->run(monotonic_ns() / 1000000 + kAcceptInlineMs))) {
     PairJob job;
     job.fd = newfd;
     job.server = true;

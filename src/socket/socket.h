@@ -98,9 +98,10 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
 int setup_connect(const Runtime& rt, int fd, const struct sockaddr* addr, socklen_t len);
 int setup_listen(const Runtime& rt, int fd, int backlog);
 // After a successful real accept: pairs if the listener is a candidate, in
-// accept() or, for an event loop (nonblocking listener or new socket), in
-// the background (socket/pending.h).
-void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool nonblocking);
+// accept() or, with `background` (an event loop: nonblocking listener or
+// new socket; or more connections waiting to be accepted), in the
+// background (socket/pending.h).
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool background);
 
 int64_t monotonic_ns();
 
