@@ -209,16 +209,7 @@ int VerbsChannel::setup(size_t ring_bytes) {
   if (!cq_) return errno ? -errno : -ENOMEM;
   if (int r = set_nonblock(comp_channel_->fd); r < 0) return r;
 
-  ibv_qp_init_attr qa = {};
-  qa.send_cq = cq_;
-  qa.recv_cq = cq_;
-  qa.qp_type = IBV_QPT_RC;
-  qa.sq_sig_all = 0;
-  qa.cap.max_send_wr = kVerbsSendDepth;
-  qa.cap.max_recv_wr = kVerbsRecvDepth;
-  qa.cap.max_send_sge = 1;
-  qa.cap.max_recv_sge = 1;
-  qa.cap.max_inline_data = kVerbsMaxInline;
+  ibv_qp_init_attr qa = verbs_qp_init_attr(cq_);
   if (rdma_create_qp(id_, pd_, &qa) != 0) {
     // Some devices refuse large inline sizes: retry without inline data.
     qa.cap.max_inline_data = 0;
@@ -372,12 +363,13 @@ void VerbsChannel::destroy_qp_locked() {
   qp_from_cm_ = false;
 }
 
-void VerbsChannel::teardown(bool destroy_id) {
+// The queue pair and what it needs (registrations, CQ, completion channel,
+// protection domain), in the order verbs wants them gone.
+void VerbsChannel::destroy_verbs_locked() {
   destroy_qp_locked();
   if (rx_mr_) ibv_dereg_mr(rx_mr_);
   if (tx_mr_) ibv_dereg_mr(tx_mr_);
   rx_mr_ = tx_mr_ = nullptr;
-  rx_ring_ = tx_buf_ = nullptr;  // the end's mapping goes with end_
   if (cq_) {
     if (unacked_cq_events_) ibv_ack_cq_events(cq_, unacked_cq_events_);
     unacked_cq_events_ = 0;
@@ -388,6 +380,11 @@ void VerbsChannel::teardown(bool destroy_id) {
   comp_channel_ = nullptr;
   if (pd_) ibv_dealloc_pd(pd_);
   pd_ = nullptr;
+}
+
+void VerbsChannel::teardown(bool destroy_id) {
+  destroy_verbs_locked();
+  rx_ring_ = tx_buf_ = nullptr;  // the end's mapping goes with end_
   if (epoll_fd_ >= 0) real().close(epoll_fd_);
   if (tcp_fd_ >= 0) real().close(tcp_fd_);
   if (timer_fd_ >= 0) real().close(timer_fd_);
@@ -1749,20 +1746,7 @@ void VerbsChannel::exec_failed() {
     real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, comp_channel_->fd, nullptr);
   if (cm_channel_ && epoll_fd_ >= 0)
     real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, cm_channel_->fd, nullptr);
-  destroy_qp_locked();
-  if (rx_mr_) ibv_dereg_mr(rx_mr_);
-  if (tx_mr_) ibv_dereg_mr(tx_mr_);
-  rx_mr_ = tx_mr_ = nullptr;
-  if (cq_) {
-    if (unacked_cq_events_) ibv_ack_cq_events(cq_, unacked_cq_events_);
-    unacked_cq_events_ = 0;
-    ibv_destroy_cq(cq_);
-    cq_ = nullptr;
-  }
-  if (comp_channel_) ibv_destroy_comp_channel(comp_channel_);
-  comp_channel_ = nullptr;
-  if (pd_) ibv_dealloc_pd(pd_);
-  pd_ = nullptr;
+  destroy_verbs_locked();
   if (id_) rdma_destroy_id(id_);
   id_ = nullptr;
   if (cm_channel_) rdma_destroy_event_channel(cm_channel_);

@@ -215,6 +215,7 @@ class VerbsChannel final : public Channel {
   void kernel_bytes_from_peer_locked();
   bool reset_for_kernel_bytes_locked();
   void stop_moving_locked();
+  void destroy_verbs_locked();  // queue pair, registrations, CQ, channel, PD
   void teardown(bool destroy_id);
   void forget_verbs_objects();
   void destroy_qp_locked();

@@ -66,7 +66,7 @@ int verbs_open_port_for(const WireAddr& addr, VerbsPort* out) {
   return rc;
 }
 
-ibv_qp* verbs_create_qp(ibv_pd* pd, ibv_cq* cq, const VerbsPort& port, uint32_t* max_inline) {
+ibv_qp_init_attr verbs_qp_init_attr(ibv_cq* cq) {
   ibv_qp_init_attr qa = {};
   qa.send_cq = cq;
   qa.recv_cq = cq;
@@ -77,6 +77,11 @@ ibv_qp* verbs_create_qp(ibv_pd* pd, ibv_cq* cq, const VerbsPort& port, uint32_t*
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
   qa.cap.max_inline_data = kVerbsMaxInline;
+  return qa;
+}
+
+ibv_qp* verbs_create_qp(ibv_pd* pd, ibv_cq* cq, const VerbsPort& port, uint32_t* max_inline) {
+  ibv_qp_init_attr qa = verbs_qp_init_attr(cq);
   ibv_qp* qp = ibv_create_qp(pd, &qa);
   if (!qp) {
     qa.cap.max_inline_data = 0;  // as at setup: some devices refuse large inline sizes

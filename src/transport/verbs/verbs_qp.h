@@ -45,6 +45,10 @@ int verbs_find_gid(ibv_context* ctx, uint8_t port, const WireAddr& addr, VerbsPo
 // INIT with remote write allowed. *max_inline: what the device granted.
 // nullptr with errno set on failure.
 ibv_qp* verbs_create_qp(ibv_pd* pd, ibv_cq* cq, const VerbsPort& port, uint32_t* max_inline);
+// The attributes of every queue pair of a connection (rdma_cm's at setup,
+// ours after a move): RC, one CQ for both queues, our depths and inline
+// size (a caller retries with max_inline_data 0 when a device refuses it).
+ibv_qp_init_attr verbs_qp_init_attr(ibv_cq* cq);
 // INIT -> RTR -> RTS towards `peer`, our first PSN `psn`. Returns 0 or a
 // negative errno.
 int verbs_connect_qp(ibv_qp* qp, const VerbsPort& port, const QpAddress& peer, uint32_t psn);
