@@ -443,6 +443,12 @@ int setup_listen(const Runtime& rt, int fd, int backlog) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
   Decision d = decide(rt.config, rt.program, Role::kServer, reinterpret_cast<sockaddr*>(&ss), len);
   if (!d.candidate || !is_tcp_stream(fd)) return 0;
+  // A deeper accept queue than asked for. On kernel TCP a client whose
+  // handshake the full queue dropped completes it with its first data
+  // segment, at once; a librsock client writes nothing before its pairing,
+  // so it would wait for the kernel's SYN-ACK retransmission (1 s, as long
+  // as its whole pairing bound) instead.
+  if (backlog < kMinListenBacklog) real().listen(fd, kMinListenBacklog);
   const bool shm = d.transport != TransportKind::kRdma;
   int marker = -1;
   if (shm) {

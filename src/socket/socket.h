@@ -96,6 +96,10 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
 // Connection setup, called by the wrappers with the runtime active.
 // Each returns the libc result of the underlying call, or a negative errno.
 int setup_connect(const Runtime& rt, int fd, const struct sockaddr* addr, socklen_t len);
+// A candidate listener's accept queue holds at least kMinListenBacklog
+// connections (Linux's SOMAXCONN before 5.4), whatever listen() asked for:
+// see setup_listen.
+inline constexpr int kMinListenBacklog = 128;
 int setup_listen(const Runtime& rt, int fd, int backlog);
 // After a successful real accept: pairs if the listener is a candidate, in
 // accept() or, with `background` (an event loop: nonblocking listener or
