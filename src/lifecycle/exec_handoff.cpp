@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/runtime.h"
@@ -229,7 +230,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
         }
         continue;
       }
-      const int dup = v->memfd() >= 0 ? real().fcntl(v->memfd(), F_DUPFD, 0) : -1;
+      const int dup = v->memfd() >= 0 ? dup_high(v->memfd(), false) : -1;
       struct stat mst;
       const size_t mark = vb.len;
       bool ok = false;
@@ -264,7 +265,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
         h->counted[h->ncounted++] = shm;
         continue;
       }
-      int dup = shm->memfd() >= 0 ? real().fcntl(shm->memfd(), F_DUPFD, 0) : -1;
+      int dup = shm->memfd() >= 0 ? dup_high(shm->memfd(), false) : -1;
       uint64_t mdev = 0, mino = 0;
       struct stat st;
       if (dup < 0 || fstat(dup, &st) != 0) {
@@ -291,7 +292,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
       lost = "pairing";
     } else if (!shm) {
       lost = "resources";
-    } else if (shm->memfd() < 0 || (dup = real().fcntl(shm->memfd(), F_DUPFD, 0)) < 0 ||
+    } else if (shm->memfd() < 0 || (dup = dup_high(shm->memfd(), false)) < 0 ||
                fstat(dup, &st) != 0) {
       lost = "resources";
     }
@@ -454,7 +455,7 @@ void attach_to(const std::vector<int>& fds, ConnectionState* c) {
 // Calls on these fds fail from now on (see lost_channel.h).
 int attach_lost(const std::vector<int>& fds, Path path, const char* why) {
   if (fds.empty()) return 0;
-  int wait_fd = real().fcntl(fds[0], F_DUPFD_CLOEXEC, 0);
+  int wait_fd = dup_high(fds[0]);
   auto* c = new ConnectionState(std::make_unique<LostChannel>(wait_fd), path, fds[0]);
   connection_options_from(fds[0], c);
   attach_to(fds, c);
@@ -488,7 +489,7 @@ int adopt_shm(char** f, const std::vector<int>& fds, bool spawned) {
   void* map = nullptr;
   size_t map_len = 0;
   int rc = shm_region_validate(memfd, fds[0], is_server, nonce, &map, &map_len);
-  int doorbell = rc == 0 ? real().fcntl(fds[0], F_DUPFD_CLOEXEC, 0) : -1;
+  int doorbell = rc == 0 ? dup_high(fds[0]) : -1;
   if (rc != 0 || doorbell < 0) {
     if (map) munmap(map, map_len);
     real().close(memfd);

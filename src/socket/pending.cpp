@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "config/config.h"
 #include "lifecycle/runtime.h"
@@ -232,9 +233,9 @@ void PendingState::finish() {
 
 int pending_start(PairJob& job, const Config& cfg) {
   const int fd = job.fd;
-  int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  int efd = lift_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (efd < 0) return -errno;
-  int sock = real().fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  int sock = dup_high(fd);
   if (sock < 0) {
     int err = errno;
     real().close(efd);

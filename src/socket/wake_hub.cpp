@@ -5,13 +5,14 @@
 
 #include <new>
 
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "socket/interruptible.h"
 
 namespace rsock {
 namespace {
 
-int make_eventfd() { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+int make_eventfd() { return lift_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)); }
 
 void poke(int fd) {
   // Fails only when the count would overflow (it is then readable anyway).

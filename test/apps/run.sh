@@ -67,8 +67,6 @@ PYTHON=/usr/bin/python3
 # Cases that fail today because of a librsock bug (see the README's
 # compatibility table); the note is printed after the reason when they fail.
 declare -A KNOWN=(
-  [nginx-wrk]="librsock uses 3 fds per connection: wrk sizes its event loop for 10 + 3 x connections fds and fails the connects whose fd is past it"
-  [python-threading]="8 connects at once can overflow socketserver's listen(5) backlog even when accept() returns at once (it pairs in the background while more connections wait); the kernel retransmits the SYN-ACK after 1 s, which is RSOCK_CONNECT_TIMEOUT_MS: that client falls back (pair_timeout), the server logs peer_not_accelerated (1 run in 12 here)"
 )
 
 cleanup() {
@@ -1018,9 +1016,9 @@ java_case() {
 # socketserver.ThreadingTCPServer (unmodified: its listen backlog is 5) and
 # 8 client threads connecting at once, 20 questions each (1 B to 256 KiB
 # answers), every answer checked: 8 shm connections on each end. With
-# librsock's default pairing bound (1 s): an overflowing backlog delays a
-# connection by the kernel's first SYN-ACK retransmission, 1 s, and the case
-# shows what that does to it (KNOWN).
+# librsock's default pairing bound (1 s): a connection that overflowed the
+# backlog would wait for the kernel's first SYN-ACK retransmission, 1 s, and
+# fall back (README, bug 3).
 python_case() {
   local name=python-threading port rc n=8 PAIR_MS=1000
   want "$name" || return 0

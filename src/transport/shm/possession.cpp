@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "transport/addr.h"
 
@@ -57,7 +58,7 @@ int peer_socket_of(int tcp_fd, PeerSocket* out) {
     memcpy(r.id.idiag_dst, local.addr, 16);
   }
 
-  int nl = real().socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  int nl = lift_fd(real().socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
   if (nl < 0) return -errno;
   sockaddr_nl kernel = {};
   kernel.nl_family = AF_NETLINK;
@@ -93,7 +94,7 @@ int peer_socket_of(int tcp_fd, PeerSocket* out) {
 int possession_proof(int tcp_fd) {
   char path[40];
   snprintf(path, sizeof path, "/proc/self/fd/%d", tcp_fd);
-  int fd = ::open(path, O_PATH | O_CLOEXEC);
+  int fd = lift_fd(::open(path, O_PATH | O_CLOEXEC));
   return fd >= 0 ? fd : -errno;
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/handshake.h"
 #include "transport/addr.h"
@@ -124,7 +125,7 @@ ssize_t recv_msg(int fd, void* msg, size_t cap, int* fds, int max_fds, int* nfds
       int f;
       memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
       if (got < max_fds)
-        fds[got++] = f;
+        fds[got++] = lift_fd(f);
       else
         real().close(f);
     }
@@ -156,7 +157,7 @@ Fallback when_peer_left(ssize_t rc) {
 
 // A private, close-on-exec dup of the connection's socket: the doorbell fd
 // outlives the application's own fd numbering (dup2, close of one of two).
-int private_dup(int fd) { return real().fcntl(fd, F_DUPFD_CLOEXEC, 0); }
+int private_dup(int fd) { return dup_high(fd); }
 
 std::mutex g_cache_mu;
 struct CacheEntry {
@@ -176,7 +177,7 @@ int shm_advertise_listener(int listen_fd) {
   if (!to_wire(reinterpret_cast<sockaddr*>(&ss), &local)) return -EAFNOSUPPORT;
   char name[96];
   listener_name(is_wildcard(local) ? nullptr : &local, local.port, name, sizeof name);
-  int fd = real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = lift_fd(real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (fd < 0) return -errno;
   sockaddr_un un;
   socklen_t ulen = abstract_addr(name, &un);
@@ -210,7 +211,7 @@ bool is_local_address(const sockaddr* dst) {
 bool shm_server_advertised(const sockaddr* dst) {
   WireAddr w;
   if (!to_wire(dst, &w)) return false;
-  int fd = real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int fd = lift_fd(real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (fd < 0) return false;
   bool found = false;
   for (int pass = 0; pass < 2 && !found; ++pass) {
@@ -246,7 +247,7 @@ int shm_client_prepare(int tcp_fd, const sockaddr* dst) {
   }
   char name[96];
   client_name(d, local.port, name, sizeof name);
-  int fd = real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = lift_fd(real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (fd < 0) return -errno;
   sockaddr_un un;
   socklen_t ulen = abstract_addr(name, &un);
@@ -340,7 +341,8 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kPairFailed);
       return;
     }
-    if (conn_ < 0) conn_ = real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (conn_ < 0)
+      conn_ = lift_fd(real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (conn_ < 0) {
       finish(Fallback::kResources);
       return;
@@ -601,7 +603,7 @@ class ShmClientPairing final : public Pairing {
     }
     if (p[0].revents) {
       while (candidates_.size() < kMaxCandidates) {
-        int c = real().accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int c = lift_fd(real().accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (c < 0) break;
         candidates_.push_back({c, now_ms()});
       }

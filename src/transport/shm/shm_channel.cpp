@@ -14,6 +14,7 @@
 #include <new>
 
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/region.h"
 #include "ring/ring.h"
@@ -26,7 +27,7 @@ namespace rsock {
 
 int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map_len) {
   const size_t len = region_bytes_for(ring_bytes);
-  int fd = memfd_create("rsock-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int fd = lift_fd(memfd_create("rsock-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (fd < 0) return -errno;
   if (ftruncate(fd, static_cast<off_t>(len)) != 0) {
     int err = -errno;

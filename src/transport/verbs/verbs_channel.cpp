@@ -83,6 +83,7 @@
 #include <new>
 
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/ring.h"
 #include "stats/stats.h"
@@ -202,7 +203,7 @@ int VerbsChannel::setup(size_t ring_bytes) {
   port_ = id_->port_num;
   pd_ = ibv_alloc_pd(ctx_);
   if (!pd_) return errno ? -errno : -ENOMEM;
-  comp_channel_ = ibv_create_comp_channel(ctx_);
+  comp_channel_ = verbs_comp_channel(ctx_);
   if (!comp_channel_) return errno ? -errno : -ENOMEM;
   const int cqe = static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16);
   cq_ = ibv_create_cq(ctx_, cqe, nullptr, comp_channel_, 0);
@@ -245,9 +246,9 @@ uint64_t VerbsChannel::nonce() const { return end_.hdr() ? end_.hdr()->nonce : 0
 // The wait fds of this process: epoll set and timer (not the verbs
 // ones, which come with a queue pair).
 int VerbsChannel::open_wait_fds() {
-  epoll_fd_ = real().epoll_create1(EPOLL_CLOEXEC);
+  epoll_fd_ = lift_fd(real().epoll_create1(EPOLL_CLOEXEC));
   if (epoll_fd_ < 0) return -errno;
-  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  timer_fd_ = lift_fd(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (timer_fd_ < 0) return -errno;
   watch_fd_locked(timer_fd_);
   return 0;
@@ -285,7 +286,7 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   std::lock_guard<std::mutex> lock(mu_);
   remote_addr_ = remote_addr;
   remote_rkey_ = remote_rkey;
-  tcp_fd_ = real().fcntl(tcp_fd, F_DUPFD_CLOEXEC, 0);
+  tcp_fd_ = dup_high(tcp_fd);
   if (tcp_fd_ < 0) return -errno;
   // The connection this end belongs to (an exec'd image checks it), and
   // the GID of our address, for a queue pair made by hand if the other end
@@ -324,7 +325,7 @@ std::unique_ptr<VerbsChannel> VerbsChannel::adopt(VerbsEnd end, int tcp_fd, int*
   ch->ring_bytes_ = ch->end_.ring_bytes();
   ch->state_.store(kNotMine, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(ch->mu_);
-  ch->tcp_fd_ = real().fcntl(tcp_fd, F_DUPFD_CLOEXEC, 0);
+  ch->tcp_fd_ = dup_high(tcp_fd);
   int rc = ch->tcp_fd_ < 0 ? -errno : ch->open_wait_fds();
   if (rc < 0) {
     *err = rc;
@@ -1396,7 +1397,7 @@ int VerbsChannel::prepare_take_over_locked() {
   tx_buf_ = end_.tx_mirror();
   pd_ = ibv_alloc_pd(ctx_);
   if (!pd_) return errno ? -errno : -ENOMEM;
-  comp_channel_ = ibv_create_comp_channel(ctx_);
+  comp_channel_ = verbs_comp_channel(ctx_);
   if (!comp_channel_) return errno ? -errno : -ENOMEM;
   cq_ = ibv_create_cq(ctx_, static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16), nullptr,
                       comp_channel_, 0);

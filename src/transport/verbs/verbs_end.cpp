@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/ring.h"
 #include "transport/addr.h"
@@ -63,7 +64,7 @@ int VerbsEnd::create(size_t ring_bytes, const WireAddr& local, const WireAddr& p
                      VerbsEnd* out) {
   if (!ring_size_ok(ring_bytes)) return -EINVAL;
   VerbsEnd e;
-  e.memfd_ = memfd_create("rsock-rdma-end", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  e.memfd_ = lift_fd(memfd_create("rsock-rdma-end", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (e.memfd_ < 0) return -errno;
   e.ring_bytes_ = ring_bytes;
   const size_t len = region_for(ring_bytes);

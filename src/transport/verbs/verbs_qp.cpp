@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/own_fd.h"
 #include "transport/verbs/verbs_channel.h"
 
 namespace rsock {
@@ -138,6 +139,18 @@ int verbs_connect_qp(ibv_qp* qp, const VerbsPort& port, const QpAddress& peer, u
                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0)
     return errno ? -errno : -EINVAL;
   return 0;
+}
+
+ibv_comp_channel* verbs_comp_channel(ibv_context* ctx) {
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
+  if (ch) ch->fd = lift_fd(ch->fd);  // libibverbs reads the number from here on each use
+  return ch;
+}
+
+rdma_event_channel* verbs_event_channel() {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  if (ch) ch->fd = lift_fd(ch->fd);  // librdmacm reads the number from here on each use
+  return ch;
 }
 
 uint32_t verbs_random_psn() {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include <cstdint>
 
@@ -52,6 +53,12 @@ ibv_qp_init_attr verbs_qp_init_attr(ibv_cq* cq);
 // INIT -> RTR -> RTS towards `peer`, our first PSN `psn`. Returns 0 or a
 // negative errno.
 int verbs_connect_qp(ibv_qp* qp, const VerbsPort& port, const QpAddress& peer, uint32_t psn);
+
+// rdma-core's completion and rdma_cm event channels, their descriptors
+// moved above the application's (common/own_fd.h). nullptr with errno set
+// on failure; freed with ibv_destroy_comp_channel / rdma_destroy_event_channel.
+ibv_comp_channel* verbs_comp_channel(ibv_context* ctx);
+rdma_event_channel* verbs_event_channel();
 
 // A random 24-bit PSN.
 uint32_t verbs_random_psn();

@@ -28,6 +28,7 @@
 #include "ring/handshake.h"
 #include "transport/addr.h"
 #include "transport/verbs/verbs_channel.h"
+#include "transport/verbs/verbs_qp.h"
 
 namespace rsock {
 namespace {
@@ -213,7 +214,7 @@ std::unique_ptr<VerbsChannel> open_active(const WireAddr& local, const WireAddr&
   to_sockaddr(src16, &src);
   to_sockaddr(peer, &dst);
   CmPair cm;
-  cm.ch = rdma_create_event_channel();
+  cm.ch = verbs_event_channel();
   if (!cm.ch || rdma_create_id(cm.ch, &cm.id, nullptr, RDMA_PS_TCP) != 0) {
     *why = Fallback::kNotSameHost;  // no rdma_cm device node
     return nullptr;
@@ -253,7 +254,7 @@ std::unique_ptr<VerbsChannel> accept_one(rdma_cm_id* req_id, int ring_log2,
                                          Fallback* why) {
   CmPair cm;
   cm.id = req_id;
-  cm.ch = rdma_create_event_channel();
+  cm.ch = verbs_event_channel();
   if (!cm.ch || rdma_migrate_id(cm.id, cm.ch) != 0) {
     rdma_reject(cm.id, nullptr, 0);
     if (!cm.ch) {  // still on the shared channel
@@ -427,7 +428,7 @@ VerbsRendezvous* verbs_client_prepare(int tcp_fd, const sockaddr* dst) {
   global_init();
   for (int attempt = 0; attempt < 8; ++attempt) {
     std::unique_ptr<VerbsRendezvous> r(new VerbsRendezvous);
-    r->ch = rdma_create_event_channel();
+    r->ch = verbs_event_channel();
     if (!r->ch || rdma_create_id(r->ch, &r->id, nullptr, RDMA_PS_TCP) != 0) return nullptr;
     WireAddr at = src;
     at.port = unbound ? 0 : bound.port;
@@ -791,7 +792,7 @@ bool address_has_device(const sockaddr_storage& ss) {
   else
     reinterpret_cast<sockaddr_in6*>(&any)->sin6_port = 0;
   CmPair probe;
-  probe.ch = rdma_create_event_channel();
+  probe.ch = verbs_event_channel();
   if (!probe.ch || rdma_create_id(probe.ch, &probe.id, nullptr, RDMA_PS_TCP) != 0) return false;
   if (rdma_bind_addr(probe.id, reinterpret_cast<sockaddr*>(&any)) != 0) return false;
   note_device(probe.id);  // librdmacm keeps the device open (fork: rdma_after_fork)
@@ -814,7 +815,7 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
   }
   global_init();
   auto* l = new VerbsListener();
-  l->ch = rdma_create_event_channel();
+  l->ch = verbs_event_channel();
   if (!l->ch || rdma_create_id(l->ch, &l->id, nullptr, RDMA_PS_TCP) != 0) {
     *why = Fallback::kNotSameHost;
     delete l;

@@ -1,0 +1,32 @@
+// librsock's own descriptors live above the application's.
+//
+// A program that runs without librsock gets the lowest free numbers for its
+// sockets and files, and some programs depend on that: wrk sizes its event
+// loop for 10 + 3 x connections fds, and a select() loop works only below
+// FD_SETSIZE (1024). The descriptors librsock keeps for a connection
+// (doorbell dup, ring memfd, eventfds, a pairing's sockets, those of the
+// RDMA transport) would take low numbers between the program's own. So each
+// is made, or moved, at or above own_fd_floor(): the application's numbers
+// stay the ones it would get on kernel TCP, as long as librsock's fit above
+// the floor. When no number there is free, the descriptor stays where the
+// kernel put it (the behaviour without a floor), never an error.
+#pragma once
+
+namespace rsock {
+
+// The lowest number librsock uses for its own descriptors: 1024 (above
+// select()'s range) when RLIMIT_NOFILE allows 2048 or more, half the limit
+// below that, and 0 (no floor) when the limit is under 64.
+int own_fd_floor();
+
+// A duplicate of fd at or above the floor (close-on-exec unless cloexec is
+// false), or at the lowest free number when there is none above it; -1 and
+// errno as fcntl(F_DUPFD).
+int dup_high(int fd, bool cloexec = true);
+
+// Moves a descriptor librsock just made (close-on-exec) above the floor:
+// returns the new number and closes fd, or returns fd itself when it is
+// already there, negative, or cannot move.
+int lift_fd(int fd);
+
+}  // namespace rsock
