@@ -673,7 +673,8 @@ EOF
 # requests it then finds done; on plain TCP too) and closes them at once,
 # while they pair: the client counts none of those (its connect never
 # completed), nginx counts each as shm (it paired first) or as plain TCP
-# with pair_failed or peer_not_accelerated (the client was gone). So: ab
+# with pair_failed, peer_not_accelerated or pair_timeout (the client was
+# gone; which one depends on the step the close interrupted). So: ab
 # 2000..2009 shm, no tcp, no fallback; nginx at least as many shm as ab,
 # and all it accepted at most 2009, with no other reason.
 nginx_ab_case() {
@@ -702,8 +703,8 @@ nginx_ab_case() {
   ((${s_shm:-0} >= c_shm)) || WHY+="nginx counted ${s_shm:-none} shm connections, ab $c_shm; "
   ((${s_shm:-0} + ${s_tcp:-0} <= n + 9)) || WHY+="nginx accepted $((s_shm + s_tcp)) connections for $n requests; "
   fb=$(reasons_of "$f" nginx fallbacks)
-  [[ $(jq '[.pair_failed // 0, .peer_not_accelerated // 0] | add' <<<"$fb") == "${s_tcp:-x}" &&
-    $(jq 'del(.pair_failed, .peer_not_accelerated) | length' <<<"$fb") == 0 ]] ||
+  [[ $(jq '[.pair_failed // 0, .peer_not_accelerated // 0, .pair_timeout // 0] | add' <<<"$fb") == "${s_tcp:-x}" &&
+    $(jq 'del(.pair_failed, .peer_not_accelerated, .pair_timeout) | length' <<<"$fb") == 0 ]] ||
     WHY+="nginx: connections.tcp=${s_tcp:-none}, fallbacks $fb; "
   [[ $(reasons_of "$f" nginx resets) == '{}' ]] || WHY+="nginx resets $(reasons_of "$f" nginx resets); "
   [[ $(lines_of "$f" nginx) == 3 ]] || WHY+="$(lines_of "$f" nginx) nginx stats lines, want 3; "
