@@ -31,6 +31,7 @@
 //        rs_exec --role client --port P --port2 P2 --case NAME
 //        rs_exec --role inetd --port P       (server of the inetd case)
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -277,8 +278,24 @@ std::string forged_var(int fd, int memfd, uint64_t nonce) {
 
 // The memfd of librsock's region for connection b, found by elimination:
 // a region memfd that is not one of those present before b was made.
+// The open descriptors of this process, from /proc/self/fd (librsock's
+// own sit at 1024 and above: common/own_fd.h).
+std::vector<int> open_fds() {
+  std::vector<int> out;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return out;
+  const int self = dirfd(d);
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = atoi(e->d_name);
+    if (fd > 2 && fd != self) out.push_back(fd);
+  }
+  closedir(d);
+  return out;
+}
+
 int region_memfd_other_than(const std::vector<std::string>& before) {
-  for (int fd = 3; fd < 1024; ++fd) {
+  for (int fd : open_fds()) {
     char link[256] = {}, path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     if (readlink(path, link, sizeof link - 1) <= 0) continue;
@@ -409,8 +426,7 @@ int run_client(const char* self, int port, int port2) {
       // for this case), and its region: the right magic, seals and nonce,
       // but the 4-tuple of B, not of A.
       std::vector<std::string> before;
-      for (int fd = 3; fd < 1024; ++fd)
-        if (fcntl(fd, F_GETFD) >= 0) before.push_back(std::to_string(fd));
+      for (int fd : open_fds()) before.push_back(std::to_string(fd));
       int b = connect_to(port2, false);
       (void)b;
       memfd = region_memfd_other_than(before);
