@@ -4,8 +4,12 @@
 // - librsock's descriptors (doorbell dup, ring memfd, a pairing's sockets
 //   and eventfds) sit above the program's (common/own_fd.h): a client that
 //   opens 20 connections and then a file gets the numbers kernel TCP would
-//   give, blocking or nonblocking (wrk sizes its event loop for
-//   10 + 3 x connections descriptors and fails the connects past it);
+//   give when it connects blocking (pairing runs on its own thread); when
+//   it connects nonblocking, pairing threads make descriptors beside it,
+//   which the kernel puts at the lowest free number for the microseconds
+//   before librsock moves them up, so two of the program's numbers may
+//   swap, but none grows (wrk sizes its event loop for 10 + 3 x
+//   connections descriptors and fails the connects past it);
 // - a burst of connects beyond a listen(1) backlog is accelerated: a
 //   candidate listener's accept queue holds kMinListenBacklog, because a
 //   client whose handshake a full queue dropped would wait for the SYN-ACK
@@ -36,9 +40,16 @@ class FdNumberTest : public PreloadTest {
     ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
     auto r = parse_result(client.out(), "RESULT");
     EXPECT_EQ(r["ok"], n);
+    if (mode == "seq") {
+      EXPECT_EQ(r["dense"], "1") << "see the client's output below";
+    }
     if (mode != "burst") {
-      EXPECT_EQ(r["dense"], "1") << "client's numbers: first " << r["first"] << ", last "
-                                 << r["last"] << ", then the file " << r["file"];
+      // 3, 4, ... as on kernel TCP; a pairing thread's transient descriptor
+      // may shift a few of the nonblocking ones up by one (not by 2 per
+      // connection, as librsock's own descriptors would).
+      const int slack = mode == "seq" ? 0 : 2;
+      EXPECT_LE(std::stoi(r["highest"]), std::stoi(r["first"]) + count + slack)
+          << "see the client's output below";
     }
     EXPECT_TRUE(client.exited_ok()) << "client: see its output below";
     EXPECT_TRUE(server.exited_ok()) << "server: see its output below";
