@@ -10,11 +10,13 @@
 #                      memcached -t 2: ops/s and the geometric mean latency
 #   memcached -c 16    memcaslap -T 1 -c 16: ops/s
 #   nginx + wrk        nginx (2 workers, sendfile on, a 4 KiB file) and
-#                      wrk -t 1 -c 4 --latency: requests/s, p50, p99 (4
-#                      connections: with more, wrk's event loop, sized for
-#                      10 + 3 x connections fds, fails connects under
-#                      librsock, which uses 3 fds per connection; the apps
-#                      tier's nginx-wrk case shows that bug)
+#                      wrk -t 1 -c 16 --latency: requests/s, p50, p99
+#   conns-block        benchmarks/connrate.cpp: 2000 x (connect, 1 byte each
+#                      way, close), one after the other, against a blocking
+#                      accept loop: connections/s, p50 and p99 of one
+#                      connection (socket() to the byte back)
+#   conns-epoll        the same with nonblocking connects, 8 in flight, from
+#                      an epoll loop to an epoll server
 # Each measurement runs BENCH_REPEAT times (default 3), TCP and librsock
 # alternating; the table shows the median of the runs, the spread (min-max)
 # and the ratio librsock/TCP (for latency TCP/librsock: above 1 is better
@@ -23,7 +25,7 @@
 # the script exit 1. The table goes to stdout and to $BUILD/bench/apps.md.
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_CPUS ("SERVER CLIENT", default "0 1"), BENCH_APPS (a regex of row
-# names to run), BUILD. Runtime: about 5 x 2 x REPEAT runs of ~5 s, ~2 min.
+# names to run), BUILD. Runtime: about 7 x 2 x REPEAT runs of ~5 s, ~3 min.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -234,7 +236,7 @@ EOF
     stop_server QUIT
     return
   }
-  run_client "$path" "$tag" "$port" wrk -t 1 -c 4 -d "${SECS}s" --latency \
+  run_client "$path" "$tag" "$port" wrk -t 1 -c 16 -d "${SECS}s" --latency \
     "http://127.0.0.1:$port/page.bin" || R_NOTE+="wrk status $?; "
   stop_server QUIT
   local out=$WORK/$tag.cli.out unit v
@@ -249,6 +251,29 @@ EOF
     R_OK=0 R_NOTE+="no Requests/sec in wrk's output; "
   }
   [[ $path == rsock ]] && check_shm "$tag" nginx wrk
+}
+
+run_conns() { # PATH MODE
+  local path=$1 mode=$2 port tag
+  port=$(free_port) tag=conns-$mode-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  start_server "$path" "$tag" "$port" "$CONNRATE" server "$port" "$mode" || {
+    R_OK=0 R_NOTE="connrate server did not start"
+    stop_server TERM
+    return
+  }
+  run_client "$path" "$tag" "$port" "$CONNRATE" client "$port" "$CONNS" "$mode" 8 ||
+    R_NOTE+="connrate client status $?; "
+  stop_server TERM
+  local line
+  line=$(grep -m1 '^RESULT ' "$WORK/$tag.cli.out")
+  R[rate]=$(sed -n 's/.* rate=\([0-9.]*\).*/\1/p' <<<"$line")
+  R[p50]=$(sed -n 's/.* p50_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  R[p99]=$(sed -n 's/.* p99_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  [[ $line == *" ok=$CONNS "* ]] || {
+    R_OK=0 R_NOTE+="connrate: ${line:-no RESULT line}; "
+  }
+  [[ $path == rsock ]] && check_shm "$tag" connrate connrate
 }
 
 # ---- statistics ---------------------------------------------------------------
@@ -280,8 +305,13 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
   [[ -n $R_NOTE ]] && NOTES[$row.$path]+="$R_NOTE"
 }
 
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk; do want "$row" && ROWS+=("$row"); done
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk conns-block conns-epoll; do
+  want "$row" && ROWS+=("$row")
+done
 ((${#ROWS[@]})) || die "BENCH_APPS='$ONLY' selects no row"
+CONNS=2000
+CONNRATE=$WORK/connrate
+g++ -std=c++20 -O2 -o "$CONNRATE" "$ROOT/benchmarks/connrate.cpp" || die "building connrate failed"
 for ((rep = 1; rep <= REPEAT; rep++)); do
   for path in tcp rsock; do
     for row in "${ROWS[@]}"; do
@@ -306,6 +336,10 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         nginx-wrk)
           run_nginx "$path"
           record "$row" "$path" rps p50 p99
+          ;;
+        conns-*)
+          run_conns "$path" "${row#conns-}"
+          record "$row" "$path" rate p50 p99
           ;;
       esac
     done
@@ -357,6 +391,11 @@ report=$WORK/apps.md
         row_line "$row" rps "requests/s" rate
         row_line "$row" p50 "p50 us" lat
         row_line "$row" p99 "p99 us" lat
+        ;;
+      conns-*)
+        row_line "$row" rate "connections/s" rate
+        row_line "$row" p50 "p50 us of a connection" lat
+        row_line "$row" p99 "p99 us of a connection" lat
         ;;
     esac
   done

@@ -1,0 +1,249 @@
+// connrate: connection setup rate, the short-connection workload of
+// `make bench` (benchmarks/conns.sh). Plain POSIX calls only, so it runs the
+// same with and without librsock.
+//
+//   connrate server PORT block|epoll
+//       block: accept, read 1 byte, write it back, close, one connection
+//       after the other. epoll: a nonblocking listener and connections in
+//       one edge-triggered epoll loop, the same exchange. Prints READY and
+//       serves until SIGTERM or SIGINT, then exits 0 (so that librsock
+//       writes its stats line).
+//   connrate client PORT N block|epoll [INFLIGHT]
+//       N connections to 127.0.0.1:PORT, each: socket, connect, write 1
+//       byte, read it back, close. block: one after the other. epoll:
+//       nonblocking connects, INFLIGHT (default 8) at a time, in one epoll
+//       loop. Prints "RESULT conns=N seconds=S rate=R p50_us=P p99_us=Q",
+//       where the percentiles are of one connection's time from socket() to
+//       the byte read back. Exit status 0 when all N carried their byte.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+sockaddr_in loopback(int port) {
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+volatile sig_atomic_t g_stop = 0;
+
+int serve_blocking(int l) {
+  while (!g_stop) {
+    int c = accept(l, nullptr, nullptr);
+    if (c < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      perror("connrate: accept");
+      return 1;
+    }
+    char b;
+    if (read(c, &b, 1) == 1) (void)!write(c, &b, 1);
+    close(c);
+  }
+  return 0;
+}
+
+int serve_epoll(int l) {
+  fcntl(l, F_SETFL, O_NONBLOCK);
+  int ep = epoll_create1(0);
+  epoll_event ev = {};
+  ev.events = EPOLLIN;
+  ev.data.fd = l;
+  epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+  epoll_event evs[64];
+  while (!g_stop) {
+    int n = epoll_wait(ep, evs, 64, -1);
+    for (int i = 0; i < n; ++i) {
+      int fd = evs[i].data.fd;
+      if (fd == l) {
+        for (int c; (c = accept4(l, nullptr, nullptr, SOCK_NONBLOCK)) >= 0;) {
+          epoll_event ce = {};
+          ce.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+          ce.data.fd = c;
+          epoll_ctl(ep, EPOLL_CTL_ADD, c, &ce);
+        }
+        continue;
+      }
+      char b;
+      ssize_t r = read(fd, &b, 1);
+      if (r == 1) (void)!write(fd, &b, 1);
+      if (r == 1 || r == 0 || (r < 0 && errno != EAGAIN)) close(fd);  // one exchange each
+    }
+  }
+  return 0;
+}
+
+int server(int port, bool epoll) {
+  int l = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a = loopback(port);
+  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 512) != 0) {
+    perror("connrate: bind/listen");
+    return 1;
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) { g_stop = 1; };
+  sigaction(SIGTERM, &sa, nullptr);  // no SA_RESTART: accept/epoll_wait return EINTR
+  sigaction(SIGINT, &sa, nullptr);
+  printf("READY\n");
+  fflush(stdout);
+  return epoll ? serve_epoll(l) : serve_blocking(l);
+}
+
+void report(int n, int ok, int64_t t0, std::vector<int64_t>& lat) {
+  const double secs = static_cast<double>(now_ns() - t0) / 1e9;
+  std::sort(lat.begin(), lat.end());
+  auto pct = [&](double p) {
+    return lat.empty() ? 0.0 : static_cast<double>(lat[static_cast<size_t>(p * (lat.size() - 1))]) / 1e3;
+  };
+  printf("RESULT conns=%d ok=%d seconds=%.3f rate=%.0f p50_us=%.1f p99_us=%.1f\n", n, ok, secs,
+         ok / secs, pct(0.5), pct(0.99));
+}
+
+int client_blocking(int port, int n) {
+  const sockaddr_in a = loopback(port);
+  std::vector<int64_t> lat;
+  lat.reserve(n);
+  int ok = 0;
+  const int64_t t0 = now_ns();
+  for (int i = 0; i < n; ++i) {
+    const int64_t s = now_ns();
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    char b = 'x';
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 && write(fd, &b, 1) == 1 &&
+        read(fd, &b, 1) == 1) {
+      ++ok;
+      lat.push_back(now_ns() - s);
+    }
+    close(fd);
+  }
+  report(n, ok, t0, lat);
+  return ok == n ? 0 : 1;
+}
+
+struct Conn {
+  int64_t start = 0;
+  bool sent = false;
+};
+
+int client_epoll(int port, int n, int inflight) {
+  const sockaddr_in a = loopback(port);
+  int ep = epoll_create1(0);
+  std::vector<Conn> conns(65536);
+  std::vector<int64_t> lat;
+  lat.reserve(n);
+  int started = 0, done = 0, ok = 0, live = 0;
+  const int64_t t0 = now_ns();
+  auto start_one = [&] {
+    const int64_t s = now_ns();
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0 || fd >= static_cast<int>(conns.size())) {
+      if (fd >= 0) close(fd);
+      ++done;
+      return;
+    }
+    int r = connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a);
+    if (r != 0 && errno != EINPROGRESS) {
+      close(fd);
+      ++done;
+      return;
+    }
+    conns[fd] = Conn{s, false};
+    epoll_event ev = {};
+    ev.events = EPOLLOUT | EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = fd;
+    epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    ++live;
+  };
+  epoll_event evs[64];
+  while (done < n) {
+    while (live < inflight && started < n) {
+      ++started;
+      start_one();
+    }
+    if (live == 0) continue;
+    int k = epoll_wait(ep, evs, 64, 10000);
+    if (k == 0) {
+      fprintf(stderr, "connrate: no event for 10 s\n");
+      break;
+    }
+    for (int i = 0; i < k; ++i) {
+      const int fd = evs[i].data.fd;
+      Conn& c = conns[fd];
+      bool finished = false, good = false;
+      if (!c.sent && (evs[i].events & EPOLLOUT)) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        char b = 'x';
+        if (err == 0 && write(fd, &b, 1) == 1) {
+          c.sent = true;
+          epoll_event ev = {};
+          ev.events = EPOLLIN | EPOLLRDHUP;
+          ev.data.fd = fd;
+          epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev);
+        } else {
+          finished = true;
+        }
+      } else if (c.sent && (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+        char b;
+        ssize_t r = read(fd, &b, 1);
+        if (r < 0 && errno == EAGAIN) continue;
+        finished = true;
+        good = r == 1;
+      } else if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+        finished = true;
+      }
+      if (finished) {
+        if (good) {
+          ++ok;
+          lat.push_back(now_ns() - c.start);
+        }
+        epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+        close(fd);
+        --live;
+        ++done;
+      }
+    }
+  }
+  report(n, ok, t0, lat);
+  return ok == n ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && strcmp(argv[1], "server") == 0)
+    return server(atoi(argv[2]), strcmp(argv[3], "epoll") == 0);
+  if (argc >= 5 && strcmp(argv[1], "client") == 0) {
+    const int port = atoi(argv[2]), n = atoi(argv[3]);
+    if (strcmp(argv[4], "epoll") == 0) return client_epoll(port, n, argc > 5 ? atoi(argv[5]) : 8);
+    return client_blocking(port, n);
+  }
+  fprintf(stderr, "usage: connrate server PORT block|epoll | client PORT N block|epoll [INFLIGHT]\n");
+  return 2;
+}
