@@ -656,7 +656,9 @@ judge_fork-per-connection() {
 # all over one kept-alive connection), ab's requests all complete and none
 # failed; curl's 5 connections and ab's (it may open up to 3 more than its
 # requests, and close them while they pair: then it counts none, nginx
-# counts each as rdma or as a fallback for a client that went away) over
+# counts each as rdma or as a fallback for a client that went away:
+# pair_failed, peer_not_accelerated, or pair_timeout when the client
+# rejected its rdma_cm request because it had closed) over
 # rdma; the master and the 2 workers wrote a line each.
 judge_nginx-workers() {
   local f size want got n=$AB_REQUESTS v c_rdma s_tcp
@@ -687,7 +689,7 @@ judge_nginx-workers() {
   [ "${v:-0}" -ge "$c_rdma" ] || why "nginx workers: connections.rdma=$v, the clients made $c_rdma"
   [ $((v + s_tcp)) -le $((n + 8)) ] || why "nginx accepted $((v + s_tcp)) connections for $((n + 5)) requests"
   v=$(stats srv nginx '[.[].fallbacks | to_entries[] | select(.value != 0) |
-        select(.key != "pair_failed" and .key != "peer_not_accelerated") | .key] | length')
+        select(.key != "pair_failed" and .key != "peer_not_accelerated" and .key != "pair_timeout") | .key] | length')
   [ "$v" = 0 ] || why "nginx workers: fallbacks $(stats srv nginx 'map(.fallbacks)')"
   v=$(stats srv nginx '[.[].fallbacks | to_entries[] | .value] | add // 0')
   [ "$v" = "$s_tcp" ] || why "nginx workers: $s_tcp plain connections, $v fallbacks"
