@@ -17,6 +17,10 @@
 #                      connection (socket() to the byte back)
 #   conns-epoll        the same with nonblocking connects, 8 in flight, from
 #                      an epoll loop to an epoll server
+#   idle-conns         connrate hold/sink: 1000 connections that each carried
+#                      1 MiB and went idle; what one costs the client and the
+#                      server (fds, virtual and resident KiB, from
+#                      /proc/self), against each process's state before
 # Each measurement runs BENCH_REPEAT times (default 3), TCP and librsock
 # alternating; the table shows the median of the runs, the spread (min-max)
 # and the ratio librsock/TCP (for latency TCP/librsock: above 1 is better
@@ -25,7 +29,7 @@
 # the script exit 1. The table goes to stdout and to $BUILD/bench/apps.md.
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_CPUS ("SERVER CLIENT", default "0 1"), BENCH_APPS (a regex of row
-# names to run), BUILD. Runtime: about 7 x 2 x REPEAT runs of ~5 s, ~3 min.
+# names to run), BUILD. Runtime: about 8 x 2 x REPEAT runs of ~5 s, ~3 min.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,6 +42,8 @@ SECS=${BENCH_SECONDS:-3}
 ONLY=${BENCH_APPS:-.}
 read -r CPU_SRV CPU_CLI <<<"${BENCH_CPUS:-0 1}"
 ((${BENCH_REPEAT:-3} >= 1)) || REPEAT=1
+# idle-conns holds 1000 connections in each process: room for 4 fds each.
+(($(ulimit -n) >= 8192)) || ulimit -n 8192 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 WORK=$(mktemp -d /tmp/rsock-bench-apps.XXXXXX)
 SERVER_PID=""
 FAILED=0
@@ -276,6 +282,40 @@ run_conns() { # PATH MODE
   [[ $path == rsock ]] && check_shm "$tag" connrate connrate
 }
 
+run_idle() { # PATH
+  local path=$1 port tag cli i k=1000 bytes=1048576
+  port=$(free_port) tag=idle-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  start_server "$path" "$tag" "$port" "$CONNRATE" sink "$port" "$k" "$bytes" || {
+    R_OK=0 R_NOTE="connrate sink did not start"
+    stop_server TERM
+    return
+  }
+  path_env "$path" cli "$tag" "$port"
+  taskset -c "$CPU_CLI" "${ENVP[@]}" "$CONNRATE" hold "$port" "$k" "$bytes" >"$WORK/$tag.cli.out" 2>&1 &
+  cli=$!
+  for ((i = 0; i < 1200; i++)); do
+    grep -q '^RESULT' "$WORK/$tag.cli.out" && grep -q '^RESULT' "$WORK/$tag.srv.out" && break
+    kill -0 "$cli" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$cli" 2>/dev/null
+  wait "$cli" 2>/dev/null
+  stop_server TERM
+  local side line m
+  for side in cli srv; do
+    line=$(grep -m1 '^RESULT' "$WORK/$tag.$side.out")
+    [[ -n $line ]] || {
+      R_OK=0 R_NOTE+="$side: no RESULT line; "
+      continue
+    }
+    for m in fds vm_kib rss_kib; do
+      R[$side.$m]=$(sed -n "s/.* $m=\([0-9.-]*\).*/\1/p" <<<"$line")
+    done
+  done
+  [[ $path == rsock ]] && check_shm "$tag" connrate connrate
+}
+
 # ---- statistics ---------------------------------------------------------------
 
 # med_spread VALUES...: "median (min-max)" of the numbers given.
@@ -305,7 +345,7 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
   [[ -n $R_NOTE ]] && NOTES[$row.$path]+="$R_NOTE"
 }
 
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk conns-block conns-epoll; do
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk conns-block conns-epoll idle-conns; do
   want "$row" && ROWS+=("$row")
 done
 ((${#ROWS[@]})) || die "BENCH_APPS='$ONLY' selects no row"
@@ -340,6 +380,10 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         conns-*)
           run_conns "$path" "${row#conns-}"
           record "$row" "$path" rate p50 p99
+          ;;
+        idle-conns)
+          run_idle "$path"
+          record "$row" "$path" cli.fds cli.vm_kib cli.rss_kib srv.fds srv.vm_kib srv.rss_kib
           ;;
       esac
     done
@@ -391,6 +435,14 @@ report=$WORK/apps.md
         row_line "$row" rps "requests/s" rate
         row_line "$row" p50 "p50 us" lat
         row_line "$row" p99 "p99 us" lat
+        ;;
+      idle-conns)
+        row_line "$row" cli.fds "client fds per connection" lat
+        row_line "$row" cli.vm_kib "client virtual KiB per connection" lat
+        row_line "$row" cli.rss_kib "client resident KiB per connection" lat
+        row_line "$row" srv.fds "server fds per connection" lat
+        row_line "$row" srv.vm_kib "server virtual KiB per connection" lat
+        row_line "$row" srv.rss_kib "server resident KiB per connection" lat
         ;;
       conns-*)
         row_line "$row" rate "connections/s" rate

@@ -15,6 +15,18 @@
 //       loop. Prints "RESULT conns=N seconds=S rate=R p50_us=P p99_us=Q",
 //       where the percentiles are of one connection's time from socket() to
 //       the byte read back. Exit status 0 when all N carried their byte.
+//   connrate sink PORT K BYTES
+//       a server for hold: accepts K connections in an epoll loop, reads
+//       BYTES from each and answers one byte; once all K have, prints its
+//       own cost per connection (as hold does) and serves until killed.
+//   connrate hold PORT K BYTES
+//       opens K connections at once (blocking, one after the other), writes
+//       BYTES on each and reads the sink's one-byte answer, so that every
+//       connection has carried data and is idle. Then prints what the K
+//       connections cost this process, per connection, against its state
+//       before the first: "RESULT fds=F vm_kib=V rss_kib=R shmem_kib=S
+//       locked_kib=L" (descriptors, VmSize, VmRSS, RssShmem, VmLck from
+//       /proc/self/status), and waits to be killed.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +40,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <dirent.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -234,9 +248,169 @@ int client_epoll(int port, int n, int inflight) {
   return ok == n ? 0 : 1;
 }
 
+// What this process holds: descriptors and the /proc/self/status lines
+// that count memory (KiB).
+struct Footprint {
+  long fds = 0, vm = 0, rss = 0, shmem = 0, locked = 0;
+};
+
+Footprint footprint() {
+  Footprint f;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++f.fds;
+    closedir(d);
+    --f.fds;  // the directory's own
+  }
+  if (FILE* st = fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (fgets(line, sizeof line, st)) {
+      sscanf(line, "VmSize: %ld", &f.vm);
+      sscanf(line, "VmRSS: %ld", &f.rss);
+      sscanf(line, "RssShmem: %ld", &f.shmem);
+      sscanf(line, "VmLck: %ld", &f.locked);
+    }
+    fclose(st);
+  }
+  return f;
+}
+
+void report_cost(const Footprint& before, int k) {
+  const Footprint now = footprint();
+  const double n = k > 0 ? k : 1;
+  printf("RESULT fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f locked_kib=%.1f\n",
+         (now.fds - before.fds) / n, (now.vm - before.vm) / n, (now.rss - before.rss) / n,
+         (now.shmem - before.shmem) / n, (now.locked - before.locked) / n);
+  fflush(stdout);
+}
+
+// Reads and discards up to `want` bytes; returns what it read, 0 on EOF or
+// error (EAGAIN: -1).
+long drain(int fd, long want) {
+  static char buf[1 << 16];
+  long got = 0;
+  while (got < want) {
+    ssize_t r = read(fd, buf, std::min<long>(sizeof buf, want - got));
+    if (r > 0) {
+      got += r;
+      continue;
+    }
+    if (r < 0 && errno == EAGAIN) return got > 0 ? got : -1;
+    break;
+  }
+  return got;
+}
+
+int sink(int port, int k, long bytes) {
+  const Footprint before = footprint();
+  int l = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a = loopback(port);
+  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4096) != 0) {
+    perror("connrate sink: bind/listen");
+    return 1;
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) { g_stop = 1; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  printf("READY\n");
+  fflush(stdout);
+  fcntl(l, F_SETFL, O_NONBLOCK);
+  int ep = epoll_create1(0);
+  epoll_event ev = {};
+  ev.events = EPOLLIN;
+  ev.data.fd = l;
+  epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+  std::vector<long> left(1 << 17, -1);
+  int done = 0;
+  epoll_event evs[64];
+  while (!g_stop) {
+    int n = epoll_wait(ep, evs, 64, -1);
+    for (int i = 0; i < n; ++i) {
+      const int fd = evs[i].data.fd;
+      if (fd == l) {
+        for (int c; (c = accept4(l, nullptr, nullptr, SOCK_NONBLOCK)) >= 0;) {
+          if (c >= static_cast<int>(left.size())) {
+            close(c);
+            continue;
+          }
+          left[c] = bytes;
+          epoll_event ce = {};
+          ce.events = EPOLLIN;
+          ce.data.fd = c;
+          epoll_ctl(ep, EPOLL_CTL_ADD, c, &ce);
+        }
+        continue;
+      }
+      if (left[fd] <= 0) {  // idle after its data: only EOF is expected
+        char b;
+        if (read(fd, &b, 1) == 0) {
+          epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+          close(fd);
+        }
+        continue;
+      }
+      long r = drain(fd, left[fd]);
+      if (r == 0) {
+        epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+        close(fd);
+        continue;
+      }
+      if (r > 0) left[fd] -= r;
+      if (left[fd] == 0) {
+        char b = 'k';
+        (void)!write(fd, &b, 1);
+        if (++done == k) report_cost(before, k);
+      }
+    }
+  }
+  return 0;
+}
+
+int hold(int port, int k, long bytes) {
+  const Footprint before = footprint();
+  const sockaddr_in a = loopback(port);
+  std::vector<char> data(1 << 16, 'd');
+  std::vector<int> fds;
+  for (int i = 0; i < k; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+      perror("connrate hold: connect");
+      return 1;
+    }
+    for (long sent = 0; sent < bytes;) {
+      ssize_t w = write(fd, data.data(), std::min<long>(data.size(), bytes - sent));
+      if (w <= 0) {
+        perror("connrate hold: write");
+        return 1;
+      }
+      sent += w;
+    }
+    char b;
+    if (read(fd, &b, 1) != 1) {
+      fprintf(stderr, "connrate hold: no answer on connection %d\n", i);
+      return 1;
+    }
+    fds.push_back(fd);
+  }
+  report_cost(before, k);
+  while (!g_stop) pause();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 5 && (strcmp(argv[1], "sink") == 0 || strcmp(argv[1], "hold") == 0)) {
+    struct sigaction sa = {};
+    sa.sa_handler = [](int) { g_stop = 1; };
+    sigaction(SIGTERM, &sa, nullptr);
+    const int port = atoi(argv[2]), k = atoi(argv[3]);
+    const long bytes = atol(argv[4]);
+    return argv[1][0] == 's' ? sink(port, k, bytes) : hold(port, k, bytes);
+  }
   if (argc >= 4 && strcmp(argv[1], "server") == 0)
     return server(atoi(argv[2]), strcmp(argv[3], "epoll") == 0);
   if (argc >= 5 && strcmp(argv[1], "client") == 0) {
@@ -244,6 +418,8 @@ int main(int argc, char** argv) {
     if (strcmp(argv[4], "epoll") == 0) return client_epoll(port, n, argc > 5 ? atoi(argv[5]) : 8);
     return client_blocking(port, n);
   }
-  fprintf(stderr, "usage: connrate server PORT block|epoll | client PORT N block|epoll [INFLIGHT]\n");
+  fprintf(stderr,
+          "usage: connrate server PORT block|epoll | client PORT N block|epoll [INFLIGHT]\n"
+          "       connrate sink PORT K BYTES | hold PORT K BYTES\n");
   return 2;
 }
