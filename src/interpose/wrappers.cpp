@@ -129,10 +129,17 @@ ssize_t do_send(ConnectionState* c, const void* buf, size_t len, int flags) {
 
 // Detaches librsock state from fd before the kernel fd goes away.
 void forget_fd(int fd) {
-  if (!fd_table().has(fd)) return;
+  // A pairing thread converting fd's epoll members (its outcome may already
+  // have handed fd over, leaving it no state): drop them here, before the
+  // number can name another file.
+  const bool handover = pending_handover_in_flight();
+  if (!fd_table().has(fd)) {
+    if (handover) epoll_forget(fd);
+    return;
+  }
   {
     FdRef r = fd_table().get(fd);
-    if (r && r.get()->epoll_refs.load() > 0) epoll_forget(fd);
+    if (handover || (r && r.get()->epoll_refs.load() > 0)) epoll_forget(fd);
   }
   fd_table().clear(fd);
 }

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include <atomic>
 #include <chrono>
 #include <new>
 #include <vector>
@@ -50,12 +51,16 @@ struct Work {
   int sock;  // a private dup of the application's socket
 };
 
+std::atomic<int> g_handovers{0};  // hand_over calls between resolve and the epoll conversion
+
 // Publishes the outcome (c: one reference, taken over; nullptr: plain TCP),
 // converts the epoll members, then hands every fd over.
 void hand_over(Work& w, ConnectionState* c) {
   PendingState* p = w.pending;
+  g_handovers.fetch_add(1, std::memory_order_seq_cst);
   p->resolve(c);
   epoll_pending_resolved(p->fd(), p, c);
+  g_handovers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::vector<int> fds;
   fd_table().for_each([&](int fd, FdState* s) {
@@ -278,6 +283,8 @@ int pending_start(PairJob& job, const Config& cfg) {
   LOG_WARN("connect fd %d: no pairing thread (%s); pairing in connect()", fd, strerror(rc));
   return -rc;
 }
+
+bool pending_handover_in_flight() { return g_handovers.load(std::memory_order_seq_cst) != 0; }
 
 FdRef pending_settle(int fd, FdRef r) {
   if (!r || r.get()->kind() != FdState::Kind::kPending) return r;

@@ -99,6 +99,14 @@ int pending_start(PairJob& job, const Config& cfg);
 // place of its PendingState (fixing fd's slot); anything else unchanged.
 FdRef pending_settle(int fd, FdRef r);
 
+// Whether a pairing thread is handing an outcome over right now: from
+// before its outcome becomes visible (so that pending_settle can already
+// have handed an fd over) until its epoll members are converted. close()
+// of an fd must then drop the fd's epoll members itself even when the fd
+// has no state left, or the conversion could act on the fd number after
+// it names another file.
+bool pending_handover_in_flight();
+
 // Waits (bounded) for every pairing in flight (exec).
 void pending_before_fork();
 // Fork's prepare handler: the same wait, then no pairing can start until
