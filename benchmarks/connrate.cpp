@@ -110,19 +110,34 @@ int serve_epoll(int l) {
   return 0;
 }
 
-int server(int port, bool epoll) {
+// SIGTERM and SIGINT set g_stop; no SA_RESTART, so accept/epoll_wait/pause
+// return EINTR and the loops end (the process exits 0 and librsock writes
+// its stats line).
+void stop_on_signals() {
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) { g_stop = 1; };
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// A listener on 127.0.0.1:port, or -1 (reported).
+int listen_loopback(int port, int backlog) {
   int l = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
   setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a = loopback(port);
-  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 512) != 0) {
+  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, backlog) != 0) {
     perror("connrate: bind/listen");
-    return 1;
+    close(l);
+    return -1;
   }
-  struct sigaction sa = {};
-  sa.sa_handler = [](int) { g_stop = 1; };
-  sigaction(SIGTERM, &sa, nullptr);  // no SA_RESTART: accept/epoll_wait return EINTR
-  sigaction(SIGINT, &sa, nullptr);
+  return l;
+}
+
+int server(int port, bool epoll) {
+  const int l = listen_loopback(port, 512);
+  if (l < 0) return 1;
+  stop_on_signals();
   printf("READY\n");
   fflush(stdout);
   return epoll ? serve_epoll(l) : serve_blocking(l);
@@ -303,18 +318,8 @@ long drain(int fd, long want) {
 
 int sink(int port, int k, long bytes) {
   const Footprint before = footprint();
-  int l = socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4096) != 0) {
-    perror("connrate sink: bind/listen");
-    return 1;
-  }
-  struct sigaction sa = {};
-  sa.sa_handler = [](int) { g_stop = 1; };
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  const int l = listen_loopback(port, 4096);
+  if (l < 0) return 1;
   printf("READY\n");
   fflush(stdout);
   fcntl(l, F_SETFL, O_NONBLOCK);
@@ -404,9 +409,7 @@ int hold(int port, int k, long bytes) {
 
 int main(int argc, char** argv) {
   if (argc >= 5 && (strcmp(argv[1], "sink") == 0 || strcmp(argv[1], "hold") == 0)) {
-    struct sigaction sa = {};
-    sa.sa_handler = [](int) { g_stop = 1; };
-    sigaction(SIGTERM, &sa, nullptr);
+    stop_on_signals();
     const int port = atoi(argv[2]), k = atoi(argv[3]);
     const long bytes = atol(argv[4]);
     return argv[1][0] == 's' ? sink(port, k, bytes) : hold(port, k, bytes);
