@@ -30,6 +30,10 @@ constexpr int kDiagReplyTimeoutMs = 1000;
 int peer_socket_of(int tcp_fd, PeerSocket* out) {
   WireAddr local, peer;
   if (!fd_addrs(tcp_fd, &local, &peer)) return -ENOTCONN;
+  return peer_socket_of(local, peer, out);
+}
+
+int peer_socket_of(const WireAddr& local, const WireAddr& peer, PeerSocket* out) {
   struct {
     nlmsghdr nlh;
     inet_diag_req_v2 req;
@@ -68,9 +72,11 @@ int peer_socket_of(int tcp_fd, PeerSocket* out) {
                     sizeof kernel) != static_cast<ssize_t>(sizeof msg)) {
     rc = -errno;
   } else {
+    // The kernel answers within sendto(): the reply is there already.
+    ssize_t n = real().recv(nl, buf, sizeof buf, MSG_DONTWAIT);
     pollfd p = {nl, POLLIN, 0};
-    ssize_t n = -1;
-    if (real().poll(&p, 1, kDiagReplyTimeoutMs) == 1) n = real().recv(nl, buf, sizeof buf, 0);
+    if (n < 0 && errno == EAGAIN && real().poll(&p, 1, kDiagReplyTimeoutMs) == 1)
+      n = real().recv(nl, buf, sizeof buf, MSG_DONTWAIT);
     const auto* h = reinterpret_cast<const nlmsghdr*>(buf);
     if (n < 0) {
       rc = -ETIMEDOUT;

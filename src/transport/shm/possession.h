@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "ring/wire.h"
+
 namespace rsock {
 
 // The socket at the other end of tcp_fd's connection, when it lives in this
@@ -26,6 +28,8 @@ struct PeerSocket {
 // Looks up the peer end of tcp_fd. Returns 0, -ENOENT when no such socket
 // exists here (another host, or it is gone), or another negative errno.
 int peer_socket_of(int tcp_fd, PeerSocket* out);
+// The same, for a connection whose addresses the caller has (fd_addrs).
+int peer_socket_of(const WireAddr& local, const WireAddr& peer, PeerSocket* out);
 
 // A proof of holding tcp_fd: an O_PATH, close-on-exec descriptor of it.
 // Returns the descriptor or a negative errno (e.g. /proc not mounted).

@@ -336,11 +336,12 @@ class ShmServerPairing final : public Pairing {
 
   // late: the deadline has passed; only find out whether the client waits.
   void connect_step(int64_t until, bool late) {
-    WireAddr local, peer;
-    if (!fd_addrs(tcp_fd_, &local, &peer)) {
+    if (!have_ends_ && !(have_ends_ = fd_addrs(tcp_fd_, &ends_[0], &ends_[1]))) {
       finish(Fallback::kPairFailed);
       return;
     }
+    const WireAddr& local = ends_[0];
+    const WireAddr& peer = ends_[1];
     if (conn_ < 0)
       conn_ = lift_fd(real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (conn_ < 0) {
@@ -375,7 +376,7 @@ class ShmServerPairing final : public Pairing {
     // a squatter of another user is turned away before it can stall us.
     ucred cred = {};
     socklen_t clen = sizeof cred;
-    int rc = peer_socket_of(tcp_fd_, &client_);
+    int rc = peer_socket_of(local, peer, &client_);
     if (rc != 0 || real().getsockopt(conn_, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
       finish(Fallback::kPairFailed);
       return;
@@ -428,16 +429,14 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kResources);
       return;
     }
-    WireAddr local, peer;
-    fd_addrs(tcp_fd_, &local, &peer);
     OfferMsg offer = {};
     offer.type = static_cast<uint32_t>(MsgType::kOffer);
     offer.version = kHandshakeVersion;
     offer.nonce = nonce_;
     offer.ring_bytes = ring_bytes_;
     offer.region_bytes = map_len_;
-    offer.server = local;
-    offer.client = peer;
+    offer.server = ends_[0];
+    offer.client = ends_[1];
     if (int rc = send_msg(conn_, &offer, sizeof offer, &memfd_, 1); rc != 0) {
       finish(when_peer_left(rc));
       return;
@@ -451,7 +450,7 @@ class ShmServerPairing final : public Pairing {
     ssize_t n = recv_msg(conn_, &a, sizeof a, nullptr, 0, &nfds);
     if (n == -EAGAIN) return;
     if (n > 0 && decode_answer_accepts(&a, static_cast<size_t>(n), nonce_)) {
-      channel_ = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_);
+      channel_ = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_, ends_);
       map_ = nullptr;
       doorbell_ = -1;
       memfd_ = -1;  // the channel keeps it (exec hand-off)
@@ -467,6 +466,8 @@ class ShmServerPairing final : public Pairing {
   int tcp_fd_;
   const size_t ring_bytes_;
   const int64_t deadline_;
+  WireAddr ends_[2] = {};  // the connection's local and peer address
+  bool have_ends_ = false;
   Stage stage_ = Stage::kConnect;
   int conn_ = -1;
   PeerSocket client_;  // the client's TCP socket, from sock_diag
@@ -624,7 +625,8 @@ class ShmClientPairing final : public Pairing {
     // turning the handshake into a socket): then this hello cannot be the
     // server's (it accepts before it connects here), and we look again for
     // the next one.
-    if (server_sock_.inode == 0 && peer_socket_of(tcp_fd_, &server_sock_) != 0) {
+    if (server_sock_.inode == 0 &&
+        (!ends() || peer_socket_of(ends_[0], ends_[1], &server_sock_) != 0)) {
       server_sock_.inode = 0;
       // Or it is gone already: the server accepted, spoke and closed the
       // connection (its application did, while the pairing ran in the
@@ -664,13 +666,11 @@ class ShmClientPairing final : public Pairing {
     int memfd = -1, nfds = 0;
     ssize_t n = recv_msg(server_, &offer, sizeof offer, &memfd, 1, &nfds);
     if (n == -EAGAIN) return;
-    WireAddr local, peer;
     void* map = nullptr;
-    const bool ok = n > 0 && decode_offer(&offer, static_cast<size_t>(n), &offer) && nfds == 1 &&
-                    fd_addrs(tcp_fd_, &local, &peer) && same_wire(offer.client, local) &&
-                    same_wire(offer.server, peer) &&
-                    shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes,
-                                      &map) == 0;
+    const bool ok =
+        n > 0 && decode_offer(&offer, static_cast<size_t>(n), &offer) && nfds == 1 && ends() &&
+        same_wire(offer.client, ends_[0]) && same_wire(offer.server, ends_[1]) &&
+        shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes, &map) == 0;
     if (!ok) {
       close_fds(&memfd, nfds);
       if (n <= 0) {
@@ -690,7 +690,8 @@ class ShmClientPairing final : public Pairing {
     if (doorbell >= 0 && send_msg(server_, &ans, sizeof ans, nullptr, 0) == 0) {
       // Committed: the server switches when it reads this answer.
       // The channel keeps the memfd (exec hand-off).
-      channel_ = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, memfd);
+      channel_ =
+          std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, memfd, ends_);
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
       return;
     }
@@ -709,6 +710,11 @@ class ShmClientPairing final : public Pairing {
   int tcp_fd_;
   int listener_;
   const int64_t deadline_;
+  WireAddr ends_[2] = {};  // the connection's local and peer address
+  bool have_ends_ = false;
+
+  // The connection's addresses, asked of the kernel once.
+  bool ends() { return have_ends_ || (have_ends_ = fd_addrs(tcp_fd_, &ends_[0], &ends_[1])); }
   std::vector<Candidate> candidates_;  // connectors not yet proven, oldest first
   int server_ = -1;              // the proven server
   PeerSocket server_sock_;

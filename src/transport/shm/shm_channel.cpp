@@ -109,7 +109,8 @@ int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce
   return 0;
 }
 
-ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd)
+ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd,
+                       const WireAddr* ends)
     : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
   init(map, is_server);
   holders_->store(1, std::memory_order_relaxed);
@@ -118,10 +119,14 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   // through exec (shm_region_validate). Only this side writes its slot.
   auto* h = static_cast<RegionHeader*>(map);
   WireAddr local = {}, peer = {};
-  if (fd_addrs(doorbell_fd_, &local, &peer)) {
-    h->endpoint[is_server ? 0 : 1][0] = local;
-    h->endpoint[is_server ? 0 : 1][1] = peer;
+  if (ends != nullptr) {
+    local = ends[0];
+    peer = ends[1];
+  } else if (!fd_addrs(doorbell_fd_, &local, &peer)) {
+    return;
   }
+  h->endpoint[is_server ? 0 : 1][0] = local;
+  h->endpoint[is_server ? 0 : 1][1] = peer;
 }
 
 ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd,

@@ -58,8 +58,10 @@ class ShmChannel final : public Channel {
   // memfd (the region's, close-on-exec; -1 when the caller keeps none: no
   // exec hand-off then).
   // This process is the end's only holder, and its socket's addresses are
-  // recorded in the region.
-  ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd = -1);
+  // recorded in the region: ends[0] (local) and ends[1] (peer) when the
+  // caller knows them, else asked of doorbell_fd.
+  ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd = -1,
+             const WireAddr* ends = nullptr);
   // An end taken over after exec (the region validated by
   // shm_region_validate): the holder count is left alone, since exec does
   // not change which processes hold the connection.
@@ -123,11 +125,11 @@ class ShmChannel final : public Channel {
   size_t map_len_;
   size_t ring_bytes_;
   std::atomic<uint32_t>* holders_;  // processes holding our end
-  DirectionControl* tx_;  // we produce
-  DirectionControl* rx_;  // we consume
-  EndpointControl* me_;   // our end's own line
+  DirectionControl* tx_;            // we produce
+  DirectionControl* rx_;            // we consume
+  EndpointControl* me_;             // our end's own line
   EndpointControl* peer_;
-  uint8_t* tx_ring_;      // the peer's receive ring
+  uint8_t* tx_ring_;  // the peer's receive ring
   const uint8_t* rx_ring_;
   int doorbell_fd_;
   int memfd_;
