@@ -30,15 +30,29 @@
 namespace rsock {
 namespace {
 
-// Pairings in flight, for fork. The worker threads are detached, so one may
-// still signal the condition variable while the process exits and runs the
-// static destructors: it is built in static storage on first use and never
-// destroyed. (std::mutex is constant-initialised and trivially destructible:
-// nothing to fear at exit.)
+// Pairings in flight (queued or running), for fork, and the pool of worker
+// threads that run them. A worker that finished a pairing waits up to
+// kIdleMs for the next one before it exits, so that a burst of connections
+// does not pay a thread creation per pairing. The workers are detached, so
+// one may still use the condition variables while the process exits and
+// runs the static destructors: they are built in static storage on first
+// use and never destroyed. (std::mutex is constant-initialised and
+// trivially destructible: nothing to fear at exit.)
+struct Work;
 std::mutex g_flight_mu;
-int g_in_flight = 0;  // under g_flight_mu
+int g_in_flight = 0;           // under g_flight_mu
+int g_idle = 0;                // workers waiting for a job; under g_flight_mu
+std::vector<Work*>* g_queue;   // jobs no worker has taken yet; under g_flight_mu
+constexpr int kIdleMs = 2000;  // how long an idle worker stays
+constexpr int kMaxIdle = 4;    // idle workers kept at most
 
 std::condition_variable& flight_cv() {
+  alignas(std::condition_variable) static unsigned char storage[sizeof(std::condition_variable)];
+  static auto* cv = new (storage) std::condition_variable;
+  return *cv;
+}
+
+std::condition_variable& work_cv() {
   alignas(std::condition_variable) static unsigned char storage[sizeof(std::condition_variable)];
   static auto* cv = new (storage) std::condition_variable;
   return *cv;
@@ -158,12 +172,7 @@ void run_client(Work& w) {
   p->finish();
 }
 
-void* worker_main(void* arg) {
-  // Named here, not by the creator: the thread is detached and may be gone
-  // (its descriptor freed with its stack) by the time pthread_create()
-  // returns, and naming it through that pthread_t crashed the program.
-  pthread_setname_np(pthread_self(), "rsock-pair");
-  auto* w = static_cast<Work*>(arg);
+void run_job(Work* w) {
   if (w->job.server)
     run_server(*w);
   else
@@ -171,9 +180,37 @@ void* worker_main(void* arg) {
   real().close(w->sock);
   w->pending->unref();
   delete w;
-  std::lock_guard<std::mutex> lock(g_flight_mu);
-  --g_in_flight;
-  flight_cv().notify_all();
+}
+
+// Takes the next queued job, waiting up to kIdleMs for one (unless kMaxIdle
+// workers wait already). nullptr: the worker exits. Under lock.
+Work* next_job(std::unique_lock<std::mutex>& lock) {
+  if (g_queue->empty() && g_idle < kMaxIdle) {
+    ++g_idle;
+    work_cv().wait_for(lock, std::chrono::milliseconds(kIdleMs), [] { return !g_queue->empty(); });
+    --g_idle;
+  }
+  if (g_queue->empty()) return nullptr;
+  Work* w = g_queue->back();
+  g_queue->pop_back();
+  return w;
+}
+
+void* worker_main(void* arg) {
+  // Named here, not by the creator: the thread is detached and may be gone
+  // (its descriptor freed with its stack) by the time pthread_create()
+  // returns, and naming it through that pthread_t crashed the program.
+  pthread_setname_np(pthread_self(), "rsock-pair");
+  auto* w = static_cast<Work*>(arg);
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  while (w != nullptr) {
+    lock.unlock();
+    run_job(w);
+    lock.lock();
+    --g_in_flight;
+    flight_cv().notify_all();
+    w = next_job(lock);
+  }
   return nullptr;
 }
 
@@ -250,8 +287,21 @@ int pending_start(PairJob& job, const Config& cfg) {
   auto* w = new Work{p, std::move(job), &cfg, sock};
   p->ref();  // the worker's
   fd_table().set(fd, p);
+  {
+    // An idle worker takes it.
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    if (g_queue == nullptr) g_queue = new std::vector<Work*>;  // never freed, as the cvs
+    if (g_idle > static_cast<int>(g_queue->size())) {
+      g_queue->push_back(w);
+      ++g_in_flight;
+      work_cv().notify_one();
+      p->unref();  // the table's reference remains
+      return 0;
+    }
+  }
 
-  // The worker takes no signal of the application's, and needs no joining.
+  // A new worker. It takes no signal of the application's, and needs no
+  // joining.
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -335,7 +385,13 @@ void pending_after_fork_parent() { g_flight_mu.unlock(); }
 
 void pending_after_fork_child() {
   // No worker exists in the child: what was in flight stays plain TCP here.
+  // (The queue is empty: the fork waited for every job to finish.)
+  // The condition variables are made anew: the parent's waiters (idle
+  // workers) do not exist here, and must not take a notification.
   g_in_flight = 0;
+  g_idle = 0;
+  new (&flight_cv()) std::condition_variable;
+  new (&work_cv()) std::condition_variable;
   g_flight_mu.unlock();
   std::vector<std::pair<int, FdState*>> stuck;
   fd_table().for_each([&](int fd, FdState* s) {
