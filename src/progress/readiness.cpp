@@ -97,6 +97,9 @@ struct EpollMember {
   uint64_t last_rx = ~0ull;
   uint64_t last_tx = ~0ull;
   bool hub_counted = false;  // counted in its connection's HubWatch
+  // Removed by EPOLL_CTL_DEL, but its kernel registration stays for a
+  // re-ADD of the same connection (see park()). Gone for the application.
+  bool parked = false;
 };
 
 // The set watches the WakeHub fd of each connection among its members
@@ -133,6 +136,7 @@ class EpollState final : public FdState {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [fd, m] : members) m.st.get()->epoll_refs.fetch_sub(1);
     members.clear();
+    parked = 0;
     hubs.clear();
   }
   const int epfd;
@@ -140,6 +144,7 @@ class EpollState final : public FdState {
   SpinGovernor spin;                      // epoll_wait's spin length
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
+  int parked = 0;                      // members parked (see park())
   // Keyed by the hub, which lives as long as a member holds its connection.
   std::map<const WakeHub*, HubWatch> hubs;
 };
@@ -171,7 +176,7 @@ int collect(EpollState& s, epoll_event* out, int max) {
   int n = 0;
   for (auto& [fd, m] : s.members) {
     if (n >= max) break;
-    if (m.disabled || !m.conn()) continue;
+    if (m.disabled || m.parked || !m.conn()) continue;
     StreamEvents ev = m.conn()->stream().events();
     uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
     if (m.events & EPOLLET) {
@@ -247,7 +252,7 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
   *blind = false;
   for (auto& [fd, m] : s.members) {
     ConnectionState* c = m.conn();
-    if (!c || m.disabled) continue;
+    if (!c || m.disabled || m.parked) continue;
     const bool watched = watch_hub(s, m, fd);
     Joined j;
     c->ref();
@@ -571,6 +576,7 @@ namespace {
 
 // Drops a member's kernel registrations and its reference count.
 void unregister(EpollState& s, EpollMember& m) {
+  if (m.parked) --s.parked;
   if (ConnectionState* c = m.conn()) {
     for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
     for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
@@ -580,6 +586,33 @@ void unregister(EpollState& s, EpollMember& m) {
   if (m.stale)
     real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
   m.st.get()->epoll_refs.fetch_sub(1);
+}
+
+// EPOLL_CTL_DEL of a connection: everything of unregister() but the
+// kernel's registration of its wakeup fd, which stays (level-triggered, and
+// still drained by filter_kernel) until the same connection is added again
+// under the same fd, its fd is closed, or a wait finds no other member.
+// Event loops that remove and re-add a connection around every request
+// (hiredis, redis-benchmark) then pay no epoll_ctl for it. Under s.mu.
+void park(EpollState& s, EpollMember& m) {
+  ConnectionState* c = m.conn();
+  for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
+  for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
+  unwatch_hub(s, m);
+  m.parked = true;
+  ++s.parked;
+}
+
+// Unregisters every parked member. Under s.mu.
+void purge_parked(EpollState& s) {
+  for (auto it = s.members.begin(); s.parked > 0 && it != s.members.end();) {
+    if (!it->second.parked) {
+      ++it;
+      continue;
+    }
+    unregister(s, it->second);
+    it = s.members.erase(it);
+  }
 }
 
 // The shadow of epfd, created with the set's first shadowed member.
@@ -630,6 +663,24 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   }
   std::lock_guard<std::mutex> lock(s->mu);
   auto it = s->members.find(fd);
+  if (it != s->members.end() && it->second.parked) {
+    // Gone for the application; an ADD of the same connection takes it back.
+    if (op != EPOLL_CTL_ADD) return -ENOENT;
+    EpollMember& m = it->second;
+    if (m.st.get() == st.get()) {
+      m.parked = false;
+      --s->parked;
+      m.events = ev->events;
+      m.data = ev->data;
+      m.disabled = false;
+      m.last_mask = 0;
+      m.last_rx = m.last_tx = ~0ull;
+      return 0;
+    }
+    unregister(*s, m);
+    s->members.erase(it);
+    it = s->members.end();
+  }
   if (op == EPOLL_CTL_ADD) {
     if (it != s->members.end()) return -EEXIST;
     // The kernel watches the member's wakeup fd (level-triggered, drained
@@ -639,7 +690,13 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     epoll_event kev = {};
     kev.events = EPOLLIN;
     kev.data.u64 = kTag | static_cast<uint32_t>(fd);
-    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) return -errno;
+    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
+      // Another fd of the same connection may be parked, holding the
+      // registration: it goes, and the ADD is tried once more.
+      if (errno != EEXIST || s->parked == 0) return -errno;
+      purge_parked(*s);
+      if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) return -errno;
+    }
     m.events = ev->events;
     m.data = ev->data;
     m.st.get()->epoll_refs.fetch_add(1);
@@ -656,6 +713,10 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     return 0;
   }
   if (op == EPOLL_CTL_DEL) {
+    if (it->second.conn() && !it->second.stale) {
+      park(*s, it->second);
+      return 0;
+    }
     unregister(*s, it->second);
     s->members.erase(it);
     return 0;
@@ -709,6 +770,8 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
   bool empty = true;
   if (s) {
     std::lock_guard<std::mutex> lock(s->mu);
+    // Parked members alone: they go, and the kernel does the wait.
+    if (s->parked > 0 && s->members.size() == static_cast<size_t>(s->parked)) purge_parked(*s);
     empty = s->members.empty();
   }
   if (empty) {
@@ -720,7 +783,8 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
   bool spinning = true;  // no sleep yet in this call
   for (int iter = 1;; ++iter) {
     int n = collect(*s, events, maxevents);
-    const bool last = deadline >= 0 && monotonic_ns() >= deadline;
+    const int64_t now = monotonic_ns();  // one clock read per pass
+    const bool last = deadline >= 0 && now >= deadline;
     if (n < maxevents && look_at_kernel(n > 0, last, iter, &s->kernel_ticks)) {
       int k = real().epoll_wait(epfd, events + n, maxevents - n, 0);
       if (k > 0) n += filter_kernel(*s, events + n, k, nullptr);
@@ -730,7 +794,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       return n;
     }
     if (last) return 0;
-    if (monotonic_ns() < spin_end) {
+    if (now < spin_end) {
       continue;
     }
     if (spinning) s->spin.missed();

@@ -1020,7 +1020,66 @@ void case_epoll_lt() {
   errno = 0;
   epoll_event ev = {};
   CHECK(epoll_ctl(w.ep, EPOLL_CTL_DEL, A, &ev) == -1 && errno == ENOENT, "second DEL: ENOENT");
+  errno = 0;
+  ev.events = EPOLLIN;
+  CHECK(epoll_ctl(w.ep, EPOLL_CTL_MOD, A, &ev) == -1 && errno == ENOENT, "MOD after DEL: ENOENT");
   say("OK epoll_del");
+
+  // Added again after the DEL (event loops remove and re-add a connection
+  // around each request): the new registration's events, and ADD, MOD and
+  // DEL answer as on a fresh member.
+  ep_ctl(w.ep, EPOLL_CTL_ADD, A, EPOLLOUT, 1);
+  r = w.wait(0);
+  CHECK(r.n == 1 && r.a && w.last_a_events == EPOLLOUT, "re-added A: EPOLLOUT only (events 0x%x)",
+        w.last_a_events);
+  errno = 0;
+  ev.events = EPOLLIN;
+  ev.data.u64 = 1;
+  CHECK(epoll_ctl(w.ep, EPOLL_CTL_ADD, A, &ev) == -1 && errno == EEXIST, "ADD twice: EEXIST");
+  ep_ctl(w.ep, EPOLL_CTL_MOD, A, EPOLLIN, 1);
+  r = w.wait(100);
+  CHECK(r.n == 0, "re-added A, EPOLLIN, nothing to read: reported (n=%d)", r.n);
+  cmd("sendA 1 122 0");
+  r = w.wait(10000);
+  CHECK(r.n == 1 && r.a && w.last_a_events == EPOLLIN, "re-added A: data reported (events 0x%x)",
+        w.last_a_events);
+  recv_check(A, 1, 122);
+  say("OK epoll_readd");
+
+  // A dup of A added while A is out of the set: the same connection under
+  // another number.
+  ep_ctl(w.ep, EPOLL_CTL_DEL, A, 0, 0);
+  const int d = dup(A);
+  CHECK(d >= 0, "dup");
+  ep_ctl(w.ep, EPOLL_CTL_ADD, d, EPOLLIN, 1);
+  cmd("sendA 1 123 0");
+  r = w.wait(10000);
+  CHECK(r.n == 1 && r.a, "a dup of the deleted A: data reported (n=%d)", r.n);
+  recv_check(A, 1, 123);
+  ep_ctl(w.ep, EPOLL_CTL_DEL, d, 0, 0);
+  close(d);
+  r = w.wait(0);
+  CHECK(r.n == 0, "nothing left to report (n=%d)", r.n);
+  say("OK epoll_readd_dup");
+
+  // A set whose only member was deleted: data for it is not reported, and
+  // it is once the member is back.
+  const int ep2 = epoll_create1(EPOLL_CLOEXEC);
+  CHECK(ep2 >= 0, "epoll_create1");
+  ep_ctl(ep2, EPOLL_CTL_ADD, A, EPOLLIN, 1);
+  ep_ctl(ep2, EPOLL_CTL_DEL, A, 0, 0);
+  cmd("sendA 1 124 0");
+  wait_readable(A);
+  epoll_event e2[4];
+  int n2 = epoll_wait(ep2, e2, 4, 100);
+  CHECK(n2 == 0, "the deleted only member reported (n=%d)", n2);
+  ep_ctl(ep2, EPOLL_CTL_ADD, A, EPOLLIN, 1);
+  n2 = epoll_wait(ep2, e2, 4, 10000);
+  CHECK(n2 == 1 && e2[0].data.u64 == 1 && (e2[0].events & EPOLLIN),
+        "the member back: data reported (n=%d)", n2);
+  recv_check(A, 1, 124);
+  close(ep2);
+  say("OK epoll_readd_only_member");
 }
 
 void case_epoll_et() {
