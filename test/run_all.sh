@@ -114,4 +114,9 @@ if [ "$skipped" != 0 ]; then
 else
   echo "$passed passed, $failed failed"
 fi
+# A run that executed no test (a misspelt TIERS) proves nothing: it fails.
+if [ "$passed" = 0 ] && [ "$failed" = 0 ]; then
+  echo "no test ran (TIERS='$TIERS'; tiers are separated by spaces)" >&2
+  exit 1
+fi
 [ "$failed" = 0 ]
