@@ -1080,6 +1080,24 @@ void case_epoll_lt() {
   recv_check(A, 1, 124);
   close(ep2);
   say("OK epoll_readd_only_member");
+
+  // A kernel member that turns ready while an accelerated one stays ready
+  // is reported by a loop of waits that never sleep: it is never starved.
+  ep_ctl(w.ep, EPOLL_CTL_ADD, A, EPOLLIN, 1);
+  cmd("sendA 1 125 0");
+  wait_readable(A);
+  for (int i = 0; i < 100; ++i) {
+    r = w.wait(0);
+    CHECK(r.a && !r.p, "ready A alone (n=%d)", r.n);
+  }
+  CHECK(write(pw, "q", 1) == 1, "write pipe");
+  bool pipe_seen = false;
+  for (int i = 0; i < 1000000 && !pipe_seen; ++i) pipe_seen = w.wait(0).p;
+  CHECK(pipe_seen, "the pipe never reported beside a ready A");
+  char q;
+  CHECK(read(pr, &q, 1) == 1, "read pipe");
+  recv_check(A, 1, 125);
+  say("OK epoll_kernel_not_starved");
 }
 
 void case_epoll_et() {
