@@ -584,14 +584,28 @@ int rs_epoll_create(int flags) {
 
 namespace {
 
+// Undoes a connection member's arms and its share of the hub watch.
+void drop_waits(EpollState& s, EpollMember& m) {
+  ConnectionState* c = m.conn();
+  if (!c) return;
+  for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
+  for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
+  unwatch_hub(s, m);
+}
+
+// Sets a member's events and data (ADD, MOD): reported afresh.
+void set_events(EpollMember& m, const epoll_event& ev) {
+  m.events = ev.events;
+  m.data = ev.data;
+  m.disabled = false;
+  m.last_mask = 0;
+  m.last_rx = m.last_tx = ~0ull;
+}
+
 // Drops a member's kernel registrations and its reference count.
 void unregister(EpollState& s, EpollMember& m) {
   if (m.parked) --s.parked;
-  if (ConnectionState* c = m.conn()) {
-    for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
-    for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
-    unwatch_hub(s, m);
-  }
+  drop_waits(s, m);
   real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
   if (m.stale)
     real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
@@ -605,10 +619,7 @@ void unregister(EpollState& s, EpollMember& m) {
 // Event loops that remove and re-add a connection around every request
 // (hiredis, redis-benchmark) then pay no epoll_ctl for it. Under s.mu.
 void park(EpollState& s, EpollMember& m) {
-  ConnectionState* c = m.conn();
-  for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
-  for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
-  unwatch_hub(s, m);
+  drop_waits(s, m);
   m.parked = true;
   ++s.parked;
 }
@@ -680,11 +691,7 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     if (m.st.get() == st.get()) {
       m.parked = false;
       --s->parked;
-      m.events = ev->events;
-      m.data = ev->data;
-      m.disabled = false;
-      m.last_mask = 0;
-      m.last_rx = m.last_tx = ~0ull;
+      set_events(m, *ev);
       return 0;
     }
     unregister(*s, m);
@@ -707,19 +714,14 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
       purge_parked(*s);
       if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) return -errno;
     }
-    m.events = ev->events;
-    m.data = ev->data;
+    set_events(m, *ev);
     m.st.get()->epoll_refs.fetch_add(1);
     s->members.emplace(fd, std::move(m));
     return 0;
   }
   if (it == s->members.end()) return -ENOENT;
   if (op == EPOLL_CTL_MOD) {
-    it->second.events = ev->events;
-    it->second.data = ev->data;
-    it->second.disabled = false;
-    it->second.last_mask = 0;
-    it->second.last_rx = it->second.last_tx = ~0ull;
+    set_events(it->second, *ev);
     return 0;
   }
   if (op == EPOLL_CTL_DEL) {
