@@ -584,13 +584,12 @@ int rs_epoll_create(int flags) {
 
 namespace {
 
-// Undoes a connection member's arms and its share of the hub watch.
-void drop_waits(EpollState& s, EpollMember& m) {
+// Undoes a connection member's arms.
+void disarm_member(EpollMember& m) {
   ConnectionState* c = m.conn();
   if (!c) return;
   for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
   for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
-  unwatch_hub(s, m);
 }
 
 // Sets a member's events and data (ADD, MOD): reported afresh.
@@ -605,7 +604,8 @@ void set_events(EpollMember& m, const epoll_event& ev) {
 // Drops a member's kernel registrations and its reference count.
 void unregister(EpollState& s, EpollMember& m) {
   if (m.parked) --s.parked;
-  drop_waits(s, m);
+  disarm_member(m);
+  if (m.conn()) unwatch_hub(s, m);
   real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
   if (m.stale)
     real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
@@ -613,13 +613,14 @@ void unregister(EpollState& s, EpollMember& m) {
 }
 
 // EPOLL_CTL_DEL of a connection: everything of unregister() but the
-// kernel's registration of its wakeup fd, which stays (level-triggered, and
-// still drained by filter_kernel) until the same connection is added again
-// under the same fd, its fd is closed, or a wait finds no other member.
-// Event loops that remove and re-add a connection around every request
-// (hiredis, redis-benchmark) then pay no epoll_ctl for it. Under s.mu.
+// kernel's registrations of its wakeup fd (level-triggered, and still
+// drained by filter_kernel) and of its hub's fd (a kick only makes a wait
+// look again), which stay until the same connection is added again under
+// the same fd, its fd is closed, or a wait finds no other member. Event
+// loops that remove and re-add a connection around every request (hiredis,
+// redis-benchmark) then pay no epoll_ctl for it. Under s.mu.
 void park(EpollState& s, EpollMember& m) {
-  drop_waits(s, m);
+  disarm_member(m);
   m.parked = true;
   ++s.parked;
 }
