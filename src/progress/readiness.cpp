@@ -150,17 +150,16 @@ class EpollState final : public FdState {
 };
 
 // Whether a wait loop also asks the kernel about its kernel members (one
-// system call). When accelerated members are ready, once kKernelLookNs has
-// passed since the last look: kernel fds are never starved (they wait at
-// most that long behind a busy accelerated stream), and a ping-pong pays no
-// system call per message (one every 8th call cost an epoll ping-pong 13%
-// of its round trip here). While waiting, every 16th spin pass and the last
-// pass look. *last_look: when the kernel was last asked (CLOCK_MONOTONIC ns).
+// system call): on a wait's last pass, every 16th pass, and whenever
+// kKernelLookNs has passed since the last look. Kernel fds are never
+// starved (they wait at most that long behind a busy accelerated stream),
+// and a ping-pong pays no system call per message (one every 8th call cost
+// an epoll ping-pong 13% of its round trip here). *last_look: when the
+// kernel was last asked (CLOCK_MONOTONIC ns).
 constexpr int64_t kKernelLookNs = 100000;
-bool look_at_kernel(bool accel_ready, bool last_pass, int iter, int64_t now,
-                    std::atomic<int64_t>* last_look) {
-  if (accel_ready ? now - last_look->load(std::memory_order_relaxed) < kKernelLookNs
-                  : !last_pass && iter % 16 != 0)
+bool look_at_kernel(bool last_pass, int iter, int64_t now, std::atomic<int64_t>* last_look) {
+  if (!last_pass && iter % 16 != 0 &&
+      now - last_look->load(std::memory_order_relaxed) < kKernelLookNs)
     return false;
   last_look->store(now, std::memory_order_relaxed);
   return true;
@@ -185,7 +184,13 @@ int collect(EpollState& s, epoll_event* out, int max) {
   for (auto& [fd, m] : s.members) {
     if (n >= max) break;
     if (m.disabled || m.parked || !m.conn()) continue;
-    StreamEvents ev = m.conn()->stream().events();
+    // No probe where the set's kernel registration of the member's wakeup
+    // fd tells of a peer's death (rs_epoll_wait drains it before it calls
+    // collect): probing each member once per clock tick cost a busy loop
+    // two system calls per member and tick, all of its time with thousands
+    // of idle members.
+    Stream& st = m.conn()->stream();
+    StreamEvents ev = st.events(!st.channel().wait_fd_shows_carrier());
     uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
     if (m.events & EPOLLET) {
       bool fresh = (mask & ~m.last_mask) != 0 || ((mask & EPOLLIN) && ev.rx_gen != m.last_rx) ||
@@ -412,7 +417,7 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     }
     const int64_t now = monotonic_ns();
     const bool last = deadline >= 0 && now >= deadline;
-    if (has_kernel && look_at_kernel(ready > 0, last, iter, now, &poll_kernel_look)) {
+    if (has_kernel && look_at_kernel(last, iter, now, &poll_kernel_look)) {
       for (nfds_t i = 0; i < n; ++i) kfds[i].fd = refs[i] ? -1 : fds[i].fd;
       int k = real().poll(kfds, n, 0);
       if (k > 0)
@@ -796,13 +801,18 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
   const int64_t spin_end = start + s->spin.budget(spin_budget_ns());
   bool spinning = true;  // no sleep yet in this call
   for (int iter = 1;; ++iter) {
-    int n = collect(*s, events, maxevents);
-    const int64_t now = monotonic_ns();  // one clock read per pass
+    const int64_t now = iter == 1 ? start : monotonic_ns();  // one clock read per pass
     const bool last = deadline >= 0 && now >= deadline;
-    if (n < maxevents && look_at_kernel(n > 0, last, iter, now, &s->kernel_look)) {
-      int k = real().epoll_wait(epfd, events + n, maxevents - n, 0);
-      if (k > 0) n += filter_kernel(*s, events + n, k, nullptr);
+    int n = 0;
+    // The kernel first: draining a member's wakeup fd may learn that its
+    // peer is gone (a FIN or a reset on the kernel socket), which the
+    // members' look below then reports, in this very call. Shared-memory
+    // members are not probed one by one (see collect).
+    if (look_at_kernel(last, iter, now, &s->kernel_look)) {
+      int k = real().epoll_wait(epfd, events, maxevents, 0);
+      if (k > 0) n = filter_kernel(*s, events, k, nullptr);
     }
+    n += collect(*s, events + n, maxevents - n);
     if (n > 0) {
       if (spinning && iter > 1) s->spin.caught();
       return n;

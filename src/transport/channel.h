@@ -124,6 +124,11 @@ class Channel {
   // the kernel socket behind librsock. For callers that would otherwise
   // report "nothing yet" without sleeping (a sleeper learns both by itself).
   virtual void probe() {}
+  // Whether wait_fd() turns readable by itself for everything probe()
+  // looks for (a peer that is gone, bytes on the kernel socket), so that a
+  // caller that keeps wait_fd() in its kernel set and drains it when it is
+  // readable (epoll_wait) needs no probe.
+  virtual bool wait_fd_shows_carrier() const { return false; }
 
   // Bytes of ours the peer's application has read, as exactly as this
   // transport knows it (at least the credited total). Asked once the peer

@@ -504,6 +504,15 @@ const std::vector<Scenario>& scenarios() {
       {"killed_in_recv",
        {"peer recvwait", "peer-asleep", "kill", "poll", "peername", "read", "write", "pause",
         "write", "soerr", "poll", "peername"}},
+      // epoll first, with no other call before it to notice the death.
+      {"killed_epoll_first",
+       {"send 3", "peer read 3", "peer send 4", "et", "kill", "epoll", "et", "et", "read", "read",
+        "poll", "peername"}},
+      {"killed_unread_et_first",
+       {"send 3", "peer send 4", "kill", "et", "epoll-", "read", "read", "read", "soerr"}},
+      {"exit_epoll_first",
+       {"send 3", "peer read 3", "exit", "epoll-", "et", "read", "write", "pause", "epoll",
+        "soerr"}},
       // The peer shuts down its sending side, reads on, then closes.
       {"peer_shutwr",
        {"peer send 5", "peer shutwr", "poll",  "peername", "et",           "read",  "read",

@@ -84,6 +84,9 @@ class ShmChannel final : public Channel {
   int wait_fd() const override { return doorbell_fd_; }
   bool drain_wakeups() override;
   void probe() override;
+  // wait_fd() is the kernel socket: the peer's FIN, a reset and foreign
+  // bytes all make it readable.
+  bool wait_fd_shows_carrier() const override { return true; }
   uint64_t peer_read_total() override;
   void note_read(uint64_t total) override;
   int kernel_socket() const override { return doorbell_fd_; }
