@@ -150,16 +150,17 @@ class EpollState final : public FdState {
 };
 
 // Whether a wait loop also asks the kernel about its kernel members (one
-// system call): on a wait's last pass, every 16th pass, and whenever
-// kKernelLookNs has passed since the last look. Kernel fds are never
-// starved (they wait at most that long behind a busy accelerated stream),
-// and a ping-pong pays no system call per message (one every 8th call cost
-// an epoll ping-pong 13% of its round trip here). *last_look: when the
-// kernel was last asked (CLOCK_MONOTONIC ns).
+// system call). When accelerated members are ready, once kKernelLookNs has
+// passed since the last look: kernel fds are never starved (they wait at
+// most that long behind a busy accelerated stream), and a ping-pong pays no
+// system call per message (one every 8th call cost an epoll ping-pong 13%
+// of its round trip here). While waiting, every 16th spin pass and the last
+// pass look. *last_look: when the kernel was last asked (CLOCK_MONOTONIC ns).
 constexpr int64_t kKernelLookNs = 100000;
-bool look_at_kernel(bool last_pass, int iter, int64_t now, std::atomic<int64_t>* last_look) {
-  if (!last_pass && iter % 16 != 0 &&
-      now - last_look->load(std::memory_order_relaxed) < kKernelLookNs)
+bool look_at_kernel(bool accel_ready, bool last_pass, int iter, int64_t now,
+                    std::atomic<int64_t>* last_look) {
+  if (accel_ready ? now - last_look->load(std::memory_order_relaxed) < kKernelLookNs
+                  : !last_pass && iter % 16 != 0)
     return false;
   last_look->store(now, std::memory_order_relaxed);
   return true;
@@ -417,7 +418,7 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     }
     const int64_t now = monotonic_ns();
     const bool last = deadline >= 0 && now >= deadline;
-    if (has_kernel && look_at_kernel(last, iter, now, &poll_kernel_look)) {
+    if (has_kernel && look_at_kernel(ready > 0, last, iter, now, &poll_kernel_look)) {
       for (nfds_t i = 0; i < n; ++i) kfds[i].fd = refs[i] ? -1 : fds[i].fd;
       int k = real().poll(kfds, n, 0);
       if (k > 0)
@@ -803,16 +804,26 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
   for (int iter = 1;; ++iter) {
     const int64_t now = iter == 1 ? start : monotonic_ns();  // one clock read per pass
     const bool last = deadline >= 0 && now >= deadline;
-    int n = 0;
     // The kernel first: draining a member's wakeup fd may learn that its
     // peer is gone (a FIN or a reset on the kernel socket), which the
     // members' look below then reports, in this very call. Shared-memory
-    // members are not probed one by one (see collect).
-    if (look_at_kernel(last, iter, now, &s->kernel_look)) {
+    // members are not probed one by one (see collect). The first pass
+    // looks as if members were ready (by time), later ones as a waiter.
+    auto ask_kernel = [&] {
       int k = real().epoll_wait(epfd, events, maxevents, 0);
-      if (k > 0) n = filter_kernel(*s, events, k, nullptr);
-    }
+      return k > 0 ? filter_kernel(*s, events, k, nullptr) : 0;
+    };
+    int n = 0;
+    const bool looked = look_at_kernel(iter == 1, last, iter, now, &s->kernel_look);
+    if (looked) n = ask_kernel();
     n += collect(*s, events + n, maxevents - n);
+    // A first pass that is also the last (timeout 0) and found nothing
+    // asks the kernel before it answers so.
+    if (n == 0 && last && !looked) {
+      s->kernel_look.store(now, std::memory_order_relaxed);
+      n = ask_kernel();
+      n += collect(*s, events + n, maxevents - n);
+    }
     if (n > 0) {
       if (spinning && iter > 1) s->spin.caught();
       return n;
