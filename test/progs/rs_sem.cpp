@@ -1098,6 +1098,20 @@ void case_epoll_lt() {
   CHECK(read(pr, &q, 1) == 1, "read pipe");
   recv_check(A, 1, 125);
   say("OK epoll_kernel_not_starved");
+
+  // A deleted member's wakeups still reach the other sleepers of its
+  // connection, and are not reported: a thread blocked in recv() on A gets
+  // its bytes while the set, A deleted after a wait that slept on it,
+  // sleeps through them.
+  r = w.wait(50);
+  CHECK(r.n == 0, "nothing ready before the DEL (n=%d)", r.n);
+  ep_ctl(w.ep, EPOLL_CTL_DEL, A, 0, 0);
+  std::thread reader([] { recv_check(A, 1, 126); });
+  cmd("sendA 1 126 0");
+  r = w.wait(300);
+  CHECK(r.n == 0, "the deleted A (or another member) reported (n=%d, a=%d)", r.n, r.a);
+  reader.join();
+  say("OK epoll_deleted_wakes_others");
 }
 
 void case_epoll_et() {
