@@ -91,6 +91,12 @@ FdRef FdTable::get(int fd) const {
   return FdRef(st);
 }
 
+FdState* FdTable::peek(int fd) const {
+  Slot* s = slot(fd, false);
+  return s ? reinterpret_cast<FdState*>(s->load(std::memory_order_acquire) & ~uintptr_t{1})
+           : nullptr;
+}
+
 bool FdTable::set(int fd, FdState* state) {
   Slot* s = slot(fd, true);
   if (!s) return false;

@@ -85,6 +85,10 @@ class FdTable {
   bool has(int fd) const;
   // Returns a reference to fd's state, or an empty FdRef.
   FdRef get(int fd) const;
+  // The state fd holds now, without a reference: only for comparing with a
+  // state the caller holds a reference to (equal addresses are then the
+  // same live object). Never dereferenced otherwise.
+  FdState* peek(int fd) const;
   // Attaches state to fd (taking one reference); replaces and returns any
   // previous state's reference (dup2 over an accelerated fd).
   bool set(int fd, FdState* state);

@@ -3,10 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <map>
 #include <mutex>
@@ -643,31 +645,138 @@ void purge_parked(EpollState& s) {
   }
 }
 
-// The shadow of epfd, created with the set's first shadowed member.
-FdRef shadow_of(int epfd, int* err) {
-  FdRef set = fd_table().get(epfd);
-  if (!set) {
-    if (real().fcntl(epfd, F_GETFD) < 0) {
-      *err = -EBADF;
-      return FdRef();
+// A reference to an epoll set's shadow for the length of one call. Each
+// thread keeps a counted reference to the set it used last; while epfd
+// still holds that set, a call borrows it and touches no shared word. A
+// lookup is otherwise a slot lock, a ref and an unref (three atomic
+// operations): event loops that remove and re-add a connection around
+// every request (hiredis, redis-benchmark) make about seven per request.
+// The kept reference only delays the free of a closed set's memory (its
+// members went at its close) until the thread uses another set or exits.
+struct LastSet {
+  FdState* st;    // holds one reference; nullptr: none
+  int borrowers;  // this thread's SetRefs of st, or 1 while st changes: a
+                  // signal handler's call may nest, and then takes its own
+};
+constinit thread_local LastSet t_last_set = {nullptr, 0};
+pthread_key_t g_last_set_key;  // its destructor drops the reference at thread exit
+
+void drop_last_set(void*) {
+  FdState* st = t_last_set.st;
+  t_last_set.st = nullptr;
+  if (st) st->unref();
+}
+
+class SetRef {
+ public:
+  explicit SetRef(int epfd) {
+    LastSet& t = t_last_set;
+    // Counted before the look: a handler that runs in between then leaves
+    // t.st alone.
+    ++t.borrowers;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    FdState* now = fd_table().peek(epfd);
+    if (now && now == t.st) {
+      borrowed_ = true;
+      s_ = static_cast<EpollState*>(now);
+      return;
     }
-    auto* s = new EpollState(epfd);
-    fd_table().set(epfd, s);
-    s->unref();
-    std::lock_guard<std::mutex> lock(g_sets_mu);
-    live_sets().push_back(s);
-    set = fd_table().get(epfd);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    --t.borrowers;
+    owned_ = fd_table().get(epfd);
+    if (!owned_ || owned_.get()->kind() != FdState::Kind::kEpoll) return;
+    s_ = owned_.as<EpollState>();
+    if (t.borrowers == 0) keep(t);
   }
-  if (!set || set.get()->kind() != FdState::Kind::kEpoll) {
-    *err = -EINVAL;
-    return FdRef();
+  ~SetRef() {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (borrowed_) --t_last_set.borrowers;
   }
-  return set;
+  SetRef(const SetRef&) = delete;
+  SetRef& operator=(const SetRef&) = delete;
+  EpollState* get() const { return s_; }
+
+ private:
+  void keep(LastSet& t) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, [] { pthread_key_create(&g_last_set_key, drop_last_set); });
+    ++t.borrowers;  // a nested call leaves t alone meanwhile
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    (void)pthread_setspecific(g_last_set_key, &t);  // non-null: the destructor runs
+    FdState* old = t.st;
+    owned_.get()->ref();
+    t.st = owned_.get();
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    --t.borrowers;
+    if (old) old->unref();
+  }
+  FdRef owned_;
+  EpollState* s_ = nullptr;
+  bool borrowed_ = false;
+};
+
+// Creates epfd's shadow (with the set's first shadowed member) unless it
+// has one. Returns 0 or -errno.
+int make_shadow(int epfd) {
+  if (fd_table().has(epfd)) return 0;
+  if (real().fcntl(epfd, F_GETFD) < 0) return -EBADF;
+  auto* s = new EpollState(epfd);
+  fd_table().set(epfd, s);
+  s->unref();
+  std::lock_guard<std::mutex> lock(g_sets_mu);
+  live_sets().push_back(s);
+  return 0;
+}
+
+// EPOLL_CTL_ADD, MOD or DEL of fd where fd still names the connection of
+// a member (or a parked one) of epfd's set: the common case of an event
+// loop, which needs no reference to fd's state (the member holds one).
+// Returns false when the general path must decide; else *r is the result.
+bool ctl_known_member(int epfd, int op, int fd, const epoll_event* ev, int* r) {
+  if (op != EPOLL_CTL_DEL && ev == nullptr) return false;
+  SetRef set(epfd);
+  EpollState* s = set.get();
+  if (!s) return false;
+  std::lock_guard<std::mutex> lock(s->mu);
+  auto it = s->members.find(fd);
+  if (it == s->members.end()) return false;
+  EpollMember& m = it->second;
+  if (fd_table().peek(fd) != m.st.get() || !m.conn() || m.stale) return false;
+  switch (op) {
+    case EPOLL_CTL_ADD:
+      if (!m.parked) {
+        *r = -EEXIST;
+        return true;
+      }
+      m.parked = false;
+      --s->parked;
+      set_events(m, *ev);
+      break;
+    case EPOLL_CTL_MOD:
+      if (m.parked) {
+        *r = -ENOENT;
+        return true;
+      }
+      set_events(m, *ev);
+      break;
+    case EPOLL_CTL_DEL:
+      if (m.parked) {
+        *r = -ENOENT;
+        return true;
+      }
+      park(*s, m);
+      break;
+    default:
+      return false;
+  }
+  *r = 0;
+  return true;
 }
 
 }  // namespace
 
 int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
+  if (int r; ctl_known_member(epfd, op, fd, ev, &r)) return r;
   FdRef st = pending_settle(fd, fd_table().get(fd));
   const bool pending = st && st.get()->kind() == FdState::Kind::kPending;
   if (!as_conn(st) && !pending) {
@@ -675,10 +784,10 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     return r < 0 ? -errno : 0;
   }
   if (op != EPOLL_CTL_DEL && ev == nullptr) return -EFAULT;
-  int err = 0;
-  FdRef set = shadow_of(epfd, &err);
-  if (!set) return err;
-  auto* s = set.as<EpollState>();
+  if (int err = make_shadow(epfd)) return err;
+  SetRef set(epfd);
+  EpollState* s = set.get();
+  if (!s) return -EINVAL;
   // A pending member is added under g_sets_mu, which its resolution takes
   // too: it is either converted by it or sees it done.
   std::unique_lock<std::mutex> sets_lock(g_sets_mu, std::defer_lock);
@@ -783,9 +892,8 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
 int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
                   const sigset_t* mask) {
   if (maxevents <= 0) return -EINVAL;
-  FdRef set = fd_table().get(epfd);
-  EpollState* s =
-      set && set.get()->kind() == FdState::Kind::kEpoll ? set.as<EpollState>() : nullptr;
+  SetRef set(epfd);
+  EpollState* s = set.get();
   bool empty = true;
   if (s) {
     std::lock_guard<std::mutex> lock(s->mu);

@@ -41,6 +41,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -992,6 +993,16 @@ void ep_ctl(int ep, int op, int fd, uint32_t events, uint64_t data) {
   CHECK(epoll_ctl(ep, op, fd, &ev) == 0, "epoll_ctl op %d fd %d", op, fd);
 }
 
+// The set a signal handler waits on (case_epoll_lt, epoll_nested_in_handler).
+int g_nested_ep = -1;
+volatile sig_atomic_t g_nested_n = -2;
+void nested_epoll_handler(int) {
+  const int saved = errno;
+  epoll_event ev[4];
+  g_nested_n = epoll_wait(g_nested_ep, ev, 4, 0);
+  errno = saved;
+}
+
 void case_epoll_lt() {
   int pr, pw;
   make_pipe(&pr, &pw);
@@ -1112,6 +1123,74 @@ void case_epoll_lt() {
   CHECK(r.n == 0, "the deleted A (or another member) reported (n=%d, a=%d)", r.n, r.a);
   reader.join();
   say("OK epoll_deleted_wakes_others");
+
+  // A set's number taken by a new set, in the thread that used the old set
+  // last (which keeps a reference to its shadow): the new set is empty,
+  // ADD, MOD and DEL answer as on a fresh set, and its own member is
+  // reported with its own data.
+  ep_ctl(w.ep, EPOLL_CTL_ADD, A, EPOLLIN, 1);
+  r = w.wait(0);
+  CHECK(r.n == 0, "nothing ready (n=%d)", r.n);
+  const int old_ep = w.ep;
+  CHECK(close(w.ep) == 0, "close epoll");
+  w.ep = -1;
+  int ep3 = epoll_create1(EPOLL_CLOEXEC);
+  CHECK(ep3 >= 0, "epoll_create1");
+  if (ep3 != old_ep) {
+    CHECK(dup2(ep3, old_ep) == old_ep, "dup2 onto the old set's number");
+    close(ep3);
+    ep3 = old_ep;
+  }
+  errno = 0;
+  ev.events = EPOLLIN;
+  ev.data.u64 = 7;
+  CHECK(epoll_ctl(ep3, EPOLL_CTL_MOD, A, &ev) == -1 && errno == ENOENT,
+        "MOD of the old set's member in the new set: ENOENT");
+  errno = 0;
+  CHECK(epoll_ctl(ep3, EPOLL_CTL_DEL, A, &ev) == -1 && errno == ENOENT,
+        "DEL of the old set's member in the new set: ENOENT");
+  cmd("sendA 1 127 0");
+  wait_readable(A);
+  epoll_event e3[4];
+  int n3 = epoll_wait(ep3, e3, 4, 100);
+  CHECK(n3 == 0, "the new set reported the old set's member (n=%d)", n3);
+  CHECK(epoll_ctl(ep3, EPOLL_CTL_ADD, A, &ev) == 0, "ADD to the new set");
+  n3 = epoll_wait(ep3, e3, 4, 10000);
+  CHECK(n3 == 1 && e3[0].data.u64 == 7 && (e3[0].events & EPOLLIN),
+        "the new set's member: data reported with the new set's data (n=%d)", n3);
+  recv_check(A, 1, 127);
+  say("OK epoll_number_reused");
+
+  // A signal handler's epoll call nests inside a wait on another set, which
+  // a second thread closes meanwhile: the interrupted wait ends with EINTR
+  // on a shadow that still exists (the handler must not drop it).
+  const int s2 = epoll_create1(EPOLL_CLOEXEC);
+  CHECK(s2 >= 0, "epoll_create1");
+  ep_ctl(s2, EPOLL_CTL_ADD, A, EPOLLIN, 1);
+  n3 = epoll_wait(ep3, e3, 4, 0);  // ep3 is this thread's last set now
+  CHECK(n3 == 0, "nothing ready in ep3 (n=%d)", n3);
+  g_nested_ep = s2;
+  g_nested_n = -2;
+  struct sigaction sa = {}, old_sa;
+  sa.sa_handler = nested_epoll_handler;
+  sigemptyset(&sa.sa_mask);
+  CHECK(sigaction(SIGUSR2, &sa, &old_sa) == 0, "sigaction");
+  const pthread_t self = pthread_self();
+  std::thread closer([&] {
+    usleep(100000);
+    close(ep3);
+    pthread_kill(self, SIGUSR2);
+  });
+  errno = 0;
+  n3 = epoll_wait(ep3, e3, 4, 10000);
+  const int wait_errno = errno;
+  closer.join();
+  CHECK(n3 == -1 && wait_errno == EINTR, "the interrupted wait: %d (%s)", n3, strerror(wait_errno));
+  CHECK(g_nested_n == 0, "the handler's epoll_wait on the other set: %d", g_nested_n);
+  CHECK(sigaction(SIGUSR2, &old_sa, nullptr) == 0, "sigaction");
+  ep_ctl(s2, EPOLL_CTL_DEL, A, 0, 0);
+  close(s2);
+  say("OK epoll_nested_in_handler");
 }
 
 void case_epoll_et() {
