@@ -993,6 +993,16 @@ void ep_ctl(int ep, int op, int fd, uint32_t events, uint64_t data) {
   CHECK(epoll_ctl(ep, op, fd, &ev) == 0, "epoll_ctl op %d fd %d", op, fd);
 }
 
+// epoll_nested_in_handler closes a set that another thread waits in, on
+// purpose. ThreadSanitizer reports that as the application's race on the
+// fd (which it is), so its build leaves the close out: the ASan and plain
+// builds check that the interrupted wait survives it.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kCloseWhileWaiting = false;
+#else
+constexpr bool kCloseWhileWaiting = true;
+#endif
+
 // The set a signal handler waits on (case_epoll_lt, epoll_nested_in_handler).
 int g_nested_ep = -1;
 volatile sig_atomic_t g_nested_n = -2;
@@ -1178,13 +1188,14 @@ void case_epoll_lt() {
   const pthread_t self = pthread_self();
   std::thread closer([&] {
     usleep(100000);
-    close(ep3);
+    if (kCloseWhileWaiting) close(ep3);
     pthread_kill(self, SIGUSR2);
   });
   errno = 0;
   n3 = epoll_wait(ep3, e3, 4, 10000);
   const int wait_errno = errno;
   closer.join();
+  if (!kCloseWhileWaiting) close(ep3);
   CHECK(n3 == -1 && wait_errno == EINTR, "the interrupted wait: %d (%s)", n3, strerror(wait_errno));
   CHECK(g_nested_n == 0, "the handler's epoll_wait on the other set: %d", g_nested_n);
   CHECK(sigaction(SIGUSR2, &old_sa, nullptr) == 0, "sigaction");
