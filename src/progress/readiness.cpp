@@ -728,48 +728,61 @@ int make_shadow(int epfd) {
   return 0;
 }
 
-// EPOLL_CTL_ADD, MOD or DEL of fd where fd still names the connection of
-// a member (or a parked one) of epfd's set: the common case of an event
-// loop, which needs no reference to fd's state (the member holds one).
-// Returns false when the general path must decide; else *r is the result.
+// ADD, MOD or DEL of fd in s, where fd has a member (parked or not) at
+// `it`; `same`: fd still names the member's state. Returns the result, or
+// kAddAfresh when an ADD is to register fd's state as a new member (the
+// parked member of another state it replaces has gone). Under s.mu.
+constexpr int kAddAfresh = 1;
+int ctl_member(EpollState& s, std::map<int, EpollMember>::iterator it, int op,
+               const epoll_event* ev, bool same) {
+  EpollMember& m = it->second;
+  if (m.parked) {
+    // Gone for the application; an ADD of the same connection takes it back.
+    if (op != EPOLL_CTL_ADD) return -ENOENT;
+    if (!same) {
+      unregister(s, m);
+      s.members.erase(it);
+      return kAddAfresh;
+    }
+    m.parked = false;
+    --s.parked;
+    set_events(m, *ev);
+    return 0;
+  }
+  switch (op) {
+    case EPOLL_CTL_ADD:
+      return -EEXIST;
+    case EPOLL_CTL_MOD:
+      set_events(m, *ev);
+      return 0;
+    case EPOLL_CTL_DEL:
+      if (m.conn() && !m.stale) {
+        park(s, m);
+      } else {
+        unregister(s, m);
+        s.members.erase(it);
+      }
+      return 0;
+    default:
+      return -EINVAL;
+  }
+}
+
+// epoll_ctl where fd still names the connection of a member (or a parked
+// one) of epfd's set: the common case of an event loop, which needs no
+// reference to fd's state (the member holds one). Returns false when the
+// general path must decide; else *r is the result.
 bool ctl_known_member(int epfd, int op, int fd, const epoll_event* ev, int* r) {
   if (op != EPOLL_CTL_DEL && ev == nullptr) return false;
+  FdState* now = fd_table().peek(fd);
+  if (now == nullptr) return false;  // a kernel fd: the set is not looked at
   SetRef set(epfd);
   EpollState* s = set.get();
   if (!s) return false;
   std::lock_guard<std::mutex> lock(s->mu);
   auto it = s->members.find(fd);
-  if (it == s->members.end()) return false;
-  EpollMember& m = it->second;
-  if (fd_table().peek(fd) != m.st.get() || !m.conn() || m.stale) return false;
-  switch (op) {
-    case EPOLL_CTL_ADD:
-      if (!m.parked) {
-        *r = -EEXIST;
-        return true;
-      }
-      m.parked = false;
-      --s->parked;
-      set_events(m, *ev);
-      break;
-    case EPOLL_CTL_MOD:
-      if (m.parked) {
-        *r = -ENOENT;
-        return true;
-      }
-      set_events(m, *ev);
-      break;
-    case EPOLL_CTL_DEL:
-      if (m.parked) {
-        *r = -ENOENT;
-        return true;
-      }
-      park(*s, m);
-      break;
-    default:
-      return false;
-  }
-  *r = 0;
+  if (it == s->members.end() || it->second.st.get() != now || !it->second.conn()) return false;
+  *r = ctl_member(*s, it, op, ev, true);
   return true;
 }
 
@@ -800,56 +813,30 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   }
   std::lock_guard<std::mutex> lock(s->mu);
   auto it = s->members.find(fd);
-  if (it != s->members.end() && it->second.parked) {
-    // Gone for the application; an ADD of the same connection takes it back.
-    if (op != EPOLL_CTL_ADD) return -ENOENT;
-    EpollMember& m = it->second;
-    if (m.st.get() == st.get()) {
-      m.parked = false;
-      --s->parked;
-      set_events(m, *ev);
-      return 0;
-    }
-    unregister(*s, m);
-    s->members.erase(it);
-    it = s->members.end();
+  if (it != s->members.end()) {
+    const int r = ctl_member(*s, it, op, ev, it->second.st.get() == st.get());
+    if (r != kAddAfresh) return r;
+  } else if (op != EPOLL_CTL_ADD) {
+    return -ENOENT;
   }
-  if (op == EPOLL_CTL_ADD) {
-    if (it != s->members.end()) return -EEXIST;
-    // The kernel watches the member's wakeup fd (level-triggered, drained
-    // by us), tagged with the application's fd.
-    EpollMember m;
-    m.st = std::move(st);
-    epoll_event kev = {};
-    kev.events = EPOLLIN;
-    kev.data.u64 = kTag | static_cast<uint32_t>(fd);
-    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
-      // Another fd of the same connection may be parked, holding the
-      // registration: it goes, and the ADD is tried once more.
-      if (errno != EEXIST || s->parked == 0) return -errno;
-      purge_parked(*s);
-      if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) return -errno;
-    }
-    set_events(m, *ev);
-    m.st.get()->epoll_refs.fetch_add(1);
-    s->members.emplace(fd, std::move(m));
-    return 0;
+  // An ADD: the kernel watches the member's wakeup fd (level-triggered,
+  // drained by us), tagged with the application's fd.
+  EpollMember m;
+  m.st = std::move(st);
+  epoll_event kev = {};
+  kev.events = EPOLLIN;
+  kev.data.u64 = kTag | static_cast<uint32_t>(fd);
+  if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
+    // Another fd of the same connection may be parked, holding the
+    // registration: it goes, and the ADD is tried once more.
+    if (errno != EEXIST || s->parked == 0) return -errno;
+    purge_parked(*s);
+    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) return -errno;
   }
-  if (it == s->members.end()) return -ENOENT;
-  if (op == EPOLL_CTL_MOD) {
-    set_events(it->second, *ev);
-    return 0;
-  }
-  if (op == EPOLL_CTL_DEL) {
-    if (it->second.conn() && !it->second.stale) {
-      park(*s, it->second);
-      return 0;
-    }
-    unregister(*s, it->second);
-    s->members.erase(it);
-    return 0;
-  }
-  return -EINVAL;
+  set_events(m, *ev);
+  m.st.get()->epoll_refs.fetch_add(1);
+  s->members.emplace(fd, std::move(m));
+  return 0;
 }
 
 void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
