@@ -14,7 +14,8 @@
 # moving (move-raw, move-raw-detached: both ends reset). The last line is "N passed, N failed" (plus "N skipped"
 # when the guests cannot run: vm.sh exit 77, printed loudly, never a pass).
 # Exit status: 0 all passed, 77 skipped, else 1. Knobs: vm.sh's RSOCK_VM_*,
-# BUILD, RSOCK_RING_SIZE, RSOCK_CONNECT_TIMEOUT_MS (default 5000 here).
+# BUILD, RSOCK_RING_SIZE, RSOCK_CONNECT_TIMEOUT_MS (default 5000 here),
+# RSOCK_LOG_LEVEL (a digit; default 3, debug).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -46,6 +47,9 @@ g++ -std=c++20 -O2 -g -Wall -Wextra -Isrc -Iinclude -o "$OUT/verbs_pair_test" \
   "$HERE/verbs_pair_test.cpp" "$BUILD/librsock.a" -libverbs -lrdmacm -ldl -pthread
 
 export VPT=$OUT/verbs_pair_test
+# The moves' log lines (a few per case) are what tells a stuck case apart;
+# a failing case also prints its end's state (VerbsChannel::describe).
+export RSOCK_LOG_LEVEL=${RSOCK_LOG_LEVEL:-3}
 PORT=7480 PLAIN_PORT=7481 # each guest is a fresh machine: fixed ports are safe
 # Host A: a TCP-only server for nolistener, then the verbs server. The kill
 # case ends A's server with SIGKILL (status 137), which is the expected end.

@@ -69,6 +69,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "config/config.h"
 #include "socket/wake_hub.h"
 #include "stats/stats.h"
@@ -168,6 +169,12 @@ bool wait_ready(rsock::Stream& s, uint32_t want) {
     g_wake.leave(t);
     if (ready()) return true;
   }
+}
+
+// The verbs end's state in this process, for a failure report.
+std::string channel_state(rsock::Stream& s) {
+  auto* v = dynamic_cast<rsock::VerbsChannel*>(&s.channel());
+  return v ? v->describe() : std::string("(not a verbs channel)");
 }
 
 // Sends all of buf. Returns 0 or a negative errno (-ETIMEDOUT on a stuck wait).
@@ -506,6 +513,7 @@ void duplex(rsock::Stream& s, Pattern* tx, Pattern* rx, size_t tx_n, size_t rx_n
   }
   reader.join();
   if (!rx_why.empty()) res->fail("%s", rx_why.c_str());
+  if (!res->ok) say("the stuck end: %s", channel_state(s).c_str());
 }
 
 // After the last part: FIN out, EOF in.
@@ -903,6 +911,9 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   if (const char* v = getenv("RSOCK_SPIN_US")) g_spin_us = atoi(v);
+  // The runtime is not started here: the log level is taken as a digit.
+  if (const char* v = getenv("RSOCK_LOG_LEVEL"); v && v[0] >= '0' && v[0] <= '4' && !v[1])
+    rsock::g_log_level = v[0] - '0';
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "server" && argc >= 4)
     return server(atoi(argv[2]), std::vector<std::string>(argv + 3, argv + argc));

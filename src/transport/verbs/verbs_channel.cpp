@@ -71,6 +71,7 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -1043,6 +1044,39 @@ void VerbsChannel::after_fork_child() {
     state_.store(kNotMine, std::memory_order_release);
 }
 
+std::string VerbsChannel::describe() {
+  static const char* const kStates[] = {"owned",  "detached", "await-hello", "not-mine",
+                                        "taking", "lost",     "failed"};
+  std::lock_guard<std::mutex> lock(mu_);
+  const int st = state_.load(std::memory_order_relaxed);
+  ibv_qp_attr attr = {};
+  ibv_qp_init_attr init = {};
+  const int qps = qp_ && ibv_query_qp(qp_, &attr, IBV_QP_STATE, &init) == 0 ? attr.qp_state : -1;
+  const VerbsEndHeader* h = end_.hdr();
+  char buf[640];
+  snprintf(
+      buf, sizeof buf,
+      "state %s epoch %llu (end: epoch %llu owner %d busy %d frame_lock %d holders %u) "
+      "qp %u (state %d) | rx: peer_head %llu consumed %llu granted %llu | tx: posted %llu "
+      "peer_consumed %llu | msgs %llu acked %llu recv done %llu reposted %llu | wr %llu "
+      "done %llu | armed %d cq_armed %d owed %d | carrier %#x peer_flags %#x sent %#x "
+      "stall %d/%d deadline in %lld ms",
+      st >= 0 && st <= kFailed ? kStates[st] : "?", static_cast<unsigned long long>(epoch_),
+      h ? static_cast<unsigned long long>(h->own.epoch.load()) : 0ull,
+      h ? h->own.owner_pid.load() : 0, h ? h->own.busy.load() : 0, h ? h->frame_lock.load() : 0,
+      h ? h->holders.load() : 0u, qp_ ? qp_->qp_num : 0u, qps,
+      static_cast<unsigned long long>(peer_head_),
+      static_cast<unsigned long long>(rx_consumed_.load()),
+      static_cast<unsigned long long>(granted_), static_cast<unsigned long long>(posted_head_),
+      static_cast<unsigned long long>(peer_consumed_), static_cast<unsigned long long>(msgs_sent_),
+      static_cast<unsigned long long>(peer_acked_), static_cast<unsigned long long>(recv_done_),
+      static_cast<unsigned long long>(recv_reposted_), static_cast<unsigned long long>(wr_posted_),
+      static_cast<unsigned long long>(wr_done_), armed_, cq_armed_, event_owed_,
+      carrier_flags_.load(), peer_flags_, flags_sent_, stall_announced_, peer_stalled_,
+      deadline_ms_ ? static_cast<long long>(deadline_ms_ - now_ms()) : -1ll);
+  return buf;
+}
+
 // ---------------------------------------------------------------- the move --
 
 // The other end's queue pair went away (DETACH, a disconnect, or a send
@@ -1369,6 +1403,10 @@ void VerbsChannel::on_hello_locked() {
   // Our read total as of now (the MOVED frame had it as of then): a close
   // that comes with the flags below must find it exact at the taker.
   const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
+  LOG_DEBUG("rdma: the taker is up: resending [%llu, %llu), we read %llu",
+            static_cast<unsigned long long>(replay_from_),
+            static_cast<unsigned long long>(posted_head_),
+            static_cast<unsigned long long>(consumed));
   if (post_imm_locked(verbs_imm::kCredit, consumed) == 0) granted_ = consumed;
   if (post_range_locked(replay_from_, posted_head_) < 0) return;
   const uint32_t sticky = flags_sent_ & kStickyFlags;
@@ -1515,6 +1553,10 @@ int VerbsChannel::connect_taker_locked(const MoveFrame& f, EndPositions* at) {
     fail_move_locked("cannot bring the new queue pair up", true);
     return -ECONNRESET;
   }
+  LOG_DEBUG("rdma: MOVED: the other end read %llu of our %llu and sent %llu; we read %llu",
+            static_cast<unsigned long long>(f.rx_consumed),
+            static_cast<unsigned long long>(posted_head_),
+            static_cast<unsigned long long>(f.tx_sent), static_cast<unsigned long long>(consumed));
   remote_addr_ = f.ring.addr;
   remote_rkey_ = f.ring.rkey;
   peer_consumed_ = f.rx_consumed;
@@ -1687,6 +1729,10 @@ void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool det
     if (st0 == kLost) poll_cq_locked();  // records what reached the ring (rx_head)
     return;
   }
+  LOG_DEBUG("rdma: letting the end go (%s), state %d, posted %llu, read %llu",
+            detach ? "others hold it" : "the last holder", st0,
+            static_cast<unsigned long long>(posted_head_),
+            static_cast<unsigned long long>(rx_consumed_.load(std::memory_order_relaxed)));
   const int64_t deadline = now_ms() + kVerbsMoveMs;
   settle_locked(lock, deadline, !detach);
   if (state_.load(std::memory_order_relaxed) == kOwned) {

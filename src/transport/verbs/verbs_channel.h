@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "ring/handshake.h"
@@ -179,6 +180,9 @@ class VerbsChannel final : public Channel {
   void prepare_exec();
   void exec_failed();
   void undo_add_holder();
+  // One line of this end's state in this process (move state, queue pair,
+  // positions, credits, wakeups) for a test that reports a stuck stream.
+  std::string describe();
 
  private:
   // Where this process stands with the end (state_).
