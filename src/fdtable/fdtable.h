@@ -21,7 +21,11 @@ namespace rsock {
 class FdState {
  public:
   // kPending: a nonblocking connect whose pairing runs in the background.
-  enum class Kind : uint8_t { kListener, kConnection, kEpoll, kPending };
+  // kInternal: a descriptor librsock keeps for itself (a thread's signalfd,
+  // socket/interruptible.cpp), entered only so that the application's
+  // close, dup2 or close_range of its number is seen; to every call of the
+  // application it is a kernel fd.
+  enum class Kind : uint8_t { kListener, kConnection, kEpoll, kPending, kInternal };
   explicit FdState(Kind kind) : kind_(kind) {}
   virtual ~FdState() = default;
   Kind kind() const { return kind_; }

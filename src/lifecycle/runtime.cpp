@@ -19,6 +19,7 @@
 #include "common/real.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/exec_handoff.h"
+#include "socket/interruptible.h"
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "stats/stats.h"
@@ -127,6 +128,7 @@ void after_fork_child() {
     if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
   });
   pending_after_fork_child();
+  interruptible_after_fork_child();
   // The connections' carriers stay the parent's (an RDMA queue pair): the
   // first use here takes one over (Channel::after_fork_child). No other
   // thread runs here yet: the table's bare pointers will do.

@@ -12,11 +12,88 @@
 #include <unistd.h>
 
 #include <climits>
+#include <utility>
+#include <vector>
 
+#include "common/own_fd.h"
 #include "common/real.h"
+#include "fdtable/fdtable.h"
 
 namespace rsock {
 namespace {
+
+// Each thread keeps the signalfd of its sleeps (making one and closing it
+// cost about 2.6 us of cpu per sleep, much of it after the wakeup, on the
+// way to the reply). The application owns the fd numbers: a loop of
+// close() over them, a dup2 onto ours or a close_range may close it, and
+// the number may then name another file. So the fd is entered in the fd
+// table under a state of its own; the close and close_range wrappers clear
+// the entry before the kernel's call, dup2 and dup3 right after it, and a
+// thread uses its fd only while the entry is still its state. Its mask is
+// the one it was made with: a thread whose unblocked signals changed since
+// sleeps on a signalfd of its own for that sleep, as all did before.
+class KeptSignalFd final : public FdState {
+ public:
+  KeptSignalFd() : FdState(Kind::kInternal) {}
+};
+
+struct ThreadSignalFd {
+  int fd = -1;
+  KeptSignalFd* st = nullptr;  // holds a reference; nullptr: none
+  sigset_t mask = {};
+};
+constinit thread_local ThreadSignalFd t_signalfd;
+pthread_key_t g_signalfd_key;  // its destructor closes the thread's at thread exit
+
+// Forgets the thread's signalfd, closing it while the number is still ours.
+void drop_signalfd(ThreadSignalFd& t) {
+  if (!t.st) return;
+  if (fd_table().replace(t.fd, t.st, nullptr)) real().close(t.fd);
+  t.st->unref();
+  t.st = nullptr;
+  t.fd = -1;
+}
+
+void drop_at_thread_exit(void*) { drop_signalfd(t_signalfd); }
+
+// (Not memcmp: sigemptyset clears only the words the kernel uses.)
+bool same_signals(const sigset_t& a, const sigset_t& b) {
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sigismember(&a, sig) != sigismember(&b, sig)) return false;
+  return true;
+}
+
+// The thread's signalfd for `watch`: its kept one, or a new one (kept when
+// possible). *fresh: the caller closes it after the sleep. -1 when none can
+// be made. Called with every signal blocked: no handler of this thread
+// runs in between.
+int signalfd_for(const sigset_t& watch, bool* fresh) {
+  ThreadSignalFd& t = t_signalfd;
+  *fresh = false;
+  if (t.st && fd_table().peek(t.fd) == t.st) {
+    if (same_signals(t.mask, watch)) return t.fd;
+    *fresh = true;  // other signals unblocked this time: this sleep's own
+    return signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC);
+  }
+  drop_signalfd(t);  // closed by the application: its entry went first
+  // Kept: above the application's numbers, as librsock's others are.
+  const int fd = lift_fd(signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (fd < 0) return -1;
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, [] { pthread_key_create(&g_signalfd_key, drop_at_thread_exit); });
+  auto* st = new KeptSignalFd;  // our reference
+  const bool entered = fd_table().set(fd, st);
+  if (!entered || pthread_setspecific(g_signalfd_key, &t) != 0) {
+    if (entered) (void)fd_table().replace(fd, st, nullptr);
+    st->unref();
+    *fresh = true;  // not kept: closed after this sleep
+    return fd;
+  }
+  t.fd = fd;
+  t.st = st;
+  t.mask = watch;
+  return fd;
+}
 
 int64_t now_ns() {
   timespec ts;
@@ -87,10 +164,8 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
   sigemptyset(&watch);
   for (int sig = 1; sig < NSIG; ++sig)
     if (sigismember(&all, sig) == 1 && sigismember(&old, sig) == 0) sigaddset(&watch, sig);
-  // A fresh signalfd per sleep: the application owns the fd numbers (a
-  // close-everything loop, a dup2 over ours), and a cached one could name
-  // another file by now. It costs ~0.5 us on a path that sleeps anyway.
-  const int sfd = signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC);
+  bool fresh = false;
+  int sfd = signalfd_for(watch, &fresh);
   if (sfd < 0) {
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     return plain_sleep(fd, also_fd, deadline_ns, on_signal);
@@ -110,6 +185,17 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
       result = -errno;
       break;
     }
+    if (rc > 0 && p[1].revents && !fresh && fd_table().peek(sfd) != t_signalfd.st) {
+      // The application closed our kept fd meanwhile (or put another file
+      // at its number): this sleep goes on with one of its own.
+      sfd = signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC);
+      if (sfd < 0) {
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        return plain_sleep(fd, also_fd, deadline_ns, on_signal);
+      }
+      fresh = true;
+      continue;
+    }
     // A signal first, even when fd is ready too: its handler runs when we
     // unblock it, and a call that went on after it would have swallowed
     // the EINTR the kernel gives (the fd may be ready for another waiter).
@@ -122,7 +208,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
       pthread_sigmask(SIG_SETMASK, &old, nullptr);  // the handlers run here
       if (handler && on_signal != OnSignal::kContinue) {
         const bool restart = on_signal == OnSignal::kRestartable && (sa.sa_flags & SA_RESTART);
-        real().close(sfd);
+        if (fresh) real().close(sfd);
         return restart ? -ERESTART : -EINTR;
       }
       // Ignored, default-ignored (queued only because we blocked it), a
@@ -137,7 +223,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
     }
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  real().close(sfd);
+  if (fresh) real().close(sfd);
   return result;
 }
 
@@ -173,6 +259,19 @@ int sleep_on_word(std::atomic<uint32_t>* word, uint32_t expected, int64_t deadli
     }
     return -errno;
   }
+}
+
+void interruptible_after_fork_child() {
+  // The signalfds the parent's other threads kept: those threads do not
+  // exist here. The forking thread's stays (a signalfd reports the signals
+  // of the process that polls it).
+  // No other thread runs here: the table's bare pointers will do.
+  std::vector<std::pair<int, FdState*>> theirs;
+  fd_table().for_each([&](int fd, FdState* s) {
+    if (s->kind() == FdState::Kind::kInternal && s != t_signalfd.st) theirs.emplace_back(fd, s);
+  });
+  for (auto [fd, st] : theirs)
+    if (fd_table().replace(fd, st, nullptr)) real().close(fd);
 }
 
 void wake_word(std::atomic<uint32_t>* word) {

@@ -54,4 +54,8 @@ int sleep_on_word(std::atomic<uint32_t>* word, uint32_t expected, int64_t deadli
 // Wakes every thread in sleep_on_word on word.
 void wake_word(std::atomic<uint32_t>* word);
 
+// In a fork's child (after the fd table's own handler): closes the
+// signalfds that the parent's other threads kept for their sleeps.
+void interruptible_after_fork_child();
+
 }  // namespace rsock

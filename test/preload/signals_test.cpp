@@ -66,5 +66,38 @@ TEST_F(SignalsTest, SameAsKernel) {
   }
 }
 
+// The signalfds librsock keeps for blocking sleeps: one per thread that
+// slept, closed when the thread exits; a fork's child keeps only the
+// forking thread's. (The transcript above checks that a kept one closed by
+// the application is not used again.)
+TEST_F(SignalsTest, KeptSignalFds) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server(
+      "server", "rs_echo",
+      {"--role", "server", "--port", std::to_string(port), "--connections", "2"}, env, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& p = spawn("sigfd", "rs_sigfd", {"--port", std::to_string(port)}, env);
+  ASSERT_TRUE(wait_exit(p, 120000)) << "rs_sigfd hung";
+  ASSERT_TRUE(wait_exit(server, 60000)) << "server hung";
+  EXPECT_TRUE(p.exited_ok()) << p.describe();
+  EXPECT_TRUE(server.exited_ok()) << server.describe();
+  const std::string o = p.out();
+  for (const char* want :
+       {"EXITED 0\n", "MAIN 1\n", "BOTH 2\n", "CHILD 1\n", "AFTER 1\n", "DONE\n"})
+    EXPECT_NE(o.find(want), std::string::npos) << "no line " << want << " in:\n" << o;
+  // Both connections on shm in both processes (the child ends in _exit,
+  // without a stats line).
+  int lines = 0;
+  for (const Stats& s : stats()) {
+    if (s.pid != p.pid && s.pid != server.pid) continue;
+    ++lines;
+    expect_paths(s, 2, 0, s.pid == p.pid ? "client" : "server");
+  }
+  EXPECT_EQ(lines, 2) << "a stats line from the client and one from the server";
+}
+
 }  // namespace
 }  // namespace rsock_test

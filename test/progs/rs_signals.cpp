@@ -23,6 +23,7 @@
 //
 // Usage: rs_signals --port P --port2 P2
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -44,6 +45,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -471,6 +473,40 @@ int run(int port, int port2) {
       char buf[3];
       ssize_t r = read(A, buf, sizeof buf);
       return result(r, errno);
+    };
+    run_case(c);
+  }
+  {
+    // A close of every signalfd the process has (librsock's, kept by the
+    // thread for its sleeps; the kernel run has none), and a pipe put at
+    // its number: the next sleep must still see the signal.
+    Case c = recv_case("recv_norestart_signalfds_closed", SIGUSR1, Disp::kNoRestart);
+    static int p[2] = {-1, -1};
+    static std::vector<int> reused;
+    c.before = [] {
+      DIR* d = opendir("/proc/self/fd");
+      CHECK(d != nullptr);
+      std::vector<int> sfds;
+      while (dirent* e = readdir(d)) {
+        char path[300], target[64] = {};
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        if (readlink(path, target, sizeof target - 1) > 0 &&
+            strcmp(target, "anon_inode:[signalfd]") == 0)
+          sfds.push_back(atoi(e->d_name));
+      }
+      closedir(d);
+      CHECK(pipe(p) == 0);
+      for (int fd : sfds) {
+        close(fd);
+        CHECK(dup2(p[0], fd) == fd);
+      }
+      reused = sfds;
+    };
+    c.cleanup = [] {
+      drain_a();
+      for (int fd : reused) close(fd);
+      close(p[0]);
+      close(p[1]);
     };
     run_case(c);
   }
