@@ -660,6 +660,7 @@ struct LastSet {
 };
 constinit thread_local LastSet t_last_set = {nullptr, 0};
 pthread_key_t g_last_set_key;  // its destructor drops the reference at thread exit
+bool g_last_set_key_made = false;  // without a key, no thread keeps a set
 
 void drop_last_set(void*) {
   FdState* st = t_last_set.st;
@@ -699,10 +700,18 @@ class SetRef {
  private:
   void keep(LastSet& t) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, [] { pthread_key_create(&g_last_set_key, drop_last_set); });
+    pthread_once(&once, [] {
+      g_last_set_key_made = pthread_key_create(&g_last_set_key, drop_last_set) == 0;
+    });
+    // Without a key (or the key's slot) the reference would outlive the
+    // thread: keep nothing then.
+    if (!g_last_set_key_made) return;
     ++t.borrowers;  // a nested call leaves t alone meanwhile
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    (void)pthread_setspecific(g_last_set_key, &t);  // non-null: the destructor runs
+    if (pthread_setspecific(g_last_set_key, &t) != 0) {  // non-null: the destructor runs
+      --t.borrowers;
+      return;
+    }
     FdState* old = t.st;
     owned_.get()->ref();
     t.st = owned_.get();
