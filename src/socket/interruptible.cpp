@@ -31,7 +31,7 @@ namespace {
 // the entry before the kernel's call, dup2 and dup3 right after it, and a
 // thread uses its fd only while the entry is still its state. Its mask is
 // the one it was made with: a thread whose unblocked signals changed since
-// sleeps on a signalfd of its own for that sleep, as all did before.
+// replaces it.
 class KeptSignalFd final : public FdState {
  public:
   KeptSignalFd() : FdState(Kind::kInternal) {}
@@ -44,6 +44,7 @@ struct ThreadSignalFd {
 };
 constinit thread_local ThreadSignalFd t_signalfd;
 pthread_key_t g_signalfd_key;  // its destructor closes the thread's at thread exit
+bool g_signalfd_key_made = false;  // without a key, no thread keeps one
 
 // Forgets the thread's signalfd, closing it while the number is still ours.
 void drop_signalfd(ThreadSignalFd& t) {
@@ -63,30 +64,39 @@ bool same_signals(const sigset_t& a, const sigset_t& b) {
   return true;
 }
 
-// The thread's signalfd for `watch`: its kept one, or a new one (kept when
-// possible). *fresh: the caller closes it after the sleep. -1 when none can
-// be made. Called with every signal blocked: no handler of this thread
-// runs in between.
+// A signalfd of `watch` lifted above the application's numbers, as
+// librsock's other fds are; -1 when none can be made.
+int new_signalfd(const sigset_t& watch) {
+  return lift_fd(signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC));
+}
+
+// The thread's signalfd for `watch`: its kept one, or a new one, kept when
+// possible (it replaces a kept one of other signals: a thread that changes
+// its mask for good pays one signalfd, not one per sleep). *fresh: not
+// kept, the caller closes it after the sleep. -1 when none can be made.
+// Called with every signal blocked: no handler of this thread runs in
+// between.
 int signalfd_for(const sigset_t& watch, bool* fresh) {
   ThreadSignalFd& t = t_signalfd;
   *fresh = false;
-  if (t.st && fd_table().peek(t.fd) == t.st) {
-    if (same_signals(t.mask, watch)) return t.fd;
-    *fresh = true;  // other signals unblocked this time: this sleep's own
-    return signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC);
-  }
-  drop_signalfd(t);  // closed by the application: its entry went first
-  // Kept: above the application's numbers, as librsock's others are.
-  const int fd = lift_fd(signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (t.st && fd_table().peek(t.fd) == t.st && same_signals(t.mask, watch)) return t.fd;
+  // Closed by the application (its entry went first), or of other signals.
+  drop_signalfd(t);
+  const int fd = new_signalfd(watch);
   if (fd < 0) return -1;
   static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, [] { pthread_key_create(&g_signalfd_key, drop_at_thread_exit); });
+  pthread_once(&once, [] {
+    g_signalfd_key_made = pthread_key_create(&g_signalfd_key, drop_at_thread_exit) == 0;
+  });
+  // Without a key (or the key's slot) the fd would outlive the thread.
+  if (!g_signalfd_key_made || pthread_setspecific(g_signalfd_key, &t) != 0) {
+    *fresh = true;
+    return fd;
+  }
   auto* st = new KeptSignalFd;  // our reference
-  const bool entered = fd_table().set(fd, st);
-  if (!entered || pthread_setspecific(g_signalfd_key, &t) != 0) {
-    if (entered) (void)fd_table().replace(fd, st, nullptr);
+  if (!fd_table().set(fd, st)) {
     st->unref();
-    *fresh = true;  // not kept: closed after this sleep
+    *fresh = true;
     return fd;
   }
   t.fd = fd;
@@ -188,7 +198,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
     if (rc > 0 && p[1].revents && !fresh && fd_table().peek(sfd) != t_signalfd.st) {
       // The application closed our kept fd meanwhile (or put another file
       // at its number): this sleep goes on with one of its own.
-      sfd = signalfd(-1, &watch, SFD_NONBLOCK | SFD_CLOEXEC);
+      sfd = new_signalfd(watch);
       if (sfd < 0) {
         pthread_sigmask(SIG_SETMASK, &old, nullptr);
         return plain_sleep(fd, also_fd, deadline_ns, on_signal);

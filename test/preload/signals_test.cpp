@@ -85,8 +85,8 @@ TEST_F(SignalsTest, KeptSignalFds) {
   EXPECT_TRUE(p.exited_ok()) << p.describe();
   EXPECT_TRUE(server.exited_ok()) << server.describe();
   const std::string o = p.out();
-  for (const char* want :
-       {"EXITED 0\n", "MAIN 1\n", "BOTH 2\n", "CHILD 1\n", "AFTER 1\n", "DONE\n"})
+  for (const char* want : {"EXITED 0\n", "MAIN 1\n", "BOTH 2\n", "CHILD 1\n", "AFTER 1\n",
+                           "MASKED 1\n", "KEPT 1\n", "DONE\n"})
     EXPECT_NE(o.find(want), std::string::npos) << "no line " << want << " in:\n" << o;
   // Both connections on shm in both processes (the child ends in _exit,
   // without a stats line).

@@ -8,6 +8,9 @@
 //   BOTH n     and a second thread sleeps now on another connection
 //   CHILD n    in a fork's child: only the forking thread's is left
 //   AFTER n    the second thread woke and exited
+//   MASKED n   while the main thread sleeps with another signal blocked:
+//              its kept fd was replaced, not joined by a second one
+//   KEPT n     after that sleep: the new one is kept
 // Each count is read until it reaches the value librsock should show, for
 // at most 10 s (a sleep starts after a short spin), then printed.
 //
@@ -16,6 +19,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +122,24 @@ int main(int argc, char** argv) {
   wake_later(1);
   second.join();
   printf("AFTER %d\n", count_when(1));
+  // The main thread blocks a signal for good: its next sleep replaces its
+  // kept fd (one signalfd while it sleeps, not the kept one and a second).
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  if (pthread_sigmask(SIG_BLOCK, &usr1, nullptr) != 0) return 1;
+  {
+    int during = -1;
+    std::thread waker([&during] {
+      usleep(300 * 1000);
+      during = count_signalfds();
+      wake_later(0);
+    });
+    sleep_on(0);
+    waker.join();
+    printf("MASKED %d\n", during);
+  }
+  printf("KEPT %d\n", count_when(1));
   for (int fd : g_conn) close(fd);
   printf("DONE\n");
   return 0;
