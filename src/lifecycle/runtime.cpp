@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "common/real.h"
+#include "common/sleep_token.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/exec_handoff.h"
 #include "socket/interruptible.h"
@@ -129,6 +130,7 @@ void after_fork_child() {
   });
   pending_after_fork_child();
   interruptible_after_fork_child();
+  sleep_tokens_after_fork_child();
   // The connections' carriers stay the parent's (an RDMA queue pair): the
   // first use here takes one over (Channel::after_fork_child). No other
   // thread runs here yet: the table's bare pointers will do.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/real.h"
+#include "common/sleep_token.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/runtime.h"
 #include "socket/pending.h"
@@ -266,6 +267,7 @@ struct Joined {
 void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
   std::lock_guard<std::mutex> lock(s.mu);
   *blind = false;
+  const uint64_t sleep = new_sleep_token();  // one sleep: every member
   for (auto& [fd, m] : s.members) {
     ConnectionState* c = m.conn();
     if (!c || m.disabled || m.parked) continue;
@@ -281,11 +283,11 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
     joined->push_back(std::move(j));
     Channel& ch = c->stream().channel();
     if (m.events & (EPOLLIN | EPOLLRDHUP)) {
-      if (ch.arm(kWantData)) c->wake.kick(true);
+      if (ch.arm(kWantData, sleep)) c->wake.kick(true);
       ++m.armed_data;
     }
     if (m.events & EPOLLOUT) {
-      if (ch.arm(kWantSpace)) c->wake.kick(true);
+      if (ch.arm(kWantSpace, sleep)) c->wake.kick(true);
       ++m.armed_space;
     }
   }
@@ -453,10 +455,11 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     }
     WakeHub::PrivateFd own;
     bool blind = false;
+    const uint64_t sleep = new_sleep_token();  // one sleep: every member
     for (nfds_t i = 0; i < n; ++i)
       if (ConnectionState* c = as_conn(refs[i])) {
         tickets[i] = c->wake.join(&own);
-        if (c->stream().channel().arm(want_of_poll(fds[i].events))) c->wake.kick(true);
+        if (c->stream().channel().arm(want_of_poll(fds[i].events), sleep)) c->wake.kick(true);
         if (tickets[i].fd < 0) blind = true;
       }
     bool now_ready = false;

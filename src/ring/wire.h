@@ -12,20 +12,22 @@
 namespace rsock {
 
 inline constexpr uint64_t kRegionMagic = 0x31726b636f737272ull;  // "rrsockr1"
-inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr size_t kCacheLine = 64;
 
 // Control words of one direction. The producer writes `head`,
-// `producer_flags` and `producer_waiting`; the consumer writes `consumed`,
-// `consumer_flags` and `consumer_waiting`. The two groups live on separate
+// `producer_flags` and `producer_sleepers`; the consumer writes `consumed`,
+// `consumer_flags` and `consumer_sleepers`. The two groups live on separate
 // cache lines so that a streaming producer and consumer do not false-share.
+// A sleepers word counts the threads asleep and names the sleep of the
+// only one (ring/sleepers.h; version 3: version 2 had 32-bit counts).
 struct DirectionControl {
   alignas(kCacheLine) std::atomic<uint64_t> head;  // bytes published
   std::atomic<uint32_t> producer_flags;            // LocalFlag bits of the producer
-  std::atomic<uint32_t> producer_waiting;          // producer threads asleep on credits
+  std::atomic<uint64_t> producer_sleepers;         // producer threads asleep on credits
   alignas(kCacheLine) std::atomic<uint64_t> consumed;  // bytes consumed (credits)
   std::atomic<uint32_t> consumer_flags;                // LocalFlag bits of the consumer
-  std::atomic<uint32_t> consumer_waiting;              // consumer threads asleep on data
+  std::atomic<uint64_t> consumer_sleepers;             // consumer threads asleep on data
 };
 static_assert(sizeof(DirectionControl) == 2 * kCacheLine);
 static_assert(offsetof(DirectionControl, consumed) == kCacheLine);

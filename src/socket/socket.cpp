@@ -5,17 +5,17 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <stdint.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "common/log.h"
 #include "common/real.h"
+#include "common/sleep_token.h"
 #include "lifecycle/runtime.h"
 #include "policy/policy.h"
 #include "socket/pending.h"
@@ -191,7 +191,7 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     // until a kick or until that one returns.
     WakeHub::PrivateFd own;
     const WakeHub::Ticket t = c.wake.join_blocking(&own);
-    if (ch.arm(want)) c.wake.kick(true);
+    if (ch.arm(want, new_sleep_token())) c.wake.kick(true);
     auto leave = [&] {
       ch.disarm(want);
       c.wake.leave(t);

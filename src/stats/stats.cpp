@@ -21,6 +21,7 @@ std::atomic<uint64_t> g_resets[static_cast<int>(Reset::kCount)];
 std::atomic<uint64_t> g_rejects[static_cast<int>(Reject::kCount)];
 std::atomic<uint64_t> g_sent{0};
 std::atomic<uint64_t> g_received{0};
+std::atomic<uint64_t> g_wakeups[2];  // [0] spared, [1] sent
 
 const char* const kFallbackNames[] = {
     "peer_not_accelerated", "not_same_host",  "negative_cache",     "pair_timeout",
@@ -72,6 +73,8 @@ void stats_bytes(uint64_t sent, uint64_t received) {
   g_sent.fetch_add(sent, std::memory_order_relaxed);
   g_received.fetch_add(received, std::memory_order_relaxed);
 }
+void stats_wakeup(bool sent) { g_wakeups[sent ? 1 : 0].fetch_add(1, std::memory_order_relaxed); }
+uint64_t stats_wakeups(bool sent) { return g_wakeups[sent ? 1 : 0].load(); }
 uint64_t stats_connections(Path p) { return g_paths[static_cast<int>(p)].load(); }
 uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].load(); }
 uint64_t stats_resets(Reset r) { return g_resets[static_cast<int>(r)].load(); }
@@ -84,6 +87,7 @@ void stats_reset() {
   for (auto& c : g_rejects) c.store(0);
   g_sent.store(0);
   g_received.store(0);
+  for (auto& c : g_wakeups) c.store(0);
 }
 
 int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open_sent,
@@ -114,6 +118,10 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
   n = format_counts(buf, cap, n, "resets", g_resets, kResetNames, static_cast<int>(Reset::kCount));
   n = format_counts(buf, cap, n, "rejected", g_rejects, kRejectNames,
                     static_cast<int>(Reject::kCount));
+  if (n < cap)
+    n += snprintf(buf + n, cap - n, ", \"wakeups\": {\"sent\": %llu, \"spared\": %llu}",
+                  static_cast<unsigned long long>(stats_wakeups(true)),
+                  static_cast<unsigned long long>(stats_wakeups(false)));
   if (n < cap)
     n += snprintf(buf + n, cap - n, ", \"bytes_sent\": %llu, \"bytes_received\": %llu}",
                   static_cast<unsigned long long>(g_sent.load() + open_sent),

@@ -64,6 +64,10 @@ void stats_fallback(Fallback f);
 void stats_reset_connection(Reset r);
 void stats_reject(Reject r);
 void stats_bytes(uint64_t sent, uint64_t received);  // from a closed accelerated connection
+// A doorbell rung for a sleeping peer (sent), or not rung because this
+// thread had just rung the same sleep (spared; ring/sleepers.h).
+void stats_wakeup(bool sent);
+uint64_t stats_wakeups(bool sent);
 uint64_t stats_connections(Path p);
 uint64_t stats_fallbacks(Fallback f);
 uint64_t stats_resets(Reset r);

@@ -101,9 +101,13 @@ class Channel {
 
   // A sleeper announces itself before blocking on wait_fd(), then re-checks
   // its condition; disarm() after waking. Counts nest (several threads).
+  // `sleep` names this sleep (new_sleep_token(), common/sleep_token.h):
+  // one sleep on several channels arms them all with the same token, and
+  // it must disarm every one of them before it looks at any after waking
+  // (a peer that rang the sleep once may skip the others: ring/sleepers.h).
   // Returns true when it consumed a wakeup that was pending on wait_fd()
   // (see drain_wakeups).
-  [[nodiscard]] virtual bool arm(uint32_t want) = 0;
+  [[nodiscard]] virtual bool arm(uint32_t want, uint64_t sleep) = 0;
   virtual void disarm(uint32_t want) = 0;
 
   // An fd that turns readable when the peer publishes, grants or signals

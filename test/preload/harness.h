@@ -335,6 +335,8 @@ struct Stats {
   std::map<std::string, uint64_t> fallbacks;    // reason -> count (absent = 0)
   std::map<std::string, uint64_t> resets;       // reason -> count (absent = 0)
   std::map<std::string, uint64_t> rejected;     // reason -> count (absent = 0)
+  uint64_t wakeups_sent = 0;                    // doorbells rung for a sleeping peer
+  uint64_t wakeups_spared = 0;                  // not rung: the same sleep had just been rung
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
 
@@ -439,6 +441,14 @@ inline std::optional<Stats> parse_stats_line(const std::string& line, std::strin
   if (!reasons("fallbacks", known_fallbacks(), &s.fallbacks) ||
       !reasons("resets", known_resets(), &s.resets) ||
       !reasons("rejected", known_rejects(), &s.rejected))
+    return std::nullopt;
+  const Json* wakeups = j->get("wakeups");
+  if (!wakeups || wakeups->type != Json::Type::kObject) {
+    *error = "field 'wakeups' missing: " + line;
+    return std::nullopt;
+  }
+  if (!uint_field(*wakeups, "sent", &s.wakeups_sent) ||
+      !uint_field(*wakeups, "spared", &s.wakeups_spared))
     return std::nullopt;
   if (!uint_field(*j, "bytes_sent", &s.bytes_sent) ||
       !uint_field(*j, "bytes_received", &s.bytes_received))

@@ -11,8 +11,8 @@ namespace {
 const char* kLine =
     "{\"pid\": 10578, \"program\": \"echo_srv\", \"connections\": {\"shm\": 1, \"rdma\": 0, "
     "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"resets\": "
-    "{\"kernel_bytes\": 1}, \"rejected\": {\"unproven\": 4}, \"bytes_sent\": 35, "
-    "\"bytes_received\": 18446744073709551615}";
+    "{\"kernel_bytes\": 1}, \"rejected\": {\"unproven\": 4}, \"wakeups\": {\"sent\": 7, "
+    "\"spared\": 9}, \"bytes_sent\": 35, \"bytes_received\": 18446744073709551615}";
 
 TEST(StatsParser, ParsesTheDocumentedLine) {
   std::string error;
@@ -27,6 +27,8 @@ TEST(StatsParser, ParsesTheDocumentedLine) {
   EXPECT_EQ(s->total_fallbacks(), 3u);
   EXPECT_EQ(s->reset("kernel_bytes"), 1u);
   EXPECT_EQ(s->rejects("unproven"), 4u);
+  EXPECT_EQ(s->wakeups_sent, 7u);
+  EXPECT_EQ(s->wakeups_spared, 9u);
   EXPECT_EQ(s->bytes_sent, 35u);
   EXPECT_EQ(s->bytes_received, UINT64_MAX);
 }
@@ -53,6 +55,12 @@ TEST(StatsParser, RejectsMalformedLines) {
       "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
       "\"fallbacks\": {}, \"resets\": {\"made_up\": 1}, \"rejected\": {}, \"bytes_sent\": 0, "
       "\"bytes_received\": 0}",  // reset reason
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"resets\": {}, \"rejected\": {}, \"bytes_sent\": 0, "
+      "\"bytes_received\": 0}",  // wakeups
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"resets\": {}, \"rejected\": {}, \"wakeups\": {\"sent\": 1}, "
+      "\"bytes_sent\": 0, \"bytes_received\": 0}",  // wakeups.spared
   };
   for (const char* line : bad) {
     std::string error;

@@ -70,6 +70,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/sleep_token.h"
 #include "config/config.h"
 #include "socket/wake_hub.h"
 #include "stats/stats.h"
@@ -150,7 +151,7 @@ bool wait_ready(rsock::Stream& s, uint32_t want) {
   for (;;) {
     rsock::WakeHub::PrivateFd own;
     const rsock::WakeHub::Ticket t = g_wake.join(&own);
-    if (ch.arm(want)) g_wake.kick(true);
+    if (ch.arm(want, rsock::new_sleep_token())) g_wake.kick(true);
     if (ready()) {
       ch.disarm(want);
       g_wake.leave(t);

@@ -286,10 +286,10 @@ TEST(WireLayout, DirectionControlGroupsOnSeparateCacheLines) {
   EXPECT_EQ(offsetof(DirectionControl, head), 0u);
   EXPECT_EQ(offsetof(DirectionControl, consumed), line);
   EXPECT_LT(offsetof(DirectionControl, producer_flags), line);
-  EXPECT_LT(offsetof(DirectionControl, producer_waiting), line);
+  EXPECT_LT(offsetof(DirectionControl, producer_sleepers), line);
   EXPECT_GE(offsetof(DirectionControl, consumer_flags), line);
-  EXPECT_GE(offsetof(DirectionControl, consumer_waiting), line);
-  EXPECT_LE(offsetof(DirectionControl, consumer_waiting) + sizeof(uint32_t), 2 * line);
+  EXPECT_GE(offsetof(DirectionControl, consumer_sleepers), line);
+  EXPECT_LE(offsetof(DirectionControl, consumer_sleepers) + sizeof(uint64_t), 2 * line);
 }
 
 TEST(WireLayout, RegionHeaderPlacesControlOnCacheLines) {
@@ -303,7 +303,7 @@ TEST(WireLayout, RegionHeaderPlacesControlOnCacheLines) {
     for (int d = 0; d < 2; ++d) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(&h.dir[d].head) % kCacheLine, 0u);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(&h.dir[d].consumed) % kCacheLine, 0u);
-      EXPECT_NE(reinterpret_cast<uintptr_t>(&h.dir[d].producer_waiting) / kCacheLine,
+      EXPECT_NE(reinterpret_cast<uintptr_t>(&h.dir[d].producer_sleepers) / kCacheLine,
                 reinterpret_cast<uintptr_t>(&h.dir[d].consumed) / kCacheLine);
     }
     EXPECT_EQ(reinterpret_cast<uintptr_t>(&h.dir[1]) - reinterpret_cast<uintptr_t>(&h.dir[0]),
@@ -345,7 +345,7 @@ TEST(WireLayout, MagicSpellsTheProtocolName) {
   const uint64_t magic = kRegionMagic;
   memcpy(text, &magic, 8);  // little-endian host
   EXPECT_STREQ(text, "rrsockr1");
-  EXPECT_EQ(kProtocolVersion, 2u);
+  EXPECT_EQ(kProtocolVersion, 3u);
 }
 
 TEST(WireLayout, EndpointLinesAreAppendedOnTheirOwnCacheLines) {

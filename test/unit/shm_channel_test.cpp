@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/sleep_token.h"
+#include "ring/sleepers.h"
 #include "ring/wire.h"
 #include "stats/stats.h"
 #include "stream/stream.h"
@@ -110,8 +112,8 @@ TEST(ShmRegion, CreateInitialisesHeaderAndSeals) {
     EXPECT_EQ(h->dir[d].consumed.load(), 0u);
     EXPECT_EQ(h->dir[d].producer_flags.load(), 0u);
     EXPECT_EQ(h->dir[d].consumer_flags.load(), 0u);
-    EXPECT_EQ(h->dir[d].producer_waiting.load(), 0u);
-    EXPECT_EQ(h->dir[d].consumer_waiting.load(), 0u);
+    EXPECT_EQ(h->dir[d].producer_sleepers.load(), 0u);
+    EXPECT_EQ(h->dir[d].consumer_sleepers.load(), 0u);
   }
   struct stat st;
   ASSERT_EQ(fstat(r.memfd, &st), 0);
@@ -281,9 +283,9 @@ TEST(ShmChannel, FlagsReachThePeer) {
 TEST(ShmChannel, StalledPeerIsReported) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);
-  p.client->arm(kWantData);
+  p.client->arm(kWantData, 0);
   EXPECT_FALSE(p.server->poll().flags & kPeerStalled);
-  p.client->arm(kWantSpace);
+  p.client->arm(kWantSpace, 0);
   EXPECT_TRUE(p.server->poll().flags & kPeerStalled);
   EXPECT_FALSE(p.client->poll().flags & kPeerStalled);
   p.client->disarm(kWantSpace);
@@ -301,11 +303,11 @@ TEST(ShmChannel, DoorbellRingsOnlyForAnArmedPeer) {
   ASSERT_EQ(p.server->grant(0), 0);
   EXPECT_EQ(queued_bytes(cfd), 0);
   // Armed for space, the client is not woken by data, and the reverse.
-  p.client->arm(kWantSpace);
+  p.client->arm(kWantSpace, 0);
   ASSERT_EQ(p.server->publish(20), 0);
   EXPECT_EQ(queued_bytes(cfd), 0);
   p.client->disarm(kWantSpace);
-  p.client->arm(kWantData);
+  p.client->arm(kWantData, 0);
   ASSERT_EQ(p.server->grant(0), 0);
   EXPECT_EQ(queued_bytes(cfd), 0);
   // Armed for data: a publish rings exactly once.
@@ -320,14 +322,14 @@ TEST(ShmChannel, DoorbellRingsOnlyForAnArmedPeer) {
   EXPECT_FALSE(fd_readable(cfd));
   EXPECT_EQ(p.client->poll().flags, 0u);  // draining is not a failure
   // Armed for space: a grant rings.
-  p.client->arm(kWantSpace);
+  p.client->arm(kWantSpace, 0);
   ASSERT_EQ(p.server->grant(0), 0);
   EXPECT_EQ(queued_bytes(cfd), 1);
   p.client->disarm(kWantSpace);
   p.client->drain_wakeups();
   // Counts nest: two sleepers, one leaves, the other is still woken.
-  p.client->arm(kWantData);
-  p.client->arm(kWantData);
+  p.client->arm(kWantData, 0);
+  p.client->arm(kWantData, 0);
   p.client->disarm(kWantData);
   ASSERT_EQ(p.server->publish(50), 0);
   EXPECT_EQ(queued_bytes(cfd), 1);
@@ -337,6 +339,101 @@ TEST(ShmChannel, DoorbellRingsOnlyForAnArmedPeer) {
   p.client->signal(kSendFin);
   EXPECT_EQ(queued_bytes(sfd), 1);
   EXPECT_EQ(queued_bytes(cfd), 0);
+}
+
+// One sleep on several connections (epoll_wait, poll) arms them all with
+// one token: a thread that rang it on one connection skips the others,
+// and further publishes on the same one (ring/sleepers.h).
+TEST(ShmChannel, OneSleepIsRungOnce) {
+  ShmPair a = make_shm_pair(4096);
+  ShmPair b = make_shm_pair(4096);
+  ASSERT_TRUE(a.server && a.client && b.server && b.client);
+  const int afd = a.client->wait_fd();
+  const int bfd = b.client->wait_fd();
+  const uint64_t sent = stats_wakeups(true), spared = stats_wakeups(false);
+  const uint64_t sleep = new_sleep_token();
+  a.client->arm(kWantData, sleep);
+  b.client->arm(kWantData, sleep);
+  ASSERT_EQ(a.server->publish(1), 0);
+  ASSERT_EQ(b.server->publish(1), 0);
+  ASSERT_EQ(a.server->publish(2), 0);
+  EXPECT_EQ(queued_bytes(afd), 1);
+  EXPECT_EQ(queued_bytes(bfd), 0);
+  EXPECT_EQ(stats_wakeups(true), sent + 1);
+  EXPECT_EQ(stats_wakeups(false), spared + 2);
+  a.client->disarm(kWantData);
+  b.client->disarm(kWantData);
+  a.client->drain_wakeups();
+  // The next sleep is another token: rung again.
+  const uint64_t next = new_sleep_token();
+  EXPECT_NE(next, sleep);
+  b.client->arm(kWantData, next);
+  a.client->arm(kWantData, next);
+  ASSERT_EQ(a.server->publish(3), 0);
+  ASSERT_EQ(b.server->publish(2), 0);
+  EXPECT_EQ(queued_bytes(afd), 1);
+  EXPECT_EQ(queued_bytes(bfd), 0);
+  // A second sleeper on b (another thread, its own sleep): b's word names
+  // no single sleep any more, so b rings whatever was rung before.
+  b.client->arm(kWantData, new_sleep_token());
+  ASSERT_EQ(b.server->publish(3), 0);
+  EXPECT_EQ(queued_bytes(bfd), 1);
+  b.client->disarm(kWantData);
+  b.client->disarm(kWantData);
+  a.client->disarm(kWantData);
+  a.client->drain_wakeups();
+  b.client->drain_wakeups();
+}
+
+// A remembered sleep is trusted for a millisecond only.
+TEST(ShmChannel, ARungSleepIsForgottenAfterAMillisecond) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  const int cfd = p.client->wait_fd();
+  p.client->arm(kWantData, new_sleep_token());
+  ASSERT_EQ(p.server->publish(1), 0);
+  ASSERT_EQ(p.server->publish(2), 0);
+  EXPECT_EQ(queued_bytes(cfd), 1);
+  usleep(3000);
+  ASSERT_EQ(p.server->publish(3), 0);
+  EXPECT_EQ(queued_bytes(cfd), 2);
+  p.client->disarm(kWantData);
+  p.client->drain_wakeups();
+}
+
+// The word itself: a count, and the token of a sole sleeper.
+TEST(Sleepers, CountAndTokenOfTheOnlySleeper) {
+  std::atomic<uint64_t> w{0};
+  const uint64_t t = sleepers::fit_token(0xabcdef12345ull);
+  sleepers::arm(w, t);
+  EXPECT_EQ(sleepers::count(w.load()), 1u);
+  EXPECT_EQ(sleepers::token(w.load()), t);
+  sleepers::arm(w, t);  // the same sleep twice (a fd twice in one poll): no token
+  EXPECT_EQ(sleepers::count(w.load()), 2u);
+  EXPECT_EQ(sleepers::token(w.load()), 0u);
+  sleepers::disarm(w);
+  EXPECT_EQ(sleepers::count(w.load()), 1u);
+  EXPECT_EQ(sleepers::token(w.load()), 0u);  // whoever stays may be another sleep
+  sleepers::disarm(w);
+  EXPECT_EQ(w.load(), 0u);
+  sleepers::disarm(w, 5);  // stops at zero
+  EXPECT_EQ(w.load(), 0u);
+  sleepers::arm(w, sleepers::fit_token(uint64_t{1} << sleepers::kTokenBits));  // no bits left
+  EXPECT_EQ(sleepers::token(w.load()), 0u);
+  sleepers::arm(w, t);
+  sleepers::arm(w, t);
+  sleepers::disarm(w, 2);
+  EXPECT_EQ(sleepers::count(w.load()), 1u);
+  sleepers::disarm(w, 3);
+  EXPECT_EQ(w.load(), 0u);
+  // A count that reached its limit stays there (spare doorbells, never a
+  // lost one).
+  w.store(sleepers::kSaturated - 1);
+  sleepers::arm(w, t);
+  sleepers::arm(w, t);
+  EXPECT_EQ(sleepers::count(w.load()), sleepers::kSaturated);
+  sleepers::disarm(w, 100);
+  EXPECT_EQ(sleepers::count(w.load()), sleepers::kSaturated);
 }
 
 TEST(ShmChannel, PeerSocketCloseIsPeerGone) {
@@ -386,7 +483,7 @@ TEST(ShmChannel, DoorbellsAreCountedAndNeverForeign) {
   ASSERT_TRUE(p.server && p.client);
   RegionHeader* h = p.region;
   const int cfd = p.client->wait_fd();
-  p.client->arm(kWantData);
+  p.client->arm(kWantData, 0);
   for (int i = 0; i < 100; ++i) {
     ASSERT_EQ(p.server->publish(static_cast<uint64_t>(i) + 1), 0);
     if (i % 7 == 0) p.client->drain_wakeups();
@@ -406,7 +503,7 @@ TEST(ShmChannel, ADoorbellThatCannotBeSentIsTakenBack) {
   RegionHeader* h = p.region;
   // Fill the client's socket until the server's sends fail with EAGAIN.
   const int cfd = p.client->wait_fd();
-  p.client->arm(kWantData);
+  p.client->arm(kWantData, 0);
   int before = -1;
   for (int i = 0; i < 1000000 && queued_bytes(cfd) != before; ++i) {
     before = queued_bytes(cfd);
@@ -425,7 +522,7 @@ TEST(ShmChannel, AForeignByteResetsBothEndsOnce) {
   const uint64_t resets = stats_resets(Reset::kKernelBytes);
   // A byte written to the client's socket behind librsock (the client's
   // end of the socket pair is the server's peer).
-  p.client->arm(kWantData);
+  p.client->arm(kWantData, 0);
   ASSERT_EQ(p.server->publish(1), 0);  // one honest doorbell
   ASSERT_EQ(::send(p.server->wait_fd(), "x", 1, MSG_NOSIGNAL), 1);
   p.client->drain_wakeups();
@@ -664,9 +761,9 @@ TEST(ShmHandoff, WaitersKilledByExecAreWithdrawn) {
   auto p = make_shm_pair(1 << 16);
   ASSERT_TRUE(p.client && p.server);
   // Two threads of the old image asleep on data, one on space.
-  p.client->arm(kWantData);
-  p.client->arm(kWantData);
-  p.client->arm(kWantSpace);
+  p.client->arm(kWantData, 0);
+  p.client->arm(kWantData, 0);
+  p.client->arm(kWantSpace, 0);
   uint32_t data = 0, space = 0;
   p.client->local_armed(&data, &space);
   EXPECT_EQ(data, 2u);
@@ -682,7 +779,7 @@ TEST(ShmHandoff, WaitersKilledByExecAreWithdrawn) {
   p.client->forget_waiters(5, 5);
   EXPECT_EQ(p.server->poll().flags & kPeerStalled, 0u);
   // A waiter armed afterwards still gets its doorbell.
-  p.client->arm(kWantData);
+  p.client->arm(kWantData, 0);
   ASSERT_EQ(p.server->publish(0), 0);
   EXPECT_EQ(queued_bytes(p.client->wait_fd()), 1);
   p.client->disarm(kWantData);

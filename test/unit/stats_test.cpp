@@ -223,9 +223,12 @@ TEST_F(Stats, FreshCountersFormatAsZeros) {
   EXPECT_EQ(m["fallbacks"], "{}");
   EXPECT_EQ(m["resets"], "{}");
   EXPECT_EQ(m["rejected"], "{}");
+  EXPECT_EQ(m["wakeups"], "{}");
+  EXPECT_EQ(m["wakeups.sent"], "0");
+  EXPECT_EQ(m["wakeups.spared"], "0");
   EXPECT_EQ(m["bytes_sent"], "0");
   EXPECT_EQ(m["bytes_received"], "0");
-  EXPECT_EQ(m.size(), 12u);  // nothing else, in particular no reason entries
+  EXPECT_EQ(m.size(), 15u);  // nothing else, in particular no reason entries
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
@@ -239,6 +242,9 @@ TEST_F(Stats, CountersAppearInTheLine) {
   stats_fallback(Fallback::kResources);
   stats_bytes(100, 200);
   stats_bytes(1, 2);
+  stats_wakeup(true);
+  stats_wakeup(false);
+  stats_wakeup(false);
   EXPECT_EQ(stats_connections(Path::kShm), 2u);
   EXPECT_EQ(stats_connections(Path::kRdma), 0u);
   EXPECT_EQ(stats_connections(Path::kTcp), 1u);
@@ -254,7 +260,9 @@ TEST_F(Stats, CountersAppearInTheLine) {
   EXPECT_EQ(m.count("fallbacks.not_same_host"), 0u);  // zero reasons are left out
   EXPECT_EQ(m["bytes_sent"], "106");                  // closed 101 + open 5
   EXPECT_EQ(m["bytes_received"], "209");
-  EXPECT_EQ(m.size(), 14u);
+  EXPECT_EQ(m["wakeups.sent"], "1");
+  EXPECT_EQ(m["wakeups.spared"], "2");
+  EXPECT_EQ(m.size(), 17u);
 }
 
 TEST_F(Stats, ResetsAndRejectsAppearByName) {
@@ -266,7 +274,7 @@ TEST_F(Stats, ResetsAndRejectsAppearByName) {
   auto m = parse_or_fail(format(7, "p"));
   EXPECT_EQ(m["resets.kernel_bytes"], "2");
   EXPECT_EQ(m["rejected.unproven"], "1");
-  EXPECT_EQ(m.size(), 14u);
+  EXPECT_EQ(m.size(), 17u);
 }
 
 TEST_F(Stats, LargeCountersFormatInFull) {
@@ -283,7 +291,7 @@ TEST_F(Stats, EveryFallbackReasonIsAKeyWithItsName) {
     for (int k = 0; k <= i; ++k) stats_fallback(f);
     auto m = parse_or_fail(format(1, "p"));
     EXPECT_EQ(m["fallbacks." + std::string(fallback_name(f))], std::to_string(i + 1));
-    EXPECT_EQ(m.size(), 13u) << fallback_name(f);
+    EXPECT_EQ(m.size(), 16u) << fallback_name(f);
   }
 }
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/sleep_token.h"
 #include "socket/wake_hub.h"
 #include "stream/stream.h"
 #include "transport/channel.h"
@@ -133,7 +134,7 @@ inline bool wait_ready(Stream& s, uint32_t want, PumpShared& sh, const WaitParam
     if (sh.stop.load()) return false;
     WakeHub::PrivateFd own;
     const WakeHub::Ticket t = hub.join(&own);
-    if (ch.arm(want)) hub.kick(true);
+    if (ch.arm(want, new_sleep_token())) hub.kick(true);
     if (ready()) {
       ch.disarm(want);
       hub.leave(t);

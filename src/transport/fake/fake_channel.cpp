@@ -40,7 +40,7 @@ class FakeChannel final : public Channel {
     if (link_->failed_) s.flags |= kTransportError | kPeerClosed;
     return s;
   }
-  bool arm(uint32_t) override {
+  bool arm(uint32_t, uint64_t) override {
     std::lock_guard<std::mutex> lock(link_->mu_);
     link_->ends_[side_].waiting++;
     return false;

@@ -34,7 +34,7 @@ class LostChannel final : public Channel {
     s.flags = kTransportError;  // a reset: the first call fails with ECONNRESET
     return s;
   }
-  bool arm(uint32_t) override { return false; }
+  bool arm(uint32_t, uint64_t) override { return false; }
   void disarm(uint32_t) override {}
   int wait_fd() const override { return wait_fd_; }
   bool drain_wakeups() override { return false; }

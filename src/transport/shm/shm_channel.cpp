@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "common/real.h"
 #include "ring/region.h"
 #include "ring/ring.h"
+#include "ring/sleepers.h"
 #include "stats/stats.h"
 #include "transport/addr.h"
 #include "transport/carrier.h"
@@ -183,21 +185,65 @@ int ShmChannel::write(size_t offset, const void* src, size_t len) {
   return 0;
 }
 
-void ShmChannel::ring_doorbell() {
+bool ShmChannel::ring_doorbell() {
   // No peer to wake once its end is gone; a byte now would only make its
   // kernel answer with a reset.
-  if (carrier_flags_.load(std::memory_order_relaxed) & kPeerClosed) return;
+  if (carrier_flags_.load(std::memory_order_relaxed) & kPeerClosed) return false;
   // One byte on the kernel socket wakes a peer asleep in poll/epoll on it.
   // Counted before it is sent (the peer must never drain an uncounted
   // doorbell), taken back if the send fails. A full socket buffer means
   // wakeups are already pending: EAGAIN is fine.
   static const char kByte = 1;
   me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
-  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) return;
+  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) {
+    stats_wakeup(true);
+    return true;
+  }
   const int err = errno;
   me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
+  if (err == EAGAIN || err == EWOULDBLOCK) return true;  // pending ones will do
   // The peer's kernel reset the connection: its end is gone.
   if (err == EPIPE || err == ECONNRESET) peer_gone(kPeerClosed);
+  return false;
+}
+
+namespace {
+
+// The last sleep this thread rang (ring/sleepers.h), and when. A token is
+// trusted for a millisecond only: past that the sleep it named may have
+// ended long ago, and skipping on it would rest on tokens never repeating
+// alone. Atomics: a signal handler that rings in between leaves a token
+// that was rung, whichever the interrupted code then reads.
+struct WakeupMemo {
+  std::atomic<uint64_t> token{0};
+  std::atomic<int64_t> at_ns{0};
+};
+constinit thread_local WakeupMemo t_rung;
+constexpr int64_t kMemoNs = 1000000;
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+void ShmChannel::wake(uint64_t sleepers_word) {
+  if (sleepers::count(sleepers_word) == 0) return;
+  const uint64_t tok = sleepers::token(sleepers_word);
+  WakeupMemo& m = t_rung;
+  const int64_t now = now_ns();
+  if (tok != 0 && m.token.load(std::memory_order_relaxed) == tok &&
+      now - m.at_ns.load(std::memory_order_relaxed) < kMemoNs) {
+    // That sleep was rung on another of its connections (or on this one):
+    // it disarms this one before it looks, and then sees our store.
+    stats_wakeup(false);
+    return;
+  }
+  if (!ring_doorbell() || tok == 0) return;
+  m.token.store(tok, std::memory_order_relaxed);
+  m.at_ns.store(now, std::memory_order_relaxed);
 }
 
 void ShmChannel::peer_gone(uint32_t flags) {
@@ -223,7 +269,7 @@ void ShmChannel::kernel_bytes_seen() {
 int ShmChannel::publish(uint64_t head) {
   tx_->head.store(head, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (tx_->consumer_waiting.load(std::memory_order_relaxed) != 0) ring_doorbell();
+  wake(tx_->consumer_sleepers.load(std::memory_order_relaxed));
   return 0;
 }
 
@@ -233,7 +279,7 @@ int ShmChannel::grant(uint64_t consumed) {
   if (!owns()) return 0;
   rx_->consumed.store(consumed, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) ring_doorbell();
+  wake(rx_->producer_sleepers.load(std::memory_order_relaxed));
   return 0;
 }
 
@@ -264,7 +310,8 @@ PeerState ShmChannel::poll() {
   if (producer & kSendFin) s.flags |= kPeerFin;
   if ((producer | consumer) & kSendClosed) s.flags |= kPeerClosed;
   if (producer & kSendReset) s.flags |= kPeerReset;
-  if (rx_->producer_waiting.load(std::memory_order_relaxed) != 0) s.flags |= kPeerStalled;
+  if (sleepers::count(rx_->producer_sleepers.load(std::memory_order_relaxed)) != 0)
+    s.flags |= kPeerStalled;
   if (__builtin_expect((producer & kSendKernelBytes) != 0, 0)) {
     s.flags |= kKernelBytes;
     if (!kernel_bytes_reported_.exchange(true)) report_kernel_bytes("shm", false);
@@ -273,14 +320,15 @@ PeerState ShmChannel::poll() {
   return s;
 }
 
-bool ShmChannel::arm(uint32_t want) {
+bool ShmChannel::arm(uint32_t want, uint64_t sleep) {
+  const uint64_t tok = sleepers::fit_token(sleep);
   if (want & kWantData) {
     armed_data_.fetch_add(1, std::memory_order_relaxed);
-    rx_->consumer_waiting.fetch_add(1, std::memory_order_seq_cst);
+    sleepers::arm(rx_->consumer_sleepers, tok);
   }
   if (want & kWantSpace) {
     armed_space_.fetch_add(1, std::memory_order_relaxed);
-    tx_->producer_waiting.fetch_add(1, std::memory_order_seq_cst);
+    sleepers::arm(tx_->producer_sleepers, tok);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return false;  // consumes nothing
@@ -288,13 +336,17 @@ bool ShmChannel::arm(uint32_t want) {
 
 void ShmChannel::disarm(uint32_t want) {
   if (want & kWantData) {
-    rx_->consumer_waiting.fetch_sub(1, std::memory_order_relaxed);
+    sleepers::disarm(rx_->consumer_sleepers);
     armed_data_.fetch_sub(1, std::memory_order_relaxed);
   }
   if (want & kWantSpace) {
-    tx_->producer_waiting.fetch_sub(1, std::memory_order_relaxed);
+    sleepers::disarm(tx_->producer_sleepers);
     armed_space_.fetch_sub(1, std::memory_order_relaxed);
   }
+  // Pairs with the fence in publish()/grant(): a waker that still read our
+  // token (and skipped its doorbell, ring/sleepers.h) stored before it, so
+  // the caller's look after this sees that store.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 uint64_t ShmChannel::nonce() const { return static_cast<const RegionHeader*>(map_)->nonce; }
@@ -316,21 +368,11 @@ void ShmChannel::local_armed(uint32_t* data, uint32_t* space) const {
   *space = armed_space_.load(std::memory_order_relaxed);
 }
 
-namespace {
-// Subtracts n from a waiting count shared with other processes, stopping at
-// zero: a count too high costs the peer a spare doorbell, one too low could
-// cost another holder its wakeup.
-void saturating_sub(std::atomic<uint32_t>& v, uint32_t n) {
-  uint32_t cur = v.load(std::memory_order_relaxed);
-  while (n > 0 && cur > 0 &&
-         !v.compare_exchange_weak(cur, cur > n ? cur - n : 0, std::memory_order_seq_cst)) {
-  }
-}
-}  // namespace
-
+// Stopping at zero (sleepers::disarm): a count too high costs the peer a
+// spare doorbell, one too low could cost another holder its wakeup.
 void ShmChannel::forget_waiters(uint32_t data, uint32_t space) {
-  saturating_sub(rx_->consumer_waiting, data);
-  saturating_sub(tx_->producer_waiting, space);
+  sleepers::disarm(rx_->consumer_sleepers, data);
+  sleepers::disarm(tx_->producer_sleepers, space);
 }
 
 void ShmChannel::add_holder() { holders_->fetch_add(1, std::memory_order_relaxed); }

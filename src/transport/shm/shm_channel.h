@@ -79,7 +79,7 @@ class ShmChannel final : public Channel {
   int grant(uint64_t consumed) override;
   void signal(uint32_t flags) override;
   PeerState poll() override;
-  bool arm(uint32_t want) override;
+  bool arm(uint32_t want, uint64_t sleep) override;
   void disarm(uint32_t want) override;
   int wait_fd() const override { return doorbell_fd_; }
   bool drain_wakeups() override;
@@ -119,7 +119,12 @@ class ShmChannel final : public Channel {
 
  private:
   void init(void* map, bool is_server);
-  void ring_doorbell();
+  // Rings; true when a doorbell is on its way (sent, or the socket is full
+  // of them).
+  bool ring_doorbell();
+  // Rings for the sleepers a sleepers word names, unless this thread has
+  // just rung the one sleep it names (ring/sleepers.h).
+  void wake(uint64_t sleepers_word);
   void peer_gone(uint32_t flags);
   void kernel_bytes_seen();
   bool owns() const;
@@ -140,8 +145,8 @@ class ShmChannel final : public Channel {
   // kPeerClosed/kTransportError/kKernelBytes seen on the TCP socket.
   std::atomic<uint32_t> carrier_flags_{0};
   std::atomic<bool> kernel_bytes_reported_{false};
-  std::atomic<uint32_t> armed_data_{0};   // this process's share of consumer_waiting
-  std::atomic<uint32_t> armed_space_{0};  // and of producer_waiting
+  std::atomic<uint32_t> armed_data_{0};   // this process's share of consumer_sleepers
+  std::atomic<uint32_t> armed_space_{0};  // and of producer_sleepers
   // Ownership of our end: the region's word for our side, and the epoch
   // this process took (0: it never owned the end). epoch_ changes only in
   // take_over(), under both of the stream's locks, and at fork.

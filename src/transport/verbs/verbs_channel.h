@@ -149,7 +149,7 @@ class VerbsChannel final : public Channel {
   int grant(uint64_t consumed) override;
   void signal(uint32_t flags) override;
   PeerState poll() override;
-  bool arm(uint32_t want) override;
+  bool arm(uint32_t want, uint64_t sleep) override;
   void disarm(uint32_t want) override;
   int wait_fd() const override { return epoll_fd_; }
   bool drain_wakeups() override;
