@@ -1093,10 +1093,13 @@ void VerbsChannel::detach_locked(bool bounded) {
   state_.store(kDetached, std::memory_order_release);
   deadline_ms_ = bounded ? now_ms() + kVerbsMoveMs : 0;
   arm_timer(timer_fd_, deadline_ms_);
-  LOG_DEBUG(
-      "rdma: the other end's queue pair went away%s: waiting for a process that takes it "
-      "over",
-      bounded ? " without a word" : "");
+  // A channel never started is a pairing candidate torn down: no stream
+  // waits for anyone, so no line says so.
+  if (remote_rkey_ != 0)
+    LOG_DEBUG(
+        "rdma: the other end's queue pair went away%s: waiting for a process that takes it "
+        "over",
+        bounded ? " without a word" : "");
 }
 
 void VerbsChannel::check_deadline_locked() {
