@@ -7,9 +7,10 @@
 // 64-bit counter per sleep, so a thread's tokens repeat only after 2^52
 // sleeps, and two processes' only by chance (about 2^-52 for one token
 // against another; a waker also forgets a token after a millisecond).
-// Thread-safety: thread-local state; a signal handler's sleep inside
-// another sleep may take the same step, which only costs a spare doorbell
-// (two sleeps with one token both arm, and the word then carries none).
+// Thread-safety: thread-local state, stepped with one atomic fetch_add: a
+// signal handler that sleeps in the middle of the outer call's step takes
+// a token of its own. (Two sleeps of one thread with one token could each
+// be skipped for the other's doorbell: a lost wakeup, not a spare one.)
 #pragma once
 
 #include <cstdint>
