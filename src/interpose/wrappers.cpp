@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/real.h"
 #include "fdtable/fdtable.h"

@@ -15,6 +15,7 @@
 #include <new>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/real.h"
 #include "common/sleep_token.h"
 #include "fdtable/fdtable.h"

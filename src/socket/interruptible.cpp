@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/own_fd.h"
 #include "common/real.h"
 #include "fdtable/fdtable.h"
@@ -105,16 +106,10 @@ int signalfd_for(const sigset_t& watch, bool* fresh) {
   return fd;
 }
 
-int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 // poll(2)'s timeout until deadline_ns: -1 for none, rounded up to a whole ms.
 int poll_ms(int64_t deadline_ns) {
   if (deadline_ns < 0) return -1;
-  const int64_t left = deadline_ns - now_ns();
+  const int64_t left = deadline_ns - monotonic_ns();
   if (left <= 0) return 0;
   const int64_t ms = (left + 999999) / 1000000;
   return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
@@ -252,7 +247,8 @@ int sleep_on_word(std::atomic<uint32_t>* word, uint32_t expected, int64_t deadli
       // With a timeout every handler means EINTR (ERESTART_RESTARTBLOCK),
       // as for a socket with SO_RCVTIMEO; kInterrupt without a deadline
       // gets a far one for that reason.
-      const int64_t at = deadline_ns >= 0 ? deadline_ns : now_ns() + 3600 * int64_t{1000000000};
+      const int64_t at =
+          deadline_ns >= 0 ? deadline_ns : monotonic_ns() + 3600 * int64_t{1000000000};
       timespec ts = {static_cast<time_t>(at / 1000000000), static_cast<long>(at % 1000000000)};
       rc = syscall(SYS_futex, addr, FUTEX_WAIT_BITSET_PRIVATE, expected, &ts, nullptr,
                    FUTEX_BITSET_MATCH_ANY);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/real.h"
 #include "common/sleep_token.h"
@@ -94,8 +95,6 @@ size_t iov_total(const iovec* iov, int n) {
   return t;
 }
 
-int64_t deadline_after_us(int64_t us) { return us > 0 ? monotonic_ns() + us * 1000 : -1; }
-
 uint32_t spin_ns() {
   const Runtime* rt = runtime();
   return (rt ? rt->config.spin_us : kDefaultSpinUs) * 1000u;
@@ -131,12 +130,6 @@ void record_client_outcome(int fd, const sockaddr* addr, bool accelerated, Path 
   stats_fallback(why);
   stats_connection(Path::kTcp);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
-}
-
-int64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 ListenerState::~ListenerState() {

@@ -107,8 +107,6 @@ int setup_listen(const Runtime& rt, int fd, int backlog);
 // background (socket/pending.h).
 void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool background);
 
-int64_t monotonic_ns();
-
 // Setup internals shared with pending.cpp. A new connection over ch (one
 // reference, for the caller; counted in the stats), with O_NONBLOCK and the
 // timeouts of the kernel socket sock_fd; connection_options_from copies

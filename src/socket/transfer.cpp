@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/clock.h"
 #include "common/real.h"
 #include "socket/socket.h"
 
@@ -36,8 +37,6 @@ struct Buffer {
   char* p;
   size_t len;
 };
-
-int64_t deadline_after_us(int64_t us) { return us > 0 ? monotonic_ns() + us * 1000 : -1; }
 
 // Free ring space, waiting for some as send() would (O_NONBLOCK: -EAGAIN;
 // SO_SNDTIMEO: -EAGAIN after it). Errors are send()'s: -EPIPE, -ECONNRESET.

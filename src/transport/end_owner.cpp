@@ -11,15 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/real.h"
 
 namespace rsock {
-
-int64_t monotonic_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 uint64_t owner_init(EndOwner* o) {
   o->busy.store(0, std::memory_order_relaxed);

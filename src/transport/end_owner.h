@@ -54,7 +54,4 @@ bool owner_free(const EndOwner* o);
 // zombie.
 bool pid_gone(int pid);
 
-// CLOCK_MONOTONIC in milliseconds.
-int64_t monotonic_ms();
-
 }  // namespace rsock

@@ -4,12 +4,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/un.h>
 #include <time.h>
@@ -19,6 +19,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/own_fd.h"
 #include "common/real.h"
@@ -64,16 +65,10 @@ bool is_wildcard(const WireAddr& a) {
   return memcmp(a.addr, kZero, 16) == 0 || memcmp(a.addr, kMappedZero, 16) == 0;
 }
 
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 // Waits until fd is readable; returns 1, 0 on timeout, or a negative errno.
 int wait_readable(int fd, int64_t deadline_ms) {
   for (;;) {
-    int64_t left = deadline_ms - now_ms();
+    int64_t left = deadline_ms - monotonic_ms();
     if (left < 0) left = 0;
     pollfd p = {fd, POLLIN, 0};
     int rc = real().poll(&p, 1, static_cast<int>(left));
@@ -271,7 +266,7 @@ class ShmServerPairing final : public Pairing {
   ShmServerPairing(int tcp_fd, const Config& cfg)
       : tcp_fd_(tcp_fd),
         ring_bytes_(cfg.ring_bytes),
-        deadline_(now_ms() + cfg.connect_timeout_ms) {}
+        deadline_(monotonic_ms() + cfg.connect_timeout_ms) {}
   ~ShmServerPairing() override {
     if (conn_ >= 0) real().close(conn_);
     if (memfd_ >= 0) real().close(memfd_);
@@ -281,7 +276,7 @@ class ShmServerPairing final : public Pairing {
 
   bool run(int64_t limit_ms) override {
     while (stage_ != Stage::kDone) {
-      const int64_t now = now_ms();
+      const int64_t now = monotonic_ms();
       if (stage_ == Stage::kConnect && now >= deadline_) {
         // Too late to pair, but one look at the rendezvous still tells a
         // plain client (none: peer_not_accelerated) from one that is
@@ -359,7 +354,7 @@ class ShmServerPairing final : public Pairing {
       }
       if (errno == EAGAIN) {
         // The rendezvous's backlog is full (a flood): its owner drains it.
-        const int64_t left = until - now_ms();
+        const int64_t left = until - monotonic_ms();
         if (left > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(left, 1) * 1000));
         return;
       }
@@ -491,7 +486,9 @@ class ShmServerPairing final : public Pairing {
 class ShmClientPairing final : public Pairing {
  public:
   ShmClientPairing(int tcp_fd, int rendezvous_fd, const Config& cfg)
-      : tcp_fd_(tcp_fd), listener_(rendezvous_fd), deadline_(now_ms() + cfg.connect_timeout_ms) {}
+      : tcp_fd_(tcp_fd),
+        listener_(rendezvous_fd),
+        deadline_(monotonic_ms() + cfg.connect_timeout_ms) {}
   ~ShmClientPairing() override {
     close_listener();
     release_all();
@@ -500,7 +497,7 @@ class ShmClientPairing final : public Pairing {
 
   bool run(int64_t limit_ms) override {
     while (!done_) {
-      const int64_t now = now_ms();
+      const int64_t now = monotonic_ms();
       if (now >= deadline_) return finish(Fallback::kPairTimeout);
       if (now >= limit_ms) return false;
       const int64_t until = std::min(limit_ms, deadline_);
@@ -567,7 +564,7 @@ class ShmClientPairing final : public Pairing {
     // server there retries); a slot frees when a connector that has been
     // silent for kSilentGraceMs is dropped. A real server sends its hello
     // right after it connects, so only intruders are dropped that way.
-    const int64_t now = now_ms();
+    const int64_t now = monotonic_ms();
     while (candidates_.size() == kMaxCandidates && now - candidates_[0].since_ms > kSilentGraceMs)
       drop(0);
     const bool room = candidates_.size() < kMaxCandidates;
@@ -606,7 +603,7 @@ class ShmClientPairing final : public Pairing {
       while (candidates_.size() < kMaxCandidates) {
         int c = lift_fd(real().accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (c < 0) break;
-        candidates_.push_back({c, now_ms()});
+        candidates_.push_back({c, monotonic_ms()});
       }
     }
     return true;
@@ -736,7 +733,7 @@ std::unique_ptr<Pairing> shm_server_pairing(int tcp_fd, const Config& cfg) {
 bool negative_cache_hit(const sockaddr* dst) {
   WireAddr w;
   if (!to_wire(dst, &w)) return false;
-  const int64_t now = now_ms();
+  const int64_t now = monotonic_ms();
   std::lock_guard<std::mutex> lock(g_cache_mu);
   for (auto& e : g_cache)
     if (e.until_ms > now && same_wire(e.addr, w)) return true;
@@ -746,7 +743,7 @@ bool negative_cache_hit(const sockaddr* dst) {
 void negative_cache_add(const sockaddr* dst) {
   WireAddr w;
   if (!to_wire(dst, &w)) return;
-  const int64_t now = now_ms();
+  const int64_t now = monotonic_ms();
   std::lock_guard<std::mutex> lock(g_cache_mu);
   CacheEntry* slot = &g_cache[0];
   for (auto& e : g_cache) {

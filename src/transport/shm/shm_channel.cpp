@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <new>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/own_fd.h"
 #include "common/real.h"
@@ -221,19 +222,13 @@ struct WakeupMemo {
 constinit thread_local WakeupMemo t_rung;
 constexpr int64_t kMemoNs = 1000000;
 
-int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 }  // namespace
 
 void ShmChannel::wake(uint64_t sleepers_word) {
   if (sleepers::count(sleepers_word) == 0) return;
   const uint64_t tok = sleepers::token(sleepers_word);
   WakeupMemo& m = t_rung;
-  const int64_t now = now_ns();
+  const int64_t now = monotonic_ns();
   if (tok != 0 && m.token.load(std::memory_order_relaxed) == tok &&
       now - m.at_ns.load(std::memory_order_relaxed) < kMemoNs) {
     // That sleep was rung on another of its connections (or on this one):

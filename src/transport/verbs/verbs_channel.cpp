@@ -83,6 +83,7 @@
 #include <algorithm>
 #include <new>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/own_fd.h"
 #include "common/real.h"
@@ -108,14 +109,8 @@ constexpr int64_t kCloseWaitMs = 1000;  // bound of the final flush at close
 constexpr uint32_t kRepostBatch = 16;
 static_assert(kVerbsRecvDepth - kVerbsCtrlReserve - kRepostBatch + 1 > kVerbsAckEvery);
 
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int ms_left(int64_t deadline) {
-  const int64_t left = deadline - now_ms();
+  const int64_t left = deadline - monotonic_ms();
   return left < 0 ? 0 : left > 60000 ? 60000 : static_cast<int>(left);
 }
 
@@ -593,12 +588,12 @@ int VerbsChannel::reserve_sq_locked(int count) {
   if (wr_posted_ - wr_done_ + count <= kVerbsSendDepth) return 0;
   // Send completions need only the peer's HCA, not its CPU: they come within
   // network time unless the peer is out of receives (RNR); bounded anyway.
-  const int64_t deadline = now_ms() + kSqWaitMs;
+  const int64_t deadline = monotonic_ms() + kSqWaitMs;
   while (wr_posted_ - wr_done_ + count > kVerbsSendDepth) {
     if (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) return -ECONNRESET;
     if (state_.load(std::memory_order_relaxed) != kOwned)
       return -EAGAIN;  // its queue pair went away
-    if (now_ms() > deadline) {
+    if (monotonic_ms() > deadline) {
       LOG_WARN("rdma: send queue stuck for %lld ms: failing the connection",
                static_cast<long long>(kSqWaitMs));
       carrier_lost(kTransportError | kPeerClosed);
@@ -1073,7 +1068,7 @@ std::string VerbsChannel::describe() {
       static_cast<unsigned long long>(recv_reposted_), static_cast<unsigned long long>(wr_posted_),
       static_cast<unsigned long long>(wr_done_), armed_, cq_armed_, event_owed_,
       carrier_flags_.load(), peer_flags_, flags_sent_, stall_announced_, peer_stalled_,
-      deadline_ms_ ? static_cast<long long>(deadline_ms_ - now_ms()) : -1ll);
+      deadline_ms_ ? static_cast<long long>(deadline_ms_ - monotonic_ms()) : -1ll);
   return buf;
 }
 
@@ -1091,7 +1086,7 @@ void VerbsChannel::detach_locked(bool bounded) {
   if ((carrier_flags_.load(std::memory_order_relaxed) | peer_flags_) & kKernelBytes) return;
   record_rx_locked();
   state_.store(kDetached, std::memory_order_release);
-  deadline_ms_ = bounded ? now_ms() + kVerbsMoveMs : 0;
+  deadline_ms_ = bounded ? monotonic_ms() + kVerbsMoveMs : 0;
   arm_timer(timer_fd_, deadline_ms_);
   // A channel never started is a pairing candidate torn down: no stream
   // waits for anyone, so no line says so.
@@ -1104,7 +1099,7 @@ void VerbsChannel::detach_locked(bool bounded) {
 
 void VerbsChannel::check_deadline_locked() {
   const int st = state_.load(std::memory_order_relaxed);
-  if ((st != kAwaitHello && st != kDetached) || deadline_ms_ == 0 || now_ms() < deadline_ms_)
+  if ((st != kAwaitHello && st != kDetached) || deadline_ms_ == 0 || monotonic_ms() < deadline_ms_)
     return;
   if (ended_locked()) return;
   fail_move_locked(st == kAwaitHello
@@ -1128,7 +1123,7 @@ void VerbsChannel::fail_move_locked(const char* why, bool tell_peer) {
 // A RESET frame to the other end (flags: kMoveKernelBytes or 0), for when
 // no queue pair of ours reaches it. Best effort, bounded.
 void VerbsChannel::send_reset_frame_locked(uint8_t flags) {
-  if (tcp_fd_ < 0 || !end_.hdr() || !end_lock_frames(end_.hdr(), now_ms() + 100)) return;
+  if (tcp_fd_ < 0 || !end_.hdr() || !end_lock_frames(end_.hdr(), monotonic_ms() + 100)) return;
   MoveFrame r;
   r.type = MoveType::kReset;
   r.flags = flags;
@@ -1169,7 +1164,7 @@ VerbsChannel::Kernel VerbsChannel::read_kernel_socket_locked(MoveFrame* frame, s
       // stays away: bytes behind librsock that start like a frame. Either
       // way they are no frame (the connection resets, then ends).
       pollfd p = {tcp_fd_, POLLRDHUP, 0};
-      const int64_t now = now_ms();
+      const int64_t now = monotonic_ms();
       if (partial_since_ms_ == 0) partial_since_ms_ = now;
       if ((real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) ||
           now - partial_since_ms_ > kVerbsMoveMs) {
@@ -1204,7 +1199,7 @@ void VerbsChannel::consume_kernel_locked(size_t len, bool frame) {
 int VerbsChannel::send_frame_locked(const MoveFrame& f) {
   uint8_t out[kMoveFrameBytes];
   encode_move_frame(f, out);
-  const int64_t deadline = now_ms() + kVerbsMoveMs;
+  const int64_t deadline = monotonic_ms() + kVerbsMoveMs;
   size_t done = 0;
   while (done < sizeof out) {
     const ssize_t n =
@@ -1280,7 +1275,7 @@ bool VerbsChannel::service_kernel_socket_locked() {
     // Frames are consumed by the owner only, in order, under the frame
     // lock (a taker on this host fences us under it).
     VerbsEndHeader* h = end_.hdr();
-    if (!end_lock_frames(h, now_ms() + kVerbsMoveMs)) return i > 0;
+    if (!end_lock_frames(h, monotonic_ms() + kVerbsMoveMs)) return i > 0;
     if (!end_owns(h, epoch_)) {
       end_unlock_frames(h);
       become_lost_locked();
@@ -1392,7 +1387,7 @@ void VerbsChannel::handle_move_locked(const MoveFrame& f) {
     return;
   }
   state_.store(kAwaitHello, std::memory_order_release);
-  deadline_ms_ = now_ms() + kVerbsMoveMs;
+  deadline_ms_ = monotonic_ms() + kVerbsMoveMs;
   arm_timer(timer_fd_, deadline_ms_);
   LOG_INFO("rdma: the other end moved to another process: new queue pair");
 }
@@ -1480,10 +1475,10 @@ int VerbsChannel::continue_take_over_locked(EndPositions* at) {
         // while the previous owner had the end is all there will be. It
         // recorded how far that is when it last looked at its queue (its
         // close, exit or exec looks once more).
-        const int64_t deadline = now_ms() + kVerbsMoveMs;
+        const int64_t deadline = monotonic_ms() + kVerbsMoveMs;
         while (!(h->peer_flags.load(std::memory_order_acquire) & kMoveClosed) &&
                prev_owner_ != static_cast<int>(getpid()) && !pid_gone(prev_owner_) &&
-               now_ms() < deadline)
+               monotonic_ms() < deadline)
           usleep(5000);
         const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
         const uint64_t head = std::max(h->rx_head.load(std::memory_order_acquire), consumed);
@@ -1507,7 +1502,7 @@ int VerbsChannel::continue_take_over_locked(EndPositions* at) {
       case Kernel::kFrame:
         break;
     }
-    if (!end_lock_frames(h, now_ms() + kVerbsMoveMs)) return -EAGAIN;
+    if (!end_lock_frames(h, monotonic_ms() + kVerbsMoveMs)) return -EAGAIN;
     if (!end_owns(h, epoch_)) {  // a later taker fenced us
       end_unlock_frames(h);
       become_lost_locked();
@@ -1604,7 +1599,7 @@ int VerbsChannel::take_over(EndPositions* at) {
       return -ECONNRESET;
     }
     VerbsEndHeader* h = end_.hdr();
-    const int64_t deadline = now_ms() + kVerbsMoveMs;
+    const int64_t deadline = monotonic_ms() + kVerbsMoveMs;
     if (!end_lock_frames(h, deadline)) {
       fail_move_locked("the end's frame lock stayed taken", false);
       return -ECONNRESET;
@@ -1676,7 +1671,7 @@ bool VerbsChannel::flush_posted_locked(int64_t deadline_ms) {
   // delivered (and its QP may be gone: no ACK would ever come).
   while (wr_done_ < wr_posted_ &&
          (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kPeerClosed)) == 0 &&
-         state_.load(std::memory_order_relaxed) == kOwned && now_ms() < deadline_ms) {
+         state_.load(std::memory_order_relaxed) == kOwned && monotonic_ms() < deadline_ms) {
     poll_cq_locked();
     if (wr_done_ < wr_posted_) {
       drain_cm_events_locked();
@@ -1711,7 +1706,7 @@ void VerbsChannel::settle_locked(std::unique_lock<std::mutex>& lock, int64_t dea
     } else {
       return;
     }
-    if (now_ms() >= deadline_ms) {
+    if (monotonic_ms() >= deadline_ms) {
       fail_move_locked("the connection was still moving when this process let it go", true);
       return;
     }
@@ -1736,7 +1731,7 @@ void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool det
             detach ? "others hold it" : "the last holder", st0,
             static_cast<unsigned long long>(posted_head_),
             static_cast<unsigned long long>(rx_consumed_.load(std::memory_order_relaxed)));
-  const int64_t deadline = now_ms() + kVerbsMoveMs;
+  const int64_t deadline = monotonic_ms() + kVerbsMoveMs;
   settle_locked(lock, deadline, !detach);
   if (state_.load(std::memory_order_relaxed) == kOwned) {
     if (detach && !(carrier_flags_.load(std::memory_order_relaxed) & kTransportError)) {
@@ -1745,7 +1740,7 @@ void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool det
         granted_ = consumed;
       (void)post_imm_locked(verbs_imm::kFlags, (flags_sent_ & kStickyFlags) | verbs_imm::kDetach);
     }
-    flush_posted_locked(std::min(deadline, now_ms() + kCloseWaitMs));
+    flush_posted_locked(std::min(deadline, monotonic_ms() + kCloseWaitMs));
   }
   poll_cq_locked();
   record_rx_locked();

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/ring.h"
@@ -20,8 +21,6 @@
 
 namespace rsock {
 namespace {
-
-int64_t now_ms() { return monotonic_ms(); }
 
 size_t region_for(size_t ring_bytes) { return kPageBytes + 2 * ring_bytes; }
 
@@ -172,7 +171,7 @@ bool end_lock_frames(VerbsEndHeader* h, int64_t deadline_ms) {
     if ((cur == me || pid_gone(cur)) &&
         h->frame_lock.compare_exchange_strong(cur, me, std::memory_order_acq_rel))
       return true;
-    if (now_ms() >= deadline_ms) return false;
+    if (monotonic_ms() >= deadline_ms) return false;
     pause_briefly();
   }
 }

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/real.h"
 #include "ring/handshake.h"
@@ -58,14 +59,8 @@ constexpr int64_t kResolveGraceMs = 2000;
 // one to give up on a server that is answering.
 constexpr int64_t kClientExtraMs = 4000;
 
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int ms_left(int64_t deadline) {
-  int64_t left = deadline - now_ms();
+  int64_t left = deadline - monotonic_ms();
   return left < 0 ? 0 : left > INT32_MAX ? INT32_MAX : static_cast<int>(left);
 }
 
@@ -227,7 +222,7 @@ std::unique_ptr<VerbsChannel> open_active(const WireAddr& local, const WireAddr&
       rdma_resolve_route(cm.id, step_ms) != 0 ||
       wait_for(cm.ch, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, &status) != 0) {
     // No RDMA device can reach the peer's address (or too slow to say).
-    *why = now_ms() >= deadline ? Fallback::kPairTimeout : Fallback::kNotSameHost;
+    *why = monotonic_ms() >= deadline ? Fallback::kPairTimeout : Fallback::kNotSameHost;
     LOG_DEBUG("rdma: no route to the peer (status %d)", status);
     return nullptr;
   }
@@ -497,7 +492,7 @@ class VerbsClientPairing final : public Pairing {
         rdv_(rdv),
         ring_log2_(log2_of(cfg.ring_bytes)),
         timeout_ms_(cfg.connect_timeout_ms),
-        deadline_(now_ms() + cfg.connect_timeout_ms) {}
+        deadline_(monotonic_ms() + cfg.connect_timeout_ms) {}
 
   bool run(int64_t /*limit_ms*/) override {
     if (!done_) why_ = pair();
@@ -680,7 +675,7 @@ class VerbsClientPairing final : public Pairing {
   // deadline and one more timeout, by kPeerDecisionMs (a cooperating server
   // always decides well within it, however busy the hosts).
   int64_t decision_bound() const {
-    return std::max(now_ms(), deadline_) + timeout_ms_ + kPeerDecisionMs;
+    return std::max(monotonic_ms(), deadline_) + timeout_ms_ + kPeerDecisionMs;
   }
 
   int tcp_fd_;
@@ -761,13 +756,13 @@ class VerbsListener {
         rdma_destroy_id(req_id);
         continue;
       }
-      pending.push_back({req_id, info, now_ms()});
+      pending.push_back({req_id, info, monotonic_ms()});
     }
   }
 
   // Requests nobody accepted in time will never match: refuse them.
   void expire_locked(int64_t max_age_ms) {
-    const int64_t now = now_ms();
+    const int64_t now = monotonic_ms();
     for (size_t i = 0; i < pending.size();) {
       if (now - pending[i].since_ms > max_age_ms) {
         rdma_reject(pending[i].id, nullptr, 0);
@@ -900,7 +895,7 @@ class ServerSide : public Pairing {
  public:
   ServerSide(int tcp_fd, const Config& cfg)
       : tcp_fd_(tcp_fd),
-        deadline_(now_ms() + cfg.connect_timeout_ms),
+        deadline_(monotonic_ms() + cfg.connect_timeout_ms),
         withdraw_deadline_(deadline_ + cfg.connect_timeout_ms + kResolveGraceMs),
         decision_deadline_(deadline_ + cfg.connect_timeout_ms + kPeerDecisionMs) {}
 
@@ -1068,7 +1063,7 @@ class VerbsServerPairing final : public ServerSide {
       if (!fd_addrs(tcp_fd_, &local_, &peer_)) return finish(Fallback::kPairFailed);
     }
     while (!done_) {
-      const int64_t now = now_ms();
+      const int64_t now = monotonic_ms();
       const bool late = now >= deadline_;
       // No request accepted in time: a plain client, or one without RDMA
       // (or one whose request came too late: it never gets an accept, so
@@ -1166,7 +1161,7 @@ class VerbsReversePairing final : public ServerSide {
       if (!send_reverse_request()) return true;
     }
     while (!done_) {
-      const int64_t now = now_ms();
+      const int64_t now = monotonic_ms();
       if (now >= limit_ms) return false;
       // Past a bound only after a last look (below): a thread that slept
       // past it (a busy host) may find the decision waiting.
@@ -1229,7 +1224,7 @@ class VerbsReversePairing final : public ServerSide {
         int wait = withdraw ? 0 : std::min(ms_left(withdraw_deadline_), ms_left(limit_ms));
         real().poll(p, 2, n > 0 ? std::min(wait, 10) : wait);
         int status = 0;
-        int r = (p[0].revents & POLLIN) ? wait_for(own, RDMA_CM_EVENT_ESTABLISHED, now_ms(),
+        int r = (p[0].revents & POLLIN) ? wait_for(own, RDMA_CM_EVENT_ESTABLISHED, monotonic_ms(),
                                                    &status, rep_, sizeof rep_, &rep_len_)
                                         : -1;
         if (r < 0 && withdraw) {
@@ -1256,7 +1251,7 @@ class VerbsReversePairing final : public ServerSide {
           // few times within our deadline, as a client does (section 7).
           if (attempt_ < kNoListenerRetries && ms_left(deadline_) > kRetryDelayMs[attempt_]) {
             LOG_INFO("rdma pairing: our request was refused as \"no listener\": asking again");
-            retry_at_ = now_ms() + kRetryDelayMs[attempt_++];
+            retry_at_ = monotonic_ms() + kRetryDelayMs[attempt_++];
             active_.reset();
             continue;
           }
