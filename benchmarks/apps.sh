@@ -17,10 +17,23 @@
 #                      connection (socket() to the byte back)
 #   conns-epoll        the same with nonblocking connects, 8 in flight, from
 #                      an epoll loop to an epoll server
+#   stream-SIZE        benchmarks/stream.cpp: one connection streaming
+#                      SIZE-byte sends for BENCH_STREAM_SECONDS (default 1)
+#                      into a reader of 65,000-byte recvs, for SIZE = 64 B,
+#                      1 KiB, 16 KiB, 64 KiB, 256 KiB and 1 MiB: MB/s
+#                      received, and the CPU time of both processes per GB
+#                      (a spinning wait counts: it is CPU the host pays)
 #   idle-conns         connrate hold/sink: 1000 connections that each carried
 #                      1 MiB and went idle; what one costs the client and the
 #                      server (fds, virtual and resident KiB, from
 #                      /proc/self), against each process's state before
+#   conns-10k          connrate hold/sink with 10,000 connections of one
+#                      byte each way: the seconds to open them all (one
+#                      after the other), then fds and KiB as above. A
+#                      librsock connection holds 4 fds today (issue 9), so
+#                      where RLIMIT_NOFILE cannot grow to 4 x 10,000 the
+#                      row opens as many as fit (both paths alike) and its
+#                      label says how many
 # Each measurement runs BENCH_REPEAT times (default 3), TCP and librsock
 # alternating; the table shows the median of the runs, the spread (min-max)
 # and the ratio librsock/TCP (for latency TCP/librsock: above 1 is better
@@ -28,8 +41,9 @@
 # memory on both ends (or show a plain TCP connection) is INVALID and makes
 # the script exit 1. The table goes to stdout and to $BUILD/bench/apps.md.
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
-# BENCH_CPUS ("SERVER CLIENT", default "0 1"), BENCH_APPS (a regex of row
-# names to run), BUILD. Runtime: about 8 x 2 x REPEAT runs of ~5 s, ~3 min.
+# BENCH_STREAM_SECONDS, BENCH_CPUS ("SERVER CLIENT", default "0 1"),
+# BENCH_APPS (a regex of row names to run), BUILD. Runtime: about
+# 8 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,8 +56,12 @@ SECS=${BENCH_SECONDS:-3}
 ONLY=${BENCH_APPS:-.}
 read -r CPU_SRV CPU_CLI <<<"${BENCH_CPUS:-0 1}"
 ((${BENCH_REPEAT:-3} >= 1)) || REPEAT=1
-# idle-conns holds 1000 connections in each process: room for 4 fds each.
-(($(ulimit -n) >= 8192)) || ulimit -n 8192 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+# conns-10k holds 10,000 connections in each process: room for 4 fds each,
+# or as many connections as the hard limit allows.
+(($(ulimit -n) >= 65536)) || ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+MANY=10000
+NOFILE=$(ulimit -n)
+[[ $NOFILE == unlimited ]] || (((MANY * 4 + 200) <= NOFILE)) || MANY=$(((NOFILE - 200) / 4 / 100 * 100))
 WORK=$(mktemp -d /tmp/rsock-bench-apps.XXXXXX)
 SERVER_PID=""
 FAILED=0
@@ -282,8 +300,39 @@ run_conns() { # PATH MODE
   [[ $path == rsock ]] && check_shm "$tag" connrate connrate
 }
 
-run_idle() { # PATH
-  local path=$1 port tag cli i k=1000 bytes=1048576
+run_stream() { # PATH SIZE
+  local path=$1 size=$2 port tag i
+  port=$(free_port) tag=stream-$size-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  start_server "$path" "$tag" "$port" "$STREAM" server 127.0.0.1 "$port" || {
+    R_OK=0 R_NOTE="stream server did not start"
+    stop_server TERM
+    return
+  }
+  run_client "$path" "$tag" "$port" "$STREAM" client 127.0.0.1 "$port" "$size" "$STREAM_SECS" ||
+    R_NOTE+="stream client status $?; "
+  # The server exits by itself once it has answered (its stats line then
+  # written); a signal is for one that hangs.
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.05
+  done
+  stop_server TERM
+  local bytes cpu_s cpu_c
+  R[mbs]=$(sed -n 's/.* MBps=\([0-9.]*\).*/\1/p' "$WORK/$tag.srv.out")
+  bytes=$(sed -n 's/.*received=\([0-9]*\).*/\1/p' "$WORK/$tag.srv.out")
+  cpu_s=$(sed -n 's/.*cpu=\([0-9.]*\).*/\1/p' "$WORK/$tag.srv.out")
+  cpu_c=$(sed -n 's/.*cpu=\([0-9.]*\).*/\1/p' "$WORK/$tag.cli.out")
+  if [[ -z ${R[mbs]} || -z $bytes || -z $cpu_s || -z $cpu_c ]] || ((bytes == 0)); then
+    R_OK=0 R_NOTE+="stream: no result ($(tail -n 1 "$WORK/$tag.cli.out")); "
+    return
+  fi
+  R[cpu]=$(awk -v a="$cpu_s" -v b="$cpu_c" -v n="$bytes" 'BEGIN { printf "%.1f", (a + b) * 1000 / (n / 1e9) }')
+  [[ $path == rsock ]] && check_shm "$tag" stream stream
+}
+
+run_idle() { # PATH K BYTES
+  local path=$1 k=$2 bytes=$3 port tag cli i
   port=$(free_port) tag=idle-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
   start_server "$path" "$tag" "$port" "$CONNRATE" sink "$port" "$k" "$bytes" || {
@@ -309,7 +358,7 @@ run_idle() { # PATH
       R_OK=0 R_NOTE+="$side: no RESULT line; "
       continue
     }
-    for m in fds vm_kib rss_kib; do
+    for m in fds vm_kib rss_kib seconds; do
       R[$side.$m]=$(sed -n "s/.* $m=\([0-9.-]*\).*/\1/p" <<<"$line")
     done
   done
@@ -345,13 +394,18 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
   [[ -n $R_NOTE ]] && NOTES[$row.$path]+="$R_NOTE"
 }
 
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk conns-block conns-epoll idle-conns; do
+STREAM_SIZES="64 1024 16384 65536 262144 1048576"
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk conns-block conns-epoll \
+  $(printf 'stream-%s ' $STREAM_SIZES) idle-conns conns-10k; do
   want "$row" && ROWS+=("$row")
 done
 ((${#ROWS[@]})) || die "BENCH_APPS='$ONLY' selects no row"
 CONNS=2000
 CONNRATE=$WORK/connrate
 g++ -std=c++20 -O2 -o "$CONNRATE" "$ROOT/benchmarks/connrate.cpp" || die "building connrate failed"
+STREAM=$WORK/stream
+STREAM_SECS=${BENCH_STREAM_SECONDS:-1}
+g++ -std=c++20 -O2 -o "$STREAM" "$ROOT/benchmarks/stream.cpp" || die "building stream failed"
 for ((rep = 1; rep <= REPEAT; rep++)); do
   for path in tcp rsock; do
     for row in "${ROWS[@]}"; do
@@ -377,12 +431,20 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
           run_nginx "$path"
           record "$row" "$path" rps p50 p99
           ;;
+        conns-10k)
+          run_idle "$path" "$MANY" 1
+          record "$row" "$path" cli.seconds cli.fds cli.vm_kib cli.rss_kib srv.rss_kib
+          ;;
         conns-*)
           run_conns "$path" "${row#conns-}"
           record "$row" "$path" rate p50 p99
           ;;
+        stream-*)
+          run_stream "$path" "${row#stream-}"
+          record "$row" "$path" mbs cpu
+          ;;
         idle-conns)
-          run_idle "$path"
+          run_idle "$path" 1000 1048576
           record "$row" "$path" cli.fds cli.vm_kib cli.rss_kib srv.fds srv.vm_kib srv.rss_kib
           ;;
       esac
@@ -444,10 +506,21 @@ report=$WORK/apps.md
         row_line "$row" srv.vm_kib "server virtual KiB per connection" lat
         row_line "$row" srv.rss_kib "server resident KiB per connection" lat
         ;;
+      conns-10k)
+        row_line "$row" cli.seconds "seconds to open $MANY (RLIMIT_NOFILE $NOFILE)" lat
+        row_line "$row" cli.fds "client fds per connection" lat
+        row_line "$row" cli.vm_kib "client virtual KiB per connection" lat
+        row_line "$row" cli.rss_kib "client resident KiB per connection" lat
+        row_line "$row" srv.rss_kib "server resident KiB per connection" lat
+        ;;
       conns-*)
         row_line "$row" rate "connections/s" rate
         row_line "$row" p50 "p50 us of a connection" lat
         row_line "$row" p99 "p99 us of a connection" lat
+        ;;
+      stream-*)
+        row_line "$row" mbs "MB/s received" rate
+        row_line "$row" cpu "CPU ms per GB (both ends)" lat
         ;;
     esac
   done

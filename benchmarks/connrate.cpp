@@ -26,7 +26,8 @@
 //       connections cost this process, per connection, against its state
 //       before the first: "RESULT fds=F vm_kib=V rss_kib=R shmem_kib=S
 //       locked_kib=L" (descriptors, VmSize, VmRSS, RssShmem, VmLck from
-//       /proc/self/status), and waits to be killed.
+//       /proc/self/status), then " seconds=T", the time from the first
+//       socket() to the last answer, and waits to be killed.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -290,12 +291,15 @@ Footprint footprint() {
   return f;
 }
 
-void report_cost(const Footprint& before, int k) {
+// seconds < 0: not reported.
+void report_cost(const Footprint& before, int k, double seconds = -1) {
   const Footprint now = footprint();
   const double n = k > 0 ? k : 1;
-  printf("RESULT fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f locked_kib=%.1f\n",
+  printf("RESULT fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f locked_kib=%.1f",
          (now.fds - before.fds) / n, (now.vm - before.vm) / n, (now.rss - before.rss) / n,
          (now.shmem - before.shmem) / n, (now.locked - before.locked) / n);
+  if (seconds >= 0) printf(" seconds=%.3f", seconds);
+  printf("\n");
   fflush(stdout);
 }
 
@@ -379,12 +383,17 @@ int hold(int port, int k, long bytes) {
   const sockaddr_in a = loopback(port);
   std::vector<char> data(1 << 16, 'd');
   std::vector<int> fds;
+  const int64_t t0 = now_ns();
   for (int i = 0; i < k; ++i) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
       perror("connrate hold: connect");
       return 1;
     }
+    // A server that cannot answer (out of descriptors itself) fails the
+    // run in seconds instead of hanging it.
+    timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     for (long sent = 0; sent < bytes;) {
       ssize_t w = write(fd, data.data(), std::min<long>(data.size(), bytes - sent));
       if (w <= 0) {
@@ -400,7 +409,7 @@ int hold(int port, int k, long bytes) {
     }
     fds.push_back(fd);
   }
-  report_cost(before, k);
+  report_cost(before, k, static_cast<double>(now_ns() - t0) / 1e9);
   while (!g_stop) pause();
   return 0;
 }

@@ -8,11 +8,14 @@
 //       accepts ONE connection, reads until EOF, answers with the byte count
 //       (8 bytes) and prints one line:
 //         stream: received=BYTES seconds=S MBps=R
-//       seconds = first byte to EOF; MBps = 10^6 bytes per second.
+//       seconds = first byte to EOF; MBps = 10^6 bytes per second; then
+//       cpu=S, the process's user + system time, on a line of its own:
+//         stream: cpu=S
 //   stream client ADDR PORT [SIZE=65000] [SECONDS=3]
 //       writes SIZE-byte buffers for SECONDS, shuts down its sending side,
 //       waits for the server's count and prints:
 //         stream: sent=BYTES acked=BYTES seconds=S
+//         stream: cpu=S
 // Exit status: 0 on success (client: acked == sent), 1 otherwise.
 #include <arpa/inet.h>
 #include <endian.h>
@@ -22,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,6 +50,16 @@ double now_s() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+// This process's CPU time so far (user + system), in seconds.
+double cpu_s() {
+  rusage ru = {};
+  getrusage(RUSAGE_SELF, &ru);
+  auto s = [](const timeval& tv) {
+    return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) / 1e6;
+  };
+  return s(ru.ru_utime) + s(ru.ru_stime);
 }
 
 bool send_all(int fd, const char* p, size_t len) {
@@ -85,6 +99,7 @@ int server(const sockaddr_in& sa) {
   const double secs = last - first;
   printf("stream: received=%llu seconds=%.3f MBps=%.2f\n", static_cast<unsigned long long>(total),
          secs, secs > 0 ? static_cast<double>(total) / secs / 1e6 : 0.0);
+  printf("stream: cpu=%.3f\n", cpu_s());
   close(fd);
   close(lfd);
   return 0;
@@ -118,6 +133,7 @@ int client(const sockaddr_in& sa, size_t size, double seconds) {
   const uint64_t acked = be64toh(be);
   printf("stream: sent=%llu acked=%llu seconds=%.3f\n", static_cast<unsigned long long>(sent),
          static_cast<unsigned long long>(acked), t - t0);
+  printf("stream: cpu=%.3f\n", cpu_s());
   if (acked != sent) {
     fprintf(stderr, "stream: the server received %llu of %llu bytes\n",
             static_cast<unsigned long long>(acked), static_cast<unsigned long long>(sent));
