@@ -37,7 +37,7 @@ struct PeerRule {
 };
 
 // Defaults, the single place they are defined (README.md and docs/configuration.md mirror this).
-inline constexpr size_t kDefaultRingBytes = 1u << 20;        // RSOCK_RING_SIZE
+inline constexpr size_t kDefaultRingBytes = 256u << 10;      // RSOCK_RING_SIZE
 inline constexpr size_t kMinRingBytes = 4u << 10;            // 4 KiB
 inline constexpr size_t kMaxRingBytes = 256u << 20;          // 256 MiB
 inline constexpr uint32_t kDefaultSpinUs = 50;               // RSOCK_SPIN_US

@@ -11,7 +11,7 @@
 namespace rsock_test {
 namespace {
 
-constexpr uint64_t kBytes = 3u << 20;  // each way: more than the default 1 MiB ring
+constexpr uint64_t kBytes = 3u << 20;  // each way: more than a ring of any default size
 
 class FallbackTest : public PreloadTest {
  protected:
