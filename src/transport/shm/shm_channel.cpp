@@ -227,16 +227,22 @@ constexpr int64_t kMemoNs = 1000000;
 void ShmChannel::wake(uint64_t sleepers_word) {
   if (sleepers::count(sleepers_word) == 0) return;
   const uint64_t tok = sleepers::token(sleepers_word);
+  // A word that names no sleep (several sleepers, or an arm without a
+  // token) is always rung: no memo, no clock.
+  if (tok == 0) {
+    ring_doorbell();
+    return;
+  }
   WakeupMemo& m = t_rung;
   const int64_t now = monotonic_ns();
-  if (tok != 0 && m.token.load(std::memory_order_relaxed) == tok &&
+  if (m.token.load(std::memory_order_relaxed) == tok &&
       now - m.at_ns.load(std::memory_order_relaxed) < kMemoNs) {
     // That sleep was rung on another of its connections (or on this one):
     // it disarms this one before it looks, and then sees our store.
     stats_wakeup(false);
     return;
   }
-  if (!ring_doorbell() || tok == 0) return;
+  if (!ring_doorbell()) return;
   m.token.store(tok, std::memory_order_relaxed);
   m.at_ns.store(now, std::memory_order_relaxed);
 }
