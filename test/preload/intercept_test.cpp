@@ -278,5 +278,34 @@ TEST_F(InetdTest, ExecdServiceEchoesOverSharedMemory) {
   EXPECT_EQ(cs->bytes_received, 3145728u);
 }
 
+// A fork's child that execs must not take its parent's sleepers with it:
+// the exec hand-off tells the new image how many sleepers its old image had
+// armed, and a fork's child had none (the counts it inherited are its
+// parent's threads'). Before the fix the new image took back the parent's
+// reader's arm, and the server's answer rang no doorbell.
+class ForkExecTest : public PreloadTest {};
+
+TEST_F(ForkExecTest, TheParentsSleeperStillWakes) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server("server", "rs_forkexec",
+                              {"--role", "server", "--port", std::to_string(port)}, env, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client =
+      spawn("client", "rs_forkexec", {"--role", "client", "--port", std::to_string(port)}, env);
+  ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  EXPECT_EQ(lines_with(client.out(), "CLIENT ok").size(), 1u) << client.out() << client.err();
+  EXPECT_TRUE(client.exited_ok()) << client.describe();
+  EXPECT_TRUE(server.exited_ok()) << server.describe();
+  auto cs = stats_of(client);
+  ASSERT_TRUE(cs);
+  expect_paths(*cs, 1, 0, "client");
+  // The child ran librsock, so the hand-off was taken.
+  EXPECT_EQ(stats_named(stats(), "rs_forkexec_child").size(), 1u) << read_file(stats_path());
+}
+
 }  // namespace
 }  // namespace rsock_test

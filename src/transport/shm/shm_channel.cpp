@@ -336,13 +336,20 @@ bool ShmChannel::arm(uint32_t want, uint64_t sleep) {
 }
 
 void ShmChannel::disarm(uint32_t want) {
+  // Stopping at zero: a fork's child starts at zero (after_fork_child) and
+  // may still disarm a sleep of its forking thread that began before.
+  auto count_down = [](std::atomic<uint32_t>& a) {
+    uint32_t v = a.load(std::memory_order_relaxed);
+    while (v > 0 && !a.compare_exchange_weak(v, v - 1, std::memory_order_relaxed)) {
+    }
+  };
   if (want & kWantData) {
     sleepers::disarm(rx_->consumer_sleepers);
-    armed_data_.fetch_sub(1, std::memory_order_relaxed);
+    count_down(armed_data_);
   }
   if (want & kWantSpace) {
     sleepers::disarm(tx_->producer_sleepers);
-    armed_space_.fetch_sub(1, std::memory_order_relaxed);
+    count_down(armed_space_);
   }
   // Pairs with the fence in publish()/grant(): a waker that still read our
   // token (and skipped its doorbell, ring/sleepers.h) stored before it, so
@@ -459,6 +466,12 @@ void ShmChannel::after_fork_child() {
   epoch_ = 0;
   lost_reported_.store(false, std::memory_order_relaxed);
   counted_ = false;
+  // The arms counted here are the parent's sleeping threads': none of them
+  // is in this process, and an exec here would hand them to the new image,
+  // which takes its old image's sleepers back (exec_handoff.cpp), so the
+  // parent's would sleep through their doorbells.
+  armed_data_.store(0, std::memory_order_relaxed);
+  armed_space_.store(0, std::memory_order_relaxed);
 }
 
 bool ShmChannel::drain_wakeups() {
