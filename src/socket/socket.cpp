@@ -305,6 +305,11 @@ int conn_shutdown(ConnectionState& c, int how) {
   // The kernel socket is left open in both directions: it carries the
   // doorbells and liveness until close().
   c.stream().shutdown(how != SHUT_WR, how != SHUT_RD);
+  // No doorbell tells this process's own sleepers (a thread blocked in
+  // recv, send or epoll_wait on the connection): kernel TCP wakes them at
+  // once, and stopping a reader thread with shutdown() relies on it. Every
+  // sleeper looks again.
+  c.wake.kick(false);
   return closed ? -ENOTCONN : 0;
 }
 

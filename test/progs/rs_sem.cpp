@@ -1426,6 +1426,71 @@ void mt_wait_case(WaitKind reader_kind, WaitKind writer_kind) {
   say("OK mt_reader_and_writer");
 }
 
+// shutdown() by one thread wakes another asleep on the connection, as on
+// kernel TCP, where stopping a reader thread with shutdown() is a common
+// idiom: no doorbell comes from the peer, so the waker is this process.
+//   shut_recv   a thread blocked in recv(); shutdown(SHUT_RD): recv gives 0
+//   shut_epoll  a thread in epoll_wait(EPOLLIN | EPOLLRDHUP); SHUT_RDWR:
+//               EPOLLIN | EPOLLRDHUP | EPOLLHUP, as Linux reports it
+//   shut_poll   a thread in poll(POLLIN); SHUT_RD: POLLIN
+//   shut_send   a thread blocked in send() on a full ring; SHUT_WR: EPIPE
+// No timeout in the sleeping calls: a lost wakeup fails the check after 5 s.
+void shutdown_wakes_case(const std::string& name) {
+  std::atomic<int> done{0};
+  long got = -1;
+  int err = 0;
+  uint64_t filled = 0;
+  if (name == "shut_send") {
+    for (;;) {  // fill the ring: the server does not read until told to
+      auto chunk = stream_bytes(180, filled, 4096);
+      ssize_t r = a_send(A, chunk.data(), chunk.size(), MSG_DONTWAIT);
+      if (r < 0) {
+        CHECK(errno == EAGAIN, "fill");
+        break;
+      }
+      filled += static_cast<uint64_t>(r);
+    }
+  }
+  std::thread sleeper([&] {
+    if (name == "shut_recv") {
+      uint8_t b;
+      got = a_recv(A, &b, 1, 0);
+    } else if (name == "shut_epoll") {
+      int ep = epoll_create1(0);
+      ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN | EPOLLRDHUP, 1);
+      epoll_event ev;
+      got = epoll_wait(ep, &ev, 1, -1) == 1 ? static_cast<long>(ev.events) : -2;
+      close(ep);
+    } else if (name == "shut_poll") {
+      pollfd p = {A, POLLIN, 0};
+      got = poll(&p, 1, -1) == 1 ? p.revents : -2;
+    } else {
+      const uint8_t b = stream_byte(180, filled);
+      got = a_send(A, &b, 1, MSG_NOSIGNAL);
+      err = errno;
+    }
+    done.store(1);
+  });
+  sleep_ms(100);  // the sleeper has spun and gone to sleep
+  CHECK(done.load() == 0, "%s: the call returned before the shutdown (%ld)", name.c_str(), got);
+  const int how = name == "shut_send" ? SHUT_WR : name == "shut_epoll" ? SHUT_RDWR : SHUT_RD;
+  CHECK(shutdown(A, how) == 0, "shutdown");
+  const int64_t end = now_ms() + 5000;
+  while (done.load() == 0 && now_ms() < end) sleep_ms(2);
+  CHECK(done.load() == 1, "%s: the sleeping thread never woke (lost wakeup)", name.c_str());
+  sleeper.join();
+  if (name == "shut_recv") CHECK(got == 0, "recv after SHUT_RD returned %ld", got);
+  if (name == "shut_epoll")
+    CHECK(got == (EPOLLIN | EPOLLRDHUP | EPOLLHUP), "epoll events 0x%lx after SHUT_RDWR", got);
+  if (name == "shut_poll") CHECK(got == POLLIN, "poll revents 0x%lx after SHUT_RD", got);
+  if (name == "shut_send") {
+    CHECK(got == -1 && err == EPIPE, "send after SHUT_WR: %ld, errno %d", got, err);
+    cmd("readA %llu 180", (unsigned long long)filled);
+    expect_reply("ok " + std::to_string(filled));
+  }
+  say("OK %s", name.c_str());
+}
+
 void case_mt_poll() { mt_wait_case(WaitKind::kCall, WaitKind::kPoll); }
 void case_mt_epoll() { mt_wait_case(WaitKind::kCall, WaitKind::kEpoll); }
 
@@ -1698,6 +1763,8 @@ int run_client(const std::string& name) {
     mt_wait_case(WaitKind::kPoll, WaitKind::kEpoll);
   else if (name == "mt_epoll_poll")
     mt_wait_case(WaitKind::kEpoll, WaitKind::kPoll);
+  else if (name.rfind("shut_", 0) == 0)
+    shutdown_wakes_case(name);
   else
     die(__LINE__, "case", "unknown case %s", name.c_str());
   cmd("quit");
