@@ -731,32 +731,50 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event* ev) {
   return finish(rs_epoll_ctl(epfd, op, fd, ev));
 }
 
+// A set without a shadow waits in the kernel; an event of ours in its answer
+// (another thread added an accelerated member meanwhile) is not the
+// application's (readiness.h).
 EXPORT int epoll_wait(int epfd, struct epoll_event* ev, int maxevents, int timeout) {
-  if (!runtime() || !fd_table().has(epfd)) return real().epoll_wait(epfd, ev, maxevents, timeout);
+  if (!runtime()) return real().epoll_wait(epfd, ev, maxevents, timeout);
+  if (!fd_table().has(epfd)) {
+    const int64_t entered = monotonic_ns();
+    const int r = real().epoll_wait(epfd, ev, maxevents, timeout);
+    if (r <= 0 || !epoll_events_internal(ev, r)) return r;
+    return finish(rs_epoll_after_kernel_wait(epfd, ev, maxevents, r, timeout, nullptr, entered));
+  }
   return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, nullptr));
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event* ev, int maxevents, int timeout,
                        const sigset_t* mask) {
-  if (!runtime() || !fd_table().has(epfd))
-    return real().epoll_pwait(epfd, ev, maxevents, timeout, mask);
+  if (!runtime()) return real().epoll_pwait(epfd, ev, maxevents, timeout, mask);
+  if (!fd_table().has(epfd)) {
+    const int64_t entered = monotonic_ns();
+    const int r = real().epoll_pwait(epfd, ev, maxevents, timeout, mask);
+    if (r <= 0 || !epoll_events_internal(ev, r)) return r;
+    return finish(rs_epoll_after_kernel_wait(epfd, ev, maxevents, r, timeout, mask, entered));
+  }
   return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, mask));
 }
 
-EXPORT int epoll_pwait2(int epfd, struct epoll_event* ev, int maxevents,
-                        const struct timespec* ts, const sigset_t* mask) {
-  if (!runtime() || !fd_table().has(epfd))
-    return real().epoll_pwait2 ? real().epoll_pwait2(epfd, ev, maxevents, ts, mask)
-                               : finish(-ENOSYS);
+EXPORT int epoll_pwait2(int epfd, struct epoll_event* ev, int maxevents, const struct timespec* ts,
+                        const sigset_t* mask) {
+  // Milliseconds, rounded up (never a shorter wait than asked).
+  auto timeout_ms = [ts] {
+    if (!ts) return -1;
+    const int64_t ms = int64_t{ts->tv_sec} * 1000 + (ts->tv_nsec + 999999) / 1000000;
+    return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
+  };
+  if (!runtime() || !fd_table().has(epfd)) {
+    if (!real().epoll_pwait2) return finish(-ENOSYS);
+    const int64_t entered = monotonic_ns();
+    const int r = real().epoll_pwait2(epfd, ev, maxevents, ts, mask);
+    if (!runtime() || r <= 0 || !epoll_events_internal(ev, r)) return r;
+    return finish(rs_epoll_after_kernel_wait(epfd, ev, maxevents, r, timeout_ms(), mask, entered));
+  }
   if (ts && (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000))
     return finish(-EINVAL);
-  // Milliseconds, rounded up (never a shorter wait than asked).
-  int timeout = -1;
-  if (ts) {
-    const int64_t ms = int64_t{ts->tv_sec} * 1000 + (ts->tv_nsec + 999999) / 1000000;
-    timeout = ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
-  }
-  return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, mask));
+  return finish(rs_epoll_wait(epfd, ev, maxevents, timeout_ms(), mask));
 }
 
 // ---- descriptors and options -------------------------------------------------

@@ -889,6 +889,43 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
   }
 }
 
+bool epoll_events_internal(const epoll_event* ev, int n) {
+  for (int i = 0; i < n; ++i) {
+    const uint64_t tag = ev[i].data.u64 & kTagMask;
+    if (tag == kTag || tag == kKickTag) return true;
+  }
+  return false;
+}
+
+int rs_epoll_after_kernel_wait(int epfd, epoll_event* events, int maxevents, int r, int timeout_ms,
+                               const sigset_t* mask, int64_t entered_ns) {
+  // Another thread added an accelerated member while this one slept in the
+  // kernel, and the member's wakeup fd fired: the event is ours (its data
+  // is our tag, which the application must never see). It goes through the
+  // set's shadow as in any wait; with nothing left for the application the
+  // wait goes on for what is left of its timeout, now with the shadow.
+  int n = 0;
+  {
+    SetRef set(epfd);
+    if (EpollState* s = set.get()) {
+      n = filter_kernel(*s, events, r, nullptr);
+      n += collect(*s, events + n, maxevents - n);
+    } else {
+      for (int i = 0; i < r; ++i) {  // no shadow: ours can only be stale
+        const uint64_t tag = events[i].data.u64 & kTagMask;
+        if (tag != kTag && tag != kKickTag) events[n++] = events[i];
+      }
+    }
+  }
+  if (n > 0) return n;
+  int left = timeout_ms;
+  if (timeout_ms > 0) {
+    const int64_t spent_ms = (monotonic_ns() - entered_ns) / 1000000;
+    left = spent_ms >= timeout_ms ? 0 : timeout_ms - static_cast<int>(spent_ms);
+  }
+  return rs_epoll_wait(epfd, events, maxevents, left, mask);
+}
+
 int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
                   const sigset_t* mask) {
   if (maxevents <= 0) return -EINVAL;
@@ -902,8 +939,10 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     empty = s->members.empty();
   }
   if (empty) {
+    const int64_t entered = monotonic_ns();
     int r = real().epoll_pwait(epfd, events, maxevents, timeout_ms, mask);
-    return r < 0 ? -errno : r;
+    if (r <= 0 || !epoll_events_internal(events, r)) return r < 0 ? -errno : r;
+    return rs_epoll_after_kernel_wait(epfd, events, maxevents, r, timeout_ms, mask, entered);
   }
   const int64_t start = monotonic_ns();
   const int64_t deadline = timeout_ms < 0 ? -1 : start + int64_t{timeout_ms} * 1000000;

@@ -12,6 +12,8 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 
+#include <cstdint>
+
 namespace rsock {
 
 // poll/ppoll. timeout_ns < 0 = infinite. Returns the libc result or -errno.
@@ -27,6 +29,16 @@ int rs_epoll_create(int flags);  // creates the set and its shadow
 int rs_epoll_ctl(int epfd, int op, int fd, struct epoll_event* ev);
 int rs_epoll_wait(int epfd, struct epoll_event* events, int maxevents, int timeout_ms,
                   const sigset_t* mask);
+
+// A wait that went to the kernel alone (the set had no accelerated member
+// when it began) must not hand the application an event of ours: another
+// thread may have added an accelerated member meanwhile. Whether ev[0..n)
+// holds one; then rs_epoll_after_kernel_wait() turns the kernel's r events
+// into the application's (or waits on for the rest of timeout_ms, counted
+// from entered_ns, CLOCK_MONOTONIC). Returns a count or -errno.
+bool epoll_events_internal(const struct epoll_event* ev, int n);
+int rs_epoll_after_kernel_wait(int epfd, struct epoll_event* events, int maxevents, int r,
+                               int timeout_ms, const sigset_t* mask, int64_t entered_ns);
 
 // Drops fd from every epoll shadow (called on its last close).
 void epoll_forget(int fd);

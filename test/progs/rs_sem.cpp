@@ -1491,6 +1491,40 @@ void shutdown_wakes_case(const std::string& name) {
   say("OK %s", name.c_str());
 }
 
+// epoll_add_asleep: a thread sleeps in epoll_wait on a set that has no
+// accelerated member (so in the kernel alone); another thread adds A with
+// the application's data, then the server closes A. The sleeper must get
+// A's event with that data: the wakeup fd librsock registers for A is
+// tagged with its own data, which the application must never see (it
+// did: an event whose data was librsock's tag, a wild pointer to a program
+// that keeps pointers there).
+void case_epoll_add_asleep() {
+  constexpr uint64_t kData = 0x5eed1234;
+  const int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  std::atomic<int> done{0};
+  epoll_event got = {};
+  int n = -2;
+  std::thread sleeper([&] {
+    n = epoll_wait(ep, &got, 1, -1);
+    done.store(1);
+  });
+  sleep_ms(100);  // asleep in the kernel, on an empty set
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN | EPOLLRDHUP, kData);
+  cmd("closeA");
+  expect_reply("closed");
+  const int64_t end = now_ms() + 5000;
+  while (done.load() == 0 && now_ms() < end) sleep_ms(2);
+  CHECK(done.load() == 1, "the sleeper never woke for the peer's close");
+  sleeper.join();
+  CHECK(n == 1, "epoll_wait returned %d", n);
+  CHECK(got.data.u64 == kData, "the event's data is 0x%llx, not the application's 0x%llx",
+        (unsigned long long)got.data.u64, (unsigned long long)kData);
+  CHECK((got.events & (EPOLLIN | EPOLLRDHUP)) == (EPOLLIN | EPOLLRDHUP), "events 0x%x", got.events);
+  close(ep);
+  say("OK epoll_add_asleep");
+}
+
 void case_mt_poll() { mt_wait_case(WaitKind::kCall, WaitKind::kPoll); }
 void case_mt_epoll() { mt_wait_case(WaitKind::kCall, WaitKind::kEpoll); }
 
@@ -1765,6 +1799,8 @@ int run_client(const std::string& name) {
     mt_wait_case(WaitKind::kEpoll, WaitKind::kPoll);
   else if (name.rfind("shut_", 0) == 0)
     shutdown_wakes_case(name);
+  else if (name == "epoll_add_asleep")
+    case_epoll_add_asleep();
   else
     die(__LINE__, "case", "unknown case %s", name.c_str());
   cmd("quit");
