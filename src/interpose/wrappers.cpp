@@ -245,7 +245,8 @@ EXPORT int close(int fd) {
 
 // close_range and closefrom close the application's fds in a range: their
 // state goes as for close(). librsock's own fds in the range (a surviving
-// connection's doorbell dup, region memfd and WakeHub eventfd) are kept
+// connection's doorbell dup, region memfd and WakeHub eventfd, an epoll
+// set's kick eventfd) are kept
 // open, since the
 // program never knew of them: a daemon's closefrom(3) must not break the
 // accelerated stdin it keeps.
@@ -268,6 +269,7 @@ int close_span(unsigned first, unsigned last, int flags) {
     if (strcmp(ch.name(), "shm") == 0) keep.push_back(static_cast<ShmChannel&>(ch).memfd());
     if (strcmp(ch.name(), "rdma") == 0) static_cast<VerbsChannel&>(ch).own_fds(&keep);
   });
+  epoll_own_fds(&keep);
   std::sort(keep.begin(), keep.end());
   unsigned from = first;
   for (int k : keep) {
@@ -736,24 +738,16 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event* ev) {
 // application's (readiness.h).
 EXPORT int epoll_wait(int epfd, struct epoll_event* ev, int maxevents, int timeout) {
   if (!runtime()) return real().epoll_wait(epfd, ev, maxevents, timeout);
-  if (!fd_table().has(epfd)) {
-    const int64_t entered = monotonic_ns();
-    const int r = real().epoll_wait(epfd, ev, maxevents, timeout);
-    if (r <= 0 || !epoll_events_internal(ev, r)) return r;
-    return finish(rs_epoll_after_kernel_wait(epfd, ev, maxevents, r, timeout, nullptr, entered));
-  }
+  if (!fd_table().has(epfd))
+    return finish(rs_epoll_wait_unshadowed(epfd, ev, maxevents, timeout, nullptr, false, nullptr));
   return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, nullptr));
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event* ev, int maxevents, int timeout,
                        const sigset_t* mask) {
   if (!runtime()) return real().epoll_pwait(epfd, ev, maxevents, timeout, mask);
-  if (!fd_table().has(epfd)) {
-    const int64_t entered = monotonic_ns();
-    const int r = real().epoll_pwait(epfd, ev, maxevents, timeout, mask);
-    if (r <= 0 || !epoll_events_internal(ev, r)) return r;
-    return finish(rs_epoll_after_kernel_wait(epfd, ev, maxevents, r, timeout, mask, entered));
-  }
+  if (!fd_table().has(epfd))
+    return finish(rs_epoll_wait_unshadowed(epfd, ev, maxevents, timeout, nullptr, false, mask));
   return finish(rs_epoll_wait(epfd, ev, maxevents, timeout, mask));
 }
 
@@ -767,10 +761,8 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event* ev, int maxevents, const s
   };
   if (!runtime() || !fd_table().has(epfd)) {
     if (!real().epoll_pwait2) return finish(-ENOSYS);
-    const int64_t entered = monotonic_ns();
-    const int r = real().epoll_pwait2(epfd, ev, maxevents, ts, mask);
-    if (!runtime() || r <= 0 || !epoll_events_internal(ev, r)) return r;
-    return finish(rs_epoll_after_kernel_wait(epfd, ev, maxevents, r, timeout_ms(), mask, entered));
+    if (!runtime()) return real().epoll_pwait2(epfd, ev, maxevents, ts, mask);
+    return finish(rs_epoll_wait_unshadowed(epfd, ev, maxevents, timeout_ms(), ts, true, mask));
   }
   if (ts && (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000))
     return finish(-EINVAL);

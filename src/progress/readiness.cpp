@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "common/sleep_token.h"
 #include "fdtable/fdtable.h"
@@ -138,6 +140,8 @@ class EpollState final : public FdState {
       sets.erase(std::remove(sets.begin(), sets.end(), this), sets.end());
     }
     std::lock_guard<std::mutex> lock(mu);
+    if (kick_fd >= 0) real().close(kick_fd);
+    kick_fd = -1;
     for (auto& [fd, m] : members) m.st.get()->epoll_refs.fetch_sub(1);
     members.clear();
     parked = 0;
@@ -149,6 +153,11 @@ class EpollState final : public FdState {
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
   int parked = 0;                      // members parked (see park())
+  // Threads of this process asleep in the kernel on this set (under mu), and
+  // the eventfd that wakes them when another thread adds or changes an
+  // accelerated member (see kick_set). -1 until first needed.
+  int waiting = 0;
+  int kick_fd = -1;
   // Keyed by the hub, which lives as long as a member holds its connection.
   std::map<const WakeHub*, HubWatch> hubs;
 };
@@ -178,6 +187,44 @@ uint32_t epoll_mask_of(const StreamEvents& ev) {
   if (ev.hup) m |= EPOLLHUP;
   if (ev.error) m |= EPOLLERR;
   return m;
+}
+
+// The fd field of the set's own kick event (no application fd has it).
+constexpr uint32_t kSetKick = 0xffffffffu;
+
+// Threads asleep in the kernel on a set that has no shadow at all (the
+// wrappers' path: rs_epoll_wait_unshadowed). An ADD that makes a set's
+// shadow cannot tell whether one of them sleeps on that set; with none
+// anywhere it need not wake anybody.
+std::atomic<int> g_unshadowed_waiters{0};
+
+// Another thread added or changed an accelerated member: a thread asleep in
+// the kernel on this set would not look at it (the kernel wakes epoll
+// sleepers for a ready fd that is added; our registration of the member's
+// wakeup fd is not ready), so it is woken to look. `fresh`: the shadow was
+// made by this call, so a thread may sleep on the set uncounted. Under s.mu.
+void kick_set(EpollState& s, bool fresh) {
+  if (s.waiting == 0) {
+    if (!fresh) return;
+    // Dekker with rs_epoll_wait_unshadowed: the shadow was published
+    // before this load; a sleeper counts itself before it looks for one.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (g_unshadowed_waiters.load(std::memory_order_seq_cst) == 0) return;
+  }
+  if (s.kick_fd < 0) {
+    const int fd = lift_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (fd < 0) return;  // out of fds: that sleeper wakes at the next doorbell
+    epoll_event kev = {};
+    kev.events = EPOLLIN;  // level: a kick stays until a wait drains it
+    kev.data.u64 = kKickTag | kSetKick;
+    if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, fd, &kev) != 0) {
+      real().close(fd);
+      return;
+    }
+    s.kick_fd = fd;
+  }
+  const uint64_t one = 1;
+  (void)!real().write(s.kick_fd, &one, sizeof one);
 }
 
 // Collects ready accelerated members into out[0..max). Level-triggered
@@ -267,6 +314,7 @@ struct Joined {
 // when a hub has no fd the set watches.
 void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
   std::lock_guard<std::mutex> lock(s.mu);
+  ++s.waiting;  // until disarm_all: an ADD or MOD meanwhile wakes us (kick_set)
   *blind = false;
   const uint64_t sleep = new_sleep_token();  // one sleep: every member
   for (auto& [fd, m] : s.members) {
@@ -300,6 +348,7 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
 void disarm_all(EpollState& s, std::vector<Joined>* joined) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
+    --s.waiting;
     for (auto& [fd, m] : s.members) {
       ConnectionState* c = m.conn();
       if (!c) continue;
@@ -333,7 +382,14 @@ bool has_joined(const std::vector<Joined>* joined, const ConnectionState* c) {
 int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joined>* joined) {
   int kept = 0;
   for (int i = 0; i < n; ++i) {
-    if ((ev[i].data.u64 & kTagMask) == kKickTag) continue;
+    if ((ev[i].data.u64 & kTagMask) == kKickTag) {
+      if ((ev[i].data.u64 & 0xffffffffu) == kSetKick) {
+        std::lock_guard<std::mutex> lock(s.mu);
+        uint64_t v;
+        if (s.kick_fd >= 0) (void)!real().read(s.kick_fd, &v, sizeof v);
+      }
+      continue;
+    }
     if ((ev[i].data.u64 & kTagMask) == kTag) {
       int fd = static_cast<int>(ev[i].data.u64 & 0xffffffffu);
       std::lock_guard<std::mutex> lock(s.mu);
@@ -730,9 +786,11 @@ class SetRef {
 
 // Creates epfd's shadow (with the set's first shadowed member) unless it
 // has one. Returns 0 or -errno.
-int make_shadow(int epfd) {
+int make_shadow(int epfd, bool* made) {
+  *made = false;
   if (fd_table().has(epfd)) return 0;
   if (real().fcntl(epfd, F_GETFD) < 0) return -EBADF;
+  *made = true;
   auto* s = new EpollState(epfd);
   fd_table().set(epfd, s);
   s->unref();
@@ -796,6 +854,7 @@ bool ctl_known_member(int epfd, int op, int fd, const epoll_event* ev, int* r) {
   auto it = s->members.find(fd);
   if (it == s->members.end() || it->second.st.get() != now || !it->second.conn()) return false;
   *r = ctl_member(*s, it, op, ev, true);
+  if (*r == 0 && op != EPOLL_CTL_DEL) kick_set(*s, false);
   return true;
 }
 
@@ -810,7 +869,8 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
     return r < 0 ? -errno : 0;
   }
   if (op != EPOLL_CTL_DEL && ev == nullptr) return -EFAULT;
-  if (int err = make_shadow(epfd)) return err;
+  bool made = false;
+  if (int err = make_shadow(epfd, &made)) return err;
   SetRef set(epfd);
   EpollState* s = set.get();
   if (!s) return -EINVAL;
@@ -828,7 +888,10 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   auto it = s->members.find(fd);
   if (it != s->members.end()) {
     const int r = ctl_member(*s, it, op, ev, it->second.st.get() == st.get());
-    if (r != kAddAfresh) return r;
+    if (r != kAddAfresh) {
+      if (r == 0 && op != EPOLL_CTL_DEL) kick_set(*s, made);
+      return r;
+    }
   } else if (op != EPOLL_CTL_ADD) {
     return -ENOENT;
   }
@@ -849,6 +912,7 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   set_events(m, *ev);
   m.st.get()->epoll_refs.fetch_add(1);
   s->members.emplace(fd, std::move(m));
+  kick_set(*s, made);
   return 0;
 }
 
@@ -887,6 +951,24 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
     // name another file by then.
     pending->epoll_refs.fetch_sub(1);
   }
+}
+
+int rs_epoll_wait_unshadowed(int epfd, epoll_event* events, int maxevents, int timeout_ms,
+                             const timespec* ts, bool use_ts, const sigset_t* mask) {
+  g_unshadowed_waiters.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (fd_table().has(epfd)) {  // a shadow came meanwhile: the full wait
+    g_unshadowed_waiters.fetch_sub(1, std::memory_order_relaxed);
+    return rs_epoll_wait(epfd, events, maxevents, timeout_ms, mask);
+  }
+  const int64_t entered = monotonic_ns();
+  const int r = use_ts ? real().epoll_pwait2(epfd, events, maxevents, ts, mask)
+                       : real().epoll_pwait(epfd, events, maxevents, timeout_ms, mask);
+  const int err = errno;
+  g_unshadowed_waiters.fetch_sub(1, std::memory_order_relaxed);
+  if (r < 0) return -err;
+  if (r == 0 || !epoll_events_internal(events, r)) return r;
+  return rs_epoll_after_kernel_wait(epfd, events, maxevents, r, timeout_ms, mask, entered);
 }
 
 bool epoll_events_internal(const epoll_event* ev, int n) {
@@ -937,10 +1019,17 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     // Parked members alone: they go, and the kernel does the wait.
     if (s->parked > 0 && s->members.size() == static_cast<size_t>(s->parked)) purge_parked(*s);
     empty = s->members.empty();
+    if (empty) ++s->waiting;  // an ADD meanwhile wakes us (kick_set)
   }
   if (empty) {
     const int64_t entered = monotonic_ns();
     int r = real().epoll_pwait(epfd, events, maxevents, timeout_ms, mask);
+    const int err = errno;
+    if (s) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      --s->waiting;
+    }
+    errno = err;
     if (r <= 0 || !epoll_events_internal(events, r)) return r < 0 ? -errno : r;
     return rs_epoll_after_kernel_wait(epfd, events, maxevents, r, timeout_ms, mask, entered);
   }
@@ -1010,6 +1099,14 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       return n;
     }
     iter = -1;  // the next pass (0) looks at the kernel members too
+  }
+}
+
+void epoll_own_fds(std::vector<int>* out) {
+  std::lock_guard<std::mutex> lock(g_sets_mu);
+  for (EpollState* s : live_sets()) {
+    std::lock_guard<std::mutex> l2(s->mu);
+    if (s->kick_fd >= 0) out->push_back(s->kick_fd);
   }
 }
 

@@ -11,8 +11,10 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <time.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace rsock {
 
@@ -37,8 +39,18 @@ int rs_epoll_wait(int epfd, struct epoll_event* events, int maxevents, int timeo
 // into the application's (or waits on for the rest of timeout_ms, counted
 // from entered_ns, CLOCK_MONOTONIC). Returns a count or -errno.
 bool epoll_events_internal(const struct epoll_event* ev, int n);
+// The wait of a set without a shadow (the wrappers' path): in the kernel,
+// then as above. use_ts: epoll_pwait2 with ts (timeout_ms is ts rounded up,
+// for what follows), else epoll_pwait with timeout_ms. Returns a count or
+// -errno.
+int rs_epoll_wait_unshadowed(int epfd, struct epoll_event* events, int maxevents, int timeout_ms,
+                             const struct timespec* ts, bool use_ts, const sigset_t* mask);
 int rs_epoll_after_kernel_wait(int epfd, struct epoll_event* events, int maxevents, int r,
                                int timeout_ms, const sigset_t* mask, int64_t entered_ns);
+
+// The descriptors librsock opened for epoll sets (each set's kick eventfd),
+// which close_range and closefrom must leave open.
+void epoll_own_fds(std::vector<int>* out);
 
 // Drops fd from every epoll shadow (called on its last close).
 void epoll_forget(int fd);

@@ -99,17 +99,16 @@ TEST_P(SemanticsTest, OnSharedMemory) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTest,
-                         ::testing::Values("nonblock", "sendfull", "peek", "timeo", "epipe", "addr",
-                                           "dup", "poll", "select", "epoll_lt", "epoll_et",
-                                           "epoll_oneshot", "idle", "mt_poll", "mt_epoll",
-                                           "mt_recv_send", "mt_poll_send", "mt_epoll_send",
-                                           "mt_poll_poll", "mt_epoll_epoll", "mt_poll_epoll",
-                                           "mt_epoll_poll", "nb_poll", "nb_select", "nb_epoll",
-                                           "nb_block", "nb_dup", "nb_fallback", "nb_close",
-                                           "nb_accept", "nb_epoll_mod", "shut_recv", "shut_epoll",
-                                           "shut_poll", "shut_send", "epoll_add_asleep"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SemanticsTest,
+    ::testing::Values("nonblock", "sendfull", "peek", "timeo", "epipe", "addr", "dup", "poll",
+                      "select", "epoll_lt", "epoll_et", "epoll_oneshot", "idle", "mt_poll",
+                      "mt_epoll", "mt_recv_send", "mt_poll_send", "mt_epoll_send", "mt_poll_poll",
+                      "mt_epoll_epoll", "mt_poll_epoll", "mt_epoll_poll", "nb_poll", "nb_select",
+                      "nb_epoll", "nb_block", "nb_dup", "nb_fallback", "nb_close", "nb_accept",
+                      "nb_epoll_mod", "shut_recv", "shut_epoll", "shut_poll", "shut_send",
+                      "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready"),
+    [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace rsock_test

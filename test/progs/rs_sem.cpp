@@ -1525,6 +1525,41 @@ void case_epoll_add_asleep() {
   say("OK epoll_add_asleep");
 }
 
+// epoll_add_ready / epoll_mod_ready: a thread sleeps in epoll_wait; another
+// adds A (to an empty set) or changes A's events from none to EPOLLIN, when
+// A's bytes have already arrived. The kernel wakes such a sleeper at once
+// (the fd is ready as it is added); so must librsock, although no doorbell
+// comes: the peer wrote while nobody slept on A.
+void ready_member_case(bool mod) {
+  constexpr uint64_t kData = 0xadd0;
+  const int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  if (mod) ep_ctl(ep, EPOLL_CTL_ADD, A, 0, kData);
+  cmd("sendA 1 190 0");
+  sleep_ms(50);  // the byte is in A's ring
+  std::atomic<int> done{0};
+  epoll_event got = {};
+  int n = -2;
+  std::thread sleeper([&] {
+    n = epoll_wait(ep, &got, 1, -1);
+    done.store(1);
+  });
+  sleep_ms(100);  // asleep
+  CHECK(done.load() == 0, "epoll_wait returned %d before the change", n);
+  ep_ctl(ep, mod ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, A, EPOLLIN, kData);
+  const int64_t end = now_ms() + 5000;
+  while (done.load() == 0 && now_ms() < end) sleep_ms(2);
+  CHECK(done.load() == 1, "the sleeper never woke for a ready member (lost wakeup)");
+  sleeper.join();
+  CHECK(n == 1 && got.data.u64 == kData && (got.events & EPOLLIN),
+        "epoll_wait returned %d, events 0x%x, data 0x%llx", n, got.events,
+        (unsigned long long)got.data.u64);
+  uint8_t b = 0;
+  CHECK(a_recv(A, &b, 1, 0) == 1 && b == stream_byte(190, 0), "the byte");
+  close(ep);
+  say("OK %s", mod ? "epoll_mod_ready" : "epoll_add_ready");
+}
+
 void case_mt_poll() { mt_wait_case(WaitKind::kCall, WaitKind::kPoll); }
 void case_mt_epoll() { mt_wait_case(WaitKind::kCall, WaitKind::kEpoll); }
 
@@ -1801,6 +1836,8 @@ int run_client(const std::string& name) {
     shutdown_wakes_case(name);
   else if (name == "epoll_add_asleep")
     case_epoll_add_asleep();
+  else if (name == "epoll_add_ready" || name == "epoll_mod_ready")
+    ready_member_case(name == "epoll_mod_ready");
   else
     die(__LINE__, "case", "unknown case %s", name.c_str());
   cmd("quit");
