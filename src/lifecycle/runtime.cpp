@@ -20,6 +20,7 @@
 #include "common/sleep_token.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/exec_handoff.h"
+#include "progress/readiness.h"
 #include "socket/interruptible.h"
 #include "socket/pending.h"
 #include "socket/socket.h"
@@ -129,6 +130,7 @@ void after_fork_child() {
     if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
   });
   pending_after_fork_child();
+  epoll_after_fork_child();
   interruptible_after_fork_child();
   sleep_tokens_after_fork_child();
   // The connections' carriers stay the parent's (an RDMA queue pair): the

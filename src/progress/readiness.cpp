@@ -1102,6 +1102,13 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
   }
 }
 
+void epoll_after_fork_child() {
+  // Only the forking thread runs here: whoever the parent counted as asleep
+  // is not (the sets' locks are not taken: their holders are gone too).
+  g_unshadowed_waiters.store(0, std::memory_order_relaxed);
+  for (EpollState* s : live_sets()) s->waiting = 0;
+}
+
 void epoll_own_fds(std::vector<int>* out) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
   for (EpollState* s : live_sets()) {
