@@ -1426,6 +1426,13 @@ void mt_wait_case(WaitKind reader_kind, WaitKind writer_kind) {
   say("OK mt_reader_and_writer");
 }
 
+// Waits up to 5 s for a sleeping thread to set `done`: longer means its
+// wakeup was lost (its call has no timeout of its own, so as not to hide it).
+void wait_for(const std::atomic<int>& done) {
+  const int64_t end = now_ms() + 5000;
+  while (done.load() == 0 && now_ms() < end) sleep_ms(2);
+}
+
 // shutdown() by one thread wakes another asleep on the connection, as on
 // kernel TCP, where stopping a reader thread with shutdown() is a common
 // idiom: no doorbell comes from the peer, so the waker is this process.
@@ -1475,8 +1482,7 @@ void shutdown_wakes_case(const std::string& name) {
   CHECK(done.load() == 0, "%s: the call returned before the shutdown (%ld)", name.c_str(), got);
   const int how = name == "shut_send" ? SHUT_WR : name == "shut_epoll" ? SHUT_RDWR : SHUT_RD;
   CHECK(shutdown(A, how) == 0, "shutdown");
-  const int64_t end = now_ms() + 5000;
-  while (done.load() == 0 && now_ms() < end) sleep_ms(2);
+  wait_for(done);
   CHECK(done.load() == 1, "%s: the sleeping thread never woke (lost wakeup)", name.c_str());
   sleeper.join();
   if (name == "shut_recv") CHECK(got == 0, "recv after SHUT_RD returned %ld", got);
@@ -1513,8 +1519,7 @@ void case_epoll_add_asleep() {
   ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN | EPOLLRDHUP, kData);
   cmd("closeA");
   expect_reply("closed");
-  const int64_t end = now_ms() + 5000;
-  while (done.load() == 0 && now_ms() < end) sleep_ms(2);
+  wait_for(done);
   CHECK(done.load() == 1, "the sleeper never woke for the peer's close");
   sleeper.join();
   CHECK(n == 1, "epoll_wait returned %d", n);
@@ -1547,8 +1552,7 @@ void ready_member_case(bool mod) {
   sleep_ms(100);  // asleep
   CHECK(done.load() == 0, "epoll_wait returned %d before the change", n);
   ep_ctl(ep, mod ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, A, EPOLLIN, kData);
-  const int64_t end = now_ms() + 5000;
-  while (done.load() == 0 && now_ms() < end) sleep_ms(2);
+  wait_for(done);
   CHECK(done.load() == 1, "the sleeper never woke for a ready member (lost wakeup)");
   sleeper.join();
   CHECK(n == 1 && got.data.u64 == kData && (got.events & EPOLLIN),
