@@ -993,10 +993,9 @@ int rs_epoll_after_kernel_wait(int epfd, epoll_event* events, int maxevents, int
       n = filter_kernel(*s, events, r, nullptr);
       n += collect(*s, events + n, maxevents - n);
     } else {
-      for (int i = 0; i < r; ++i) {  // no shadow: ours can only be stale
-        const uint64_t tag = events[i].data.u64 & kTagMask;
-        if (tag != kTag && tag != kKickTag) events[n++] = events[i];
-      }
+      // No shadow: none of ours is registered (they go with it), so these
+      // are the application's own, whatever their data looks like.
+      n = r;
     }
   }
   if (n > 0) return n;
