@@ -106,19 +106,45 @@ struct EpollMember {
   // Removed by EPOLL_CTL_DEL, but its kernel registration stays for a
   // re-ADD of the same connection (see park()). Gone for the application.
   bool parked = false;
+  // Dormant: reported nothing for kQuietSleeps sleeps in a row, so it stays
+  // armed (without a sleep token) and joined to its hub between waits and
+  // the passes leave it out, until its doorbell or a kick of its hub (see
+  // wake_member). `fresh` until the wait that made it so has looked at it
+  // once after arming it.
+  bool dormant = false;
+  bool fresh = false;
+  bool dorm_data = false;
+  bool dorm_space = false;
+  WakeHub::Ticket dorm_ticket;
+  uint8_t quiet = 0;      // sleeps in a row in which it reported nothing
+  bool reported = false;  // reported an event since the last sleep
+  // The set's list of members that are not dormant, which the passes walk
+  // (a dormant member is off it). fd: the member's key in the set.
+  int fd = -1;
+  class EpollState* owner = nullptr;
+  EpollMember* prev = nullptr;
+  EpollMember* next = nullptr;
+  bool linked = false;
 };
+
+// Sleeps without an event after which a member goes dormant.
+constexpr uint8_t kQuietSleeps = 4;
 
 // The set watches the WakeHub fd of each connection among its members
 // (edge-triggered, kKickTag), once however many members share it (dup'd
-// fds); `id` says which fd that was (WakeHub::shared_fd).
+// fds); `id` says which fd that was (WakeHub::shared_fd). Its events carry
+// `tag_fd`, the fd of a member that shares it, so that a kick wakes that
+// connection's dormant members.
 struct HubWatch {
   int fd = -1;
   uint64_t id = 0;
   int members = 0;
+  int tag_fd = -1;
 };
 
 std::mutex g_sets_mu;
 class EpollState;
+void wake_member(EpollMember& m);
 
 // Every live shadow, for epoll_forget and epoll_pending_resolved; under
 // g_sets_mu. Built in static storage on first use and never destroyed: a
@@ -142,7 +168,11 @@ class EpollState final : public FdState {
     std::lock_guard<std::mutex> lock(mu);
     if (kick_fd >= 0) real().close(kick_fd);
     kick_fd = -1;
-    for (auto& [fd, m] : members) m.st.get()->epoll_refs.fetch_sub(1);
+    for (auto& [fd, m] : members) {
+      wake_member(m);
+      m.st.get()->epoll_refs.fetch_sub(1);
+    }
+    awake = nullptr;
     members.clear();
     parked = 0;
     hubs.clear();
@@ -152,6 +182,7 @@ class EpollState final : public FdState {
   SpinGovernor spin;                      // epoll_wait's spin length
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
+  EpollMember* awake = nullptr;        // the members not dormant (a list)
   int parked = 0;                      // members parked (see park())
   // Threads of this process asleep in the kernel on this set (under mu), and
   // the eventfd that wakes them when another thread adds or changes an
@@ -161,6 +192,44 @@ class EpollState final : public FdState {
   // Keyed by the hub, which lives as long as a member holds its connection.
   std::map<const WakeHub*, HubWatch> hubs;
 };
+
+void link_awake(EpollMember& m) {
+  if (m.linked || !m.owner) return;
+  EpollMember*& head = m.owner->awake;
+  m.prev = nullptr;
+  m.next = head;
+  if (head) head->prev = &m;
+  head = &m;
+  m.linked = true;
+}
+
+void unlink_awake(EpollMember& m) {
+  if (!m.linked) return;
+  if (m.prev)
+    m.prev->next = m.next;
+  else
+    m.owner->awake = m.next;
+  if (m.next) m.next->prev = m.prev;
+  m.prev = m.next = nullptr;
+  m.linked = false;
+}
+
+// Ends a member's dormancy: its arms and its hub ticket go. Under the
+// set's mutex (the hub's is taken inside it, never the other way round).
+void wake_member(EpollMember& m) {
+  if (!m.dormant) return;
+  ConnectionState* c = m.conn();
+  if (c) {
+    Channel& ch = c->stream().channel();
+    if (m.dorm_data) ch.disarm(kWantData);
+    if (m.dorm_space) ch.disarm(kWantSpace);
+    c->wake.leave(m.dorm_ticket);
+  }
+  m.dormant = m.fresh = m.dorm_data = m.dorm_space = false;
+  m.dorm_ticket = WakeHub::Ticket{};
+  m.quiet = 0;
+  link_awake(m);
+}
 
 // Whether a wait loop also asks the kernel about its kernel members (one
 // system call). When accelerated members are ready, once kKernelLookNs has
@@ -233,9 +302,11 @@ void kick_set(EpollState& s, bool fresh) {
 int collect(EpollState& s, epoll_event* out, int max) {
   std::lock_guard<std::mutex> lock(s.mu);
   int n = 0;
-  for (auto& [fd, m] : s.members) {
+  for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
+    nx = p->next;
+    EpollMember& m = *p;
     if (n >= max) break;
-    if (m.disabled || m.parked || !m.conn()) continue;
+    if (m.disabled || m.parked || !m.conn() || (m.dormant && !m.fresh)) continue;
     // No probe where the set's kernel registration of the member's wakeup
     // fd tells of a peer's death (rs_epoll_wait drains it before it calls
     // collect): probing each member once per clock tick cost a busy loop
@@ -256,6 +327,8 @@ int collect(EpollState& s, epoll_event* out, int max) {
     out[n].events = mask;
     out[n].data = m.data;
     ++n;
+    m.reported = true;
+    wake_member(m);  // a fresh dormant member that had something after all
     if (m.events & EPOLLONESHOT) m.disabled = true;
   }
   return n;
@@ -274,12 +347,14 @@ bool watch_hub(EpollState& s, EpollMember& m, int fd) {
     epoll_event kev = {};
     kev.events = EPOLLIN | EPOLLET;  // every kick is an event, whatever the level
     kev.data.u64 = kKickTag | static_cast<uint32_t>(fd);
-    if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, hfd, &kev) != 0 && errno != EEXIST) {
+    if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, hfd, &kev) != 0 &&
+        (errno != EEXIST || real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, hfd, &kev) != 0)) {
       if (w.members == 0) s.hubs.erase(&hub);
       return false;
     }
     w.fd = hfd;
     w.id = id;
+    w.tag_fd = fd;
   }
   if (!m.hub_counted) {
     m.hub_counted = true;
@@ -294,11 +369,27 @@ void unwatch_hub(EpollState& s, EpollMember& m) {
   m.hub_counted = false;
   WakeHub& hub = m.conn()->wake;
   auto it = s.hubs.find(&hub);
-  if (it == s.hubs.end() || --it->second.members > 0) return;
+  if (it == s.hubs.end()) return;
+  HubWatch& w = it->second;
   // Not a fd of a hub from before a fork (its number may be anyone's now).
   uint64_t id = 0;
-  if (hub.shared_fd(&id) == it->second.fd && id == it->second.id)
-    real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  const bool current = hub.shared_fd(&id) == w.fd && id == w.id;
+  if (--w.members > 0) {
+    // The kicks name a member that is leaving: name one that stays (the
+    // leaving fd's number may soon be another connection's).
+    if (w.tag_fd != m.fd || !current) return;
+    for (auto& [fd, o] : s.members)
+      if (&o != &m && o.hub_counted && &o.conn()->wake == &hub) {
+        epoll_event kev = {};
+        kev.events = EPOLLIN | EPOLLET;
+        kev.data.u64 = kKickTag | static_cast<uint32_t>(fd);
+        real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, w.fd, &kev);
+        w.tag_fd = fd;
+        break;
+      }
+    return;
+  }
+  if (current) real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, w.fd, nullptr);
   s.hubs.erase(it);
 }
 
@@ -317,10 +408,34 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
   ++s.waiting;  // until disarm_all: an ADD or MOD meanwhile wakes us (kick_set)
   *blind = false;
   const uint64_t sleep = new_sleep_token();  // one sleep: every member
-  for (auto& [fd, m] : s.members) {
+  for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
+    nx = p->next;
+    EpollMember& m = *p;
+    const int fd = m.fd;
     ConnectionState* c = m.conn();
-    if (!c || m.disabled || m.parked) continue;
+    if (!c || m.disabled || m.parked || m.dormant) continue;
     const bool watched = watch_hub(s, m, fd);
+    if (m.reported)
+      m.quiet = 0;
+    else if (m.quiet < kQuietSleeps)
+      ++m.quiet;
+    m.reported = false;
+    if (watched && m.quiet >= kQuietSleeps) {
+      // Armed without a token: the one-doorbell-per-sleep rule must never
+      // spare the doorbell that is its only way back.
+      Channel& ch = c->stream().channel();
+      m.dorm_ticket = c->wake.join_edge();
+      if (m.events & (EPOLLIN | EPOLLRDHUP)) {
+        if (ch.arm(kWantData, 0)) c->wake.kick(true);
+        m.dorm_data = true;
+      }
+      if (m.events & EPOLLOUT) {
+        if (ch.arm(kWantSpace, 0)) c->wake.kick(true);
+        m.dorm_space = true;
+      }
+      m.dormant = m.fresh = true;  // off the list once this wait is over
+      continue;
+    }
     Joined j;
     c->ref();
     j.conn = FdRef(c);
@@ -349,7 +464,14 @@ void disarm_all(EpollState& s, std::vector<Joined>* joined) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     --s.waiting;
-    for (auto& [fd, m] : s.members) {
+    for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
+      nx = p->next;
+      EpollMember& m = *p;
+      if (m.dormant) {
+        m.fresh = false;
+        unlink_awake(m);
+        continue;
+      }
       ConnectionState* c = m.conn();
       if (!c) continue;
       Channel& ch = c->stream().channel();
@@ -383,11 +505,25 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
   int kept = 0;
   for (int i = 0; i < n; ++i) {
     if ((ev[i].data.u64 & kTagMask) == kKickTag) {
-      if ((ev[i].data.u64 & 0xffffffffu) == kSetKick) {
-        std::lock_guard<std::mutex> lock(s.mu);
+      const uint32_t kfd = static_cast<uint32_t>(ev[i].data.u64 & 0xffffffffu);
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (kfd == kSetKick) {
         uint64_t v;
         if (s.kick_fd >= 0) (void)!real().read(s.kick_fd, &v, sizeof v);
+        continue;
       }
+      // Another thread consumed a wakeup of this hub's connection: its
+      // dormant members look again (dup'd fds share the hub; with one
+      // member, no walk over the set).
+      auto it = s.members.find(static_cast<int>(kfd));
+      ConnectionState* c = it == s.members.end() ? nullptr : it->second.conn();
+      auto w = c ? s.hubs.find(&c->wake) : s.hubs.end();
+      if (w != s.hubs.end() && w->second.members == 1) {
+        wake_member(it->second);
+        continue;
+      }
+      for (auto& [mfd, m] : s.members)
+        if (m.dormant && (c == nullptr || m.conn() == c)) wake_member(m);
       continue;
     }
     if ((ev[i].data.u64 & kTagMask) == kTag) {
@@ -400,8 +536,11 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
         real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
         m.stale.reset();
       }
+      // Drained while still joined (a dormant member's ticket counts as
+      // ours), then out of dormancy: the passes look at it from now on.
       if (ConnectionState* c = m.conn())
-        if (c->stream().channel().drain_wakeups()) c->wake.kick(has_joined(joined, c));
+        if (c->stream().channel().drain_wakeups()) c->wake.kick(m.dormant || has_joined(joined, c));
+      wake_member(m);
       continue;
     }
     ev[kept++] = ev[i];
@@ -654,6 +793,7 @@ namespace {
 
 // Undoes a connection member's arms.
 void disarm_member(EpollMember& m) {
+  wake_member(m);
   ConnectionState* c = m.conn();
   if (!c) return;
   for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
@@ -662,6 +802,8 @@ void disarm_member(EpollMember& m) {
 
 // Sets a member's events and data (ADD, MOD): reported afresh.
 void set_events(EpollMember& m, const epoll_event& ev) {
+  wake_member(m);
+  m.reported = false;
   m.events = ev.events;
   m.data = ev.data;
   m.disabled = false;
@@ -701,6 +843,7 @@ void purge_parked(EpollState& s) {
       continue;
     }
     unregister(s, it->second);
+    unlink_awake(it->second);
     it = s.members.erase(it);
   }
 }
@@ -812,6 +955,7 @@ int ctl_member(EpollState& s, std::map<int, EpollMember>::iterator it, int op,
     if (op != EPOLL_CTL_ADD) return -ENOENT;
     if (!same) {
       unregister(s, m);
+      unlink_awake(it->second);
       s.members.erase(it);
       return kAddAfresh;
     }
@@ -831,6 +975,7 @@ int ctl_member(EpollState& s, std::map<int, EpollMember>::iterator it, int op,
         park(s, m);
       } else {
         unregister(s, m);
+        unlink_awake(it->second);
         s.members.erase(it);
       }
       return 0;
@@ -911,7 +1056,10 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   }
   set_events(m, *ev);
   m.st.get()->epoll_refs.fetch_add(1);
-  s->members.emplace(fd, std::move(m));
+  EpollMember& added = s->members.emplace(fd, std::move(m)).first->second;
+  added.fd = fd;
+  added.owner = s;
+  link_awake(added);
   kick_set(*s, made);
   return 0;
 }
@@ -943,6 +1091,7 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
       kev.data = m.data;
       real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
       real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
+      unlink_awake(it->second);
       s->members.erase(it);
     }
     // Only now: a close() of fd that sees no reference left skips
@@ -1104,8 +1253,19 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
 void epoll_after_fork_child() {
   // Only the forking thread runs here: whoever the parent counted as asleep
   // is not (the sets' locks are not taken: their holders are gone too).
+  // Dormant members' arms and hub tickets are the parent's (its sets sleep
+  // on them): forgotten, not undone.
   g_unshadowed_waiters.store(0, std::memory_order_relaxed);
-  for (EpollState* s : live_sets()) s->waiting = 0;
+  for (EpollState* s : live_sets()) {
+    s->waiting = 0;
+    for (auto& [fd, m] : s->members)
+      if (m.dormant) {
+        m.dormant = m.fresh = m.dorm_data = m.dorm_space = false;
+        m.dorm_ticket = WakeHub::Ticket{};
+        m.quiet = 0;
+        link_awake(m);
+      }
+  }
 }
 
 void epoll_own_fds(std::vector<int>* out) {
@@ -1123,6 +1283,7 @@ void epoll_forget(int fd) {
     auto it = s->members.find(fd);
     if (it == s->members.end()) continue;
     unregister(*s, it->second);
+    unlink_awake(it->second);
     s->members.erase(it);
   }
 }

@@ -48,7 +48,8 @@ int rs_epoll_wait_unshadowed(int epfd, struct epoll_event* events, int maxevents
 int rs_epoll_after_kernel_wait(int epfd, struct epoll_event* events, int maxevents, int r,
                                int timeout_ms, const sigset_t* mask, int64_t entered_ns);
 
-// In a fork's child: no thread of it sleeps on any set.
+// In a fork's child: no thread of it sleeps on any set, and the parent's
+// dormant epoll members stay the parent's.
 void epoll_after_fork_child();
 
 // The descriptors librsock opened for epoll sets (each set's kick eventfd),

@@ -32,10 +32,10 @@
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll mt_recv_send
 //          mt_poll_send mt_epoll_send mt_poll_poll mt_epoll_epoll
 //          mt_poll_epoll mt_epoll_poll
-//          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod (A made by a
-//          nonblocking connect; the client's first line "hello DELAY_MS" tells
-//          the server to accept A that much later; "hello 0 nbaccept": the
-//          event-loop way)
+//          epoll_dormant
+//          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
+//          (A made by a nonblocking connect; the client's first line "hello DELAY_MS" tells the
+//          server to accept A that much later; "hello 0 nbaccept": the event-loop way)
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1564,6 +1564,82 @@ void ready_member_case(bool mod) {
   say("OK %s", mod ? "epoll_mod_ready" : "epoll_add_ready");
 }
 
+// epoll_dormant: A sits in an epoll set through sleeps that report
+// nothing, long enough for librsock to stop looking at it on each wait (a
+// dormant member: armed between waits, woken only by its doorbell or a
+// kick of its connection's hub). Every way back must work:
+//   1. the peer writes: the next wait reports A;
+//   2. the peer writes while another thread sleeps in poll() on A and takes
+//      the doorbell: both calls return;
+//   3. EPOLL_CTL_MOD adds EPOLLOUT: reported at once;
+//   4. removed and added again while dormant, then dormant again: woken by
+//      a write as in 2.
+// A lost wakeup shows as a wait that times out.
+void quiet_waits(int ep) {
+  epoll_event ev[2];
+  for (int i = 0; i < 6; ++i) {
+    const int n = epoll_wait(ep, ev, 2, 30);
+    CHECK(n == 0, "a quiet wait returned %d (events 0x%x)", n, n > 0 ? ev[0].events : 0);
+  }
+}
+
+void dormant_both_wake(int ep, uint64_t data, uint64_t seed, const char* what) {
+  quiet_waits(ep);
+  std::atomic<int> done{0};
+  int polled = -2;
+  std::thread poller([&] {
+    pollfd p = {A, POLLIN, 0};
+    polled = poll(&p, 1, 5000);
+    done.store(1);
+  });
+  sleep_ms(50);  // the poller sleeps too
+  cmd("sendA 1 %llu 100", (unsigned long long)seed);
+  epoll_event got = {};
+  const int n = epoll_wait(ep, &got, 1, 5000);
+  CHECK(n == 1 && got.data.u64 == data && (got.events & EPOLLIN),
+        "%s: epoll_wait returned %d (events 0x%x, data 0x%llx): lost wakeup", what, n, got.events,
+        (unsigned long long)got.data.u64);
+  wait_for(done);
+  CHECK(done.load() == 1, "%s: the poller never returned", what);
+  poller.join();
+  CHECK(polled == 1, "%s: poll returned %d", what, polled);
+  recv_check(A, 1, seed);
+}
+
+void case_epoll_dormant() {
+  constexpr uint64_t kA = 0xa0, kB = 0xb0;
+  const int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN, kA);
+
+  quiet_waits(ep);
+  cmd("sendA 1 210 100");
+  epoll_event got = {};
+  int n = epoll_wait(ep, &got, 1, 5000);
+  CHECK(n == 1 && got.data.u64 == kA && got.events == EPOLLIN,
+        "the peer's write: epoll_wait returned %d (events 0x%x): lost wakeup", n, got.events);
+  recv_check(A, 1, 210);
+  say("OK dormant_write");
+
+  dormant_both_wake(ep, kA, 211, "another thread's poll");
+  say("OK dormant_poller");
+
+  quiet_waits(ep);
+  ep_ctl(ep, EPOLL_CTL_MOD, A, EPOLLIN | EPOLLOUT, kA);
+  n = epoll_wait(ep, &got, 1, 0);
+  CHECK(n == 1 && got.events == EPOLLOUT, "MOD to EPOLLOUT: %d (events 0x%x)", n, got.events);
+  ep_ctl(ep, EPOLL_CTL_MOD, A, EPOLLIN, kA);
+  say("OK dormant_mod");
+
+  quiet_waits(ep);
+  ep_ctl(ep, EPOLL_CTL_DEL, A, 0, 0);  // event loops remove and re-add around requests
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN, kB);
+  dormant_both_wake(ep, kB, 212, "removed and added again");
+  say("OK dormant_readd");
+  close(ep);
+  say("OK epoll_dormant");
+}
+
 void case_mt_poll() { mt_wait_case(WaitKind::kCall, WaitKind::kPoll); }
 void case_mt_epoll() { mt_wait_case(WaitKind::kCall, WaitKind::kEpoll); }
 
@@ -1842,6 +1918,8 @@ int run_client(const std::string& name) {
     case_epoll_add_asleep();
   else if (name == "epoll_add_ready" || name == "epoll_mod_ready")
     ready_member_case(name == "epoll_mod_ready");
+  else if (name == "epoll_dormant")
+    case_epoll_dormant();
   else
     die(__LINE__, "case", "unknown case %s", name.c_str());
   cmd("quit");

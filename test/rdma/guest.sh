@@ -408,6 +408,7 @@ case_threads-recv-poll() { threads_case 7581 mt_poll; }
 case_threads-recv-epoll() { threads_case 7583 mt_epoll; }
 case_threads-poll-send() { threads_case 7585 mt_poll_send; }
 case_threads-epoll-epoll() { threads_case 7587 mt_epoll_epoll; }
+case_threads-epoll-dormant() { threads_case 7589 epoll_dormant; }
 
 sockperf_case() {
   local port=$1 mode=$2

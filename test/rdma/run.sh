@@ -126,6 +126,9 @@
 #                                client's own checks pass (a lost wakeup fails
 #                                one or hangs), both ends rdma 1 and tcp 1 (the
 #                                control connection), bytes as the programs say
+#   threads-epoll-dormant        rs_sem's epoll_dormant over rdma: a member
+#                                quiet for several sleeps comes back on a
+#                                write, another thread's poll, MOD, re-ADD
 #   sockperf-pingpong            unmodified sockperf, shim on both ends
 #   sockperf-throughput          (the tool's counts agree; rdma >= 1, tcp 0)
 #   iperf3                       unmodified iperf3 -t 2, shim on both ends
@@ -208,7 +211,7 @@ ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-c
            forged-request pairing-stress pairing-stress-reuseport pairing-stress-tiny
            fork-conn fork-conn-late fork-conn-noclose fork-conn-orphan fork-conn-parent-exit inetd
            both-write
-           threads-recv-poll threads-recv-epoll threads-poll-send threads-epoll-epoll
+           threads-recv-poll threads-recv-epoll threads-poll-send threads-epoll-epoll threads-epoll-dormant
            sockperf-pingpong sockperf-throughput
            iperf3 fork-per-connection nginx-workers redis
            peer-killed kernel-bytes memlock device-lost" # device-lost destroys a device: last
@@ -817,6 +820,7 @@ judge_threads-recv-poll() { judge_threads; }
 judge_threads-recv-epoll() { judge_threads; }
 judge_threads-poll-send() { judge_threads; }
 judge_threads-epoll-epoll() { judge_threads; }
+judge_threads-epoll-dormant() { judge_threads; }
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1" 2> /dev/null; }
 judge_sockperf() { # MODE pp|tp
