@@ -420,7 +420,9 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
     else if (m.quiet < kQuietSleeps)
       ++m.quiet;
     m.reported = false;
-    if (watched && m.quiet >= kQuietSleeps) {
+    // Never a connection whose peer has ended it: a send of ours then resets
+    // it, which no doorbell would report.
+    if (watched && m.quiet >= kQuietSleeps && !c->stream().ending()) {
       // Armed without a token: the one-doorbell-per-sleep rule must never
       // spare the doorbell that is its only way back.
       Channel& ch = c->stream().channel();

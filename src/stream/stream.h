@@ -69,6 +69,14 @@ class Stream {
   // exchanged (getpeername() and shutdown() then give ENOTCONN).
   bool closed();
 
+  // Whether the peer's end has shown (its FIN or close) or the stream was
+  // reset, as last observed: readiness may then change with no doorbell
+  // (our next send resets the stream). No probe.
+  bool ending() const {
+    return reset_.load(std::memory_order_acquire) || fin_rcvd_.load(std::memory_order_acquire) ||
+           peer_gone_.load(std::memory_order_acquire);
+  }
+
   // Bytes readable right now (FIONREAD).
   size_t readable_bytes();
   // Bytes send() would take right now without waiting (0 when it would

@@ -1573,7 +1573,9 @@ void ready_member_case(bool mod) {
 //      the doorbell: both calls return;
 //   3. EPOLL_CTL_MOD adds EPOLLOUT: reported at once;
 //   4. removed and added again while dormant, then dormant again: woken by
-//      a write as in 2.
+//      a write as in 2;
+//   5. edge-triggered after the peer's close, our send resets the stream:
+//      reported, though no doorbell comes.
 // A lost wakeup shows as a wait that times out.
 void quiet_waits(int ep) {
   epoll_event ev[2];
@@ -1636,6 +1638,25 @@ void case_epoll_dormant() {
   ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN, kB);
   dormant_both_wake(ep, kB, 212, "removed and added again");
   say("OK dormant_readd");
+
+  // The peer closes A; edge-triggered, its EOF is reported once, then the
+  // waits are quiet again. Our send to the closed end draws the peer
+  // kernel's reset, a new edge (EPOLLERR|EPOLLHUP), that no doorbell tells.
+  ep_ctl(ep, EPOLL_CTL_MOD, A, EPOLLIN | EPOLLET, kB);
+  cmd("closeA");
+  expect_reply("closed");
+  n = epoll_wait(ep, &got, 1, 5000);
+  CHECK(n == 1 && got.events == EPOLLIN, "the peer's close: %d (events 0x%x)", n, got.events);
+  quiet_waits(ep);
+  const uint8_t b = 'x';
+  const ssize_t w = a_send(A, &b, 1, MSG_NOSIGNAL);
+  CHECK(w == 1, "a send to the closed peer: %zd", w);
+  g_a_lost += 1;
+  n = epoll_wait(ep, &got, 1, 5000);
+  CHECK(n == 1 && (got.events & (EPOLLERR | EPOLLHUP)) == (EPOLLERR | EPOLLHUP),
+        "after a send to the closed peer: %d (events 0x%x): the reset was never reported", n,
+        got.events);
+  say("OK dormant_reset");
   close(ep);
   say("OK epoll_dormant");
 }
