@@ -1497,6 +1497,26 @@ void shutdown_wakes_case(const std::string& name) {
   say("OK %s", name.c_str());
 }
 
+// A thread asleep in epoll_wait(ep) for one event, no timeout.
+struct EpollSleeper {
+  explicit EpollSleeper(int ep)
+      : thread([this, ep] {
+          n = epoll_wait(ep, &got, 1, -1);
+          done.store(1);
+        }) {}
+  // Whether it returned within wait_for's 5 s (no: a lost wakeup).
+  bool woke() {
+    wait_for(done);
+    if (done.load() == 0) return false;
+    thread.join();
+    return true;
+  }
+  std::atomic<int> done{0};
+  epoll_event got = {};
+  int n = -2;
+  std::thread thread;  // last: it starts once the fields above exist
+};
+
 // epoll_add_asleep: a thread sleeps in epoll_wait on a set that has no
 // accelerated member (so in the kernel alone); another thread adds A with
 // the application's data, then the server closes A. The sleeper must get
@@ -1508,21 +1528,14 @@ void case_epoll_add_asleep() {
   constexpr uint64_t kData = 0x5eed1234;
   const int ep = epoll_create1(0);
   CHECK(ep >= 0, "epoll_create1");
-  std::atomic<int> done{0};
-  epoll_event got = {};
-  int n = -2;
-  std::thread sleeper([&] {
-    n = epoll_wait(ep, &got, 1, -1);
-    done.store(1);
-  });
+  EpollSleeper sleeper(ep);
   sleep_ms(100);  // asleep in the kernel, on an empty set
   ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN | EPOLLRDHUP, kData);
   cmd("closeA");
   expect_reply("closed");
-  wait_for(done);
-  CHECK(done.load() == 1, "the sleeper never woke for the peer's close");
-  sleeper.join();
-  CHECK(n == 1, "epoll_wait returned %d", n);
+  CHECK(sleeper.woke(), "the sleeper never woke for the peer's close");
+  const epoll_event& got = sleeper.got;
+  CHECK(sleeper.n == 1, "epoll_wait returned %d", sleeper.n);
   CHECK(got.data.u64 == kData, "the event's data is 0x%llx, not the application's 0x%llx",
         (unsigned long long)got.data.u64, (unsigned long long)kData);
   CHECK((got.events & (EPOLLIN | EPOLLRDHUP)) == (EPOLLIN | EPOLLRDHUP), "events 0x%x", got.events);
@@ -1542,21 +1555,14 @@ void ready_member_case(bool mod) {
   if (mod) ep_ctl(ep, EPOLL_CTL_ADD, A, 0, kData);
   cmd("sendA 1 190 0");
   sleep_ms(50);  // the byte is in A's ring
-  std::atomic<int> done{0};
-  epoll_event got = {};
-  int n = -2;
-  std::thread sleeper([&] {
-    n = epoll_wait(ep, &got, 1, -1);
-    done.store(1);
-  });
+  EpollSleeper sleeper(ep);
   sleep_ms(100);  // asleep
-  CHECK(done.load() == 0, "epoll_wait returned %d before the change", n);
+  CHECK(sleeper.done.load() == 0, "epoll_wait returned %d before the change", sleeper.n);
   ep_ctl(ep, mod ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, A, EPOLLIN, kData);
-  wait_for(done);
-  CHECK(done.load() == 1, "the sleeper never woke for a ready member (lost wakeup)");
-  sleeper.join();
-  CHECK(n == 1 && got.data.u64 == kData && (got.events & EPOLLIN),
-        "epoll_wait returned %d, events 0x%x, data 0x%llx", n, got.events,
+  CHECK(sleeper.woke(), "the sleeper never woke for a ready member (lost wakeup)");
+  const epoll_event& got = sleeper.got;
+  CHECK(sleeper.n == 1 && got.data.u64 == kData && (got.events & EPOLLIN),
+        "epoll_wait returned %d, events 0x%x, data 0x%llx", sleeper.n, got.events,
         (unsigned long long)got.data.u64);
   uint8_t b = 0;
   CHECK(a_recv(A, &b, 1, 0) == 1 && b == stream_byte(190, 0), "the byte");
