@@ -55,7 +55,7 @@ REPEAT=${BENCH_REPEAT:-3}
 SECS=${BENCH_SECONDS:-3}
 ONLY=${BENCH_APPS:-.}
 read -r CPU_SRV CPU_CLI <<<"${BENCH_CPUS:-0 1}"
-((${BENCH_REPEAT:-3} >= 1)) || REPEAT=1
+STREAM_SECS=${BENCH_STREAM_SECONDS:-1}
 # conns-10k holds 10,000 connections in each process: room for 4 fds each,
 # or as many connections as the hard limit allows.
 (($(ulimit -n) >= 65536)) || ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -82,6 +82,10 @@ die() {
   echo "bench-apps: $*" >&2
   exit 2
 }
+[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT='$REPEAT': a whole number, 1 or more"
+[[ $SECS =~ ^[1-9][0-9]*$ ]] || die "BENCH_SECONDS='$SECS': a whole number of seconds, 1 or more"
+[[ $STREAM_SECS =~ ^[0-9]+(\.[0-9]+)?$ && ! $STREAM_SECS =~ ^0+(\.0*)?$ ]] ||
+  die "BENCH_STREAM_SECONDS='$STREAM_SECS': a number of seconds above 0"
 
 for tool in redis-server redis-benchmark memcached memcaslap nginx wrk taskset setsid jq; do
   command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] ||
@@ -404,7 +408,6 @@ CONNS=2000
 CONNRATE=$WORK/connrate
 g++ -std=c++20 -O2 -o "$CONNRATE" "$ROOT/benchmarks/connrate.cpp" || die "building connrate failed"
 STREAM=$WORK/stream
-STREAM_SECS=${BENCH_STREAM_SECONDS:-1}
 g++ -std=c++20 -O2 -o "$STREAM" "$ROOT/benchmarks/stream.cpp" || die "building stream failed"
 for ((rep = 1; rep <= REPEAT; rep++)); do
   for path in tcp rsock; do

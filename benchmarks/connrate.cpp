@@ -351,6 +351,12 @@ int sink(int port, int k, long bytes) {
           ce.data.fd = c;
           epoll_ctl(ep, EPOLL_CTL_ADD, c, &ce);
         }
+        if (errno == EMFILE || errno == ENFILE) {
+          // Out of fds: the listener would stay readable and this loop
+          // spin. Stop accepting; hold gives up on the rest.
+          fprintf(stderr, "connrate sink: accept: %s; no more connections\n", strerror(errno));
+          epoll_ctl(ep, EPOLL_CTL_DEL, l, nullptr);
+        }
         continue;
       }
       if (left[fd] <= 0) {  // idle after its data: only EOF is expected
