@@ -11,6 +11,9 @@
 #   memcached -c 16    memcaslap -T 1 -c 16: ops/s
 #   nginx + wrk        nginx (2 workers, sendfile on, a 4 KiB file) and
 #                      wrk -t 1 -c 16 --latency: requests/s, p50, p99
+#   java-echo          benchmarks/JavaEcho.java: 64-byte round trips over
+#                      blocking java.net sockets (OpenJDK), 20,000 after a
+#                      warm-up: p50 and p99 us of one round trip
 #   conns-block        benchmarks/connrate.cpp: 2000 x (connect, 1 byte each
 #                      way, close), one after the other, against a blocking
 #                      accept loop: connections/s, p50 and p99 of one
@@ -43,7 +46,7 @@
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_STREAM_SECONDS, BENCH_CPUS ("SERVER CLIENT", default "0 1"),
 # BENCH_APPS (a regex of row names to run), BUILD. Runtime: about
-# 8 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
+# 9 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -87,7 +90,7 @@ die() {
 [[ $STREAM_SECS =~ ^[0-9]+(\.[0-9]+)?$ && ! $STREAM_SECS =~ ^0+(\.0*)?$ ]] ||
   die "BENCH_STREAM_SECONDS='$STREAM_SECS': a number of seconds above 0"
 
-for tool in redis-server redis-benchmark memcached memcaslap nginx wrk taskset setsid jq; do
+for tool in redis-server redis-benchmark memcached memcaslap nginx wrk java javac taskset setsid jq; do
   command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] ||
     die "$tool missing (make deps installs the Debian packages)"
 done
@@ -281,6 +284,27 @@ EOF
   [[ $path == rsock ]] && check_shm "$tag" nginx wrk
 }
 
+run_java() { # PATH
+  local path=$1 port tag line
+  port=$(free_port) tag=java-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  start_server "$path" "$tag" "$port" java -cp "$WORK" JavaEcho server "$port" || {
+    R_OK=0 R_NOTE="JavaEcho server did not start"
+    stop_server TERM
+    return
+  }
+  run_client "$path" "$tag" "$port" java -cp "$WORK" JavaEcho client "$port" 20000 ||
+    R_NOTE+="JavaEcho client status $?; "
+  stop_server TERM
+  line=$(grep -m1 '^RESULT ' "$WORK/$tag.cli.out")
+  R[p50]=$(sed -n 's/.* p50_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  R[p99]=$(sed -n 's/.* p99_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  [[ -n ${R[p50]} ]] || {
+    R_OK=0 R_NOTE+="JavaEcho: ${line:-no RESULT line}; "
+  }
+  [[ $path == rsock ]] && check_shm "$tag" java java
+}
+
 run_conns() { # PATH MODE
   local path=$1 mode=$2 port tag
   port=$(free_port) tag=conns-$mode-$path-$RANDOM
@@ -399,7 +423,7 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
 }
 
 STREAM_SIZES="64 1024 16384 65536 262144 1048576"
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk conns-block conns-epoll \
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo conns-block conns-epoll \
   $(printf 'stream-%s ' $STREAM_SIZES) idle-conns conns-10k; do
   want "$row" && ROWS+=("$row")
 done
@@ -409,6 +433,9 @@ CONNRATE=$WORK/connrate
 g++ -std=c++20 -O2 -o "$CONNRATE" "$ROOT/benchmarks/connrate.cpp" || die "building connrate failed"
 STREAM=$WORK/stream
 g++ -std=c++20 -O2 -o "$STREAM" "$ROOT/benchmarks/stream.cpp" || die "building stream failed"
+if want java-echo; then
+  javac -d "$WORK" "$ROOT/benchmarks/JavaEcho.java" || die "building JavaEcho failed"
+fi
 for ((rep = 1; rep <= REPEAT; rep++)); do
   for path in tcp rsock; do
     for row in "${ROWS[@]}"; do
@@ -433,6 +460,10 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         nginx-wrk)
           run_nginx "$path"
           record "$row" "$path" rps p50 p99
+          ;;
+        java-echo)
+          run_java "$path"
+          record "$row" "$path" p50 p99
           ;;
         conns-10k)
           run_idle "$path" "$MANY" 1
@@ -500,6 +531,10 @@ report=$WORK/apps.md
         row_line "$row" rps "requests/s" rate
         row_line "$row" p50 "p50 us" lat
         row_line "$row" p99 "p99 us" lat
+        ;;
+      java-echo)
+        row_line "$row" p50 "p50 us of a 64-byte round trip" lat
+        row_line "$row" p99 "p99 us of a 64-byte round trip" lat
         ;;
       idle-conns)
         row_line "$row" cli.fds "client fds per connection" lat
