@@ -103,6 +103,9 @@ struct EpollMember {
   uint64_t last_rx = ~0ull;
   uint64_t last_tx = ~0ull;
   bool hub_counted = false;  // counted in its connection's HubWatch
+  // Another member of the set is the same connection (dup'd fds): they
+  // share one kernel registration of the wakeup fd, tagged with one's fd.
+  bool wait_shared = false;
   // Removed by EPOLL_CTL_DEL, but its kernel registration stays for a
   // re-ADD of the same connection (see park()). Gone for the application.
   bool parked = false;
@@ -212,6 +215,15 @@ void unlink_awake(EpollMember& m) {
   if (m.next) m.next->prev = m.prev;
   m.prev = m.next = nullptr;
   m.linked = false;
+}
+
+// Calls f(o) for each other member of the set on m's connection (dup'd
+// fds, see wait_shared). Under s.mu.
+template <class F>
+void for_each_twin(EpollState& s, const EpollMember& m, F f) {
+  if (!m.wait_shared) return;
+  for (auto& [fd, o] : s.members)
+    if (&o != &m && o.st.get() == m.st.get()) f(o);
 }
 
 // Ends a member's dormancy: its arms and its hub ticket go. Under the
@@ -543,6 +555,7 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
       if (ConnectionState* c = m.conn())
         if (c->stream().channel().drain_wakeups()) c->wake.kick(m.dormant || has_joined(joined, c));
       wake_member(m);
+      for_each_twin(s, m, [](EpollMember& o) { wake_member(o); });  // their doorbell too
       continue;
     }
     ev[kept++] = ev[i];
@@ -818,7 +831,23 @@ void unregister(EpollState& s, EpollMember& m) {
   if (m.parked) --s.parked;
   disarm_member(m);
   if (m.conn()) unwatch_hub(s, m);
-  real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+  // The registration of the wakeup fd goes with the last member on it;
+  // until then it names one that stays.
+  EpollMember* heir = nullptr;
+  int twins = 0;
+  for_each_twin(s, m, [&](EpollMember& o) {
+    if (!heir) heir = &o;
+    ++twins;
+  });
+  if (heir) {
+    epoll_event kev = {};
+    kev.events = EPOLLIN;
+    kev.data.u64 = kTag | static_cast<uint32_t>(heir->fd);
+    real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.wait_fd(), &kev);
+    if (twins == 1) heir->wait_shared = false;
+  } else {
+    real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+  }
   if (m.stale)
     real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
   m.st.get()->epoll_refs.fetch_sub(1);
@@ -1050,11 +1079,20 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   kev.events = EPOLLIN;
   kev.data.u64 = kTag | static_cast<uint32_t>(fd);
   if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
-    // Another fd of the same connection may be parked, holding the
-    // registration: it goes, and the ADD is tried once more.
-    if (errno != EEXIST || s->parked == 0) return -errno;
-    purge_parked(*s);
-    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) return -errno;
+    if (errno != EEXIST) return -errno;
+    // Another fd of the same connection holds the registration. A parked
+    // one goes, and the ADD is tried once more; a member stays, and the
+    // two share it (the kernel keys a registration by fd and file, and
+    // reports each).
+    if (s->parked > 0) purge_parked(*s);
+    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
+      if (errno != EEXIST || !m.conn()) return -errno;
+      EpollMember* twin = nullptr;
+      for (auto& [ofd, o] : s->members)
+        if (o.st.get() == m.st.get()) twin = &o;
+      if (!twin) return -EEXIST;
+      twin->wait_shared = m.wait_shared = true;
+    }
   }
   set_events(m, *ev);
   m.st.get()->epoll_refs.fetch_add(1);

@@ -107,7 +107,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "mt_epoll_epoll", "mt_poll_epoll", "mt_epoll_poll", "nb_poll", "nb_select",
                       "nb_epoll", "nb_block", "nb_dup", "nb_fallback", "nb_close", "nb_accept",
                       "nb_epoll_mod", "shut_recv", "shut_epoll", "shut_poll", "shut_send",
-                      "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready", "epoll_dormant"),
+                      "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready", "epoll_dormant",
+                      "epoll_dup"),
     [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -32,7 +32,7 @@
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll mt_recv_send
 //          mt_poll_send mt_epoll_send mt_poll_poll mt_epoll_epoll
 //          mt_poll_epoll mt_epoll_poll
-//          epoll_dormant
+//          epoll_dormant epoll_dup
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
 //          (A made by a nonblocking connect; the client's first line "hello DELAY_MS" tells the
 //          server to accept A that much later; "hello 0 nbaccept": the event-loop way)
@@ -1667,6 +1667,53 @@ void case_epoll_dormant() {
   say("OK epoll_dormant");
 }
 
+// epoll_dup: A and a dup of it in one epoll set, as an inetd service
+// watching fds 0 and 1 would have them. The kernel keys a registration by
+// fd and file, so both ADDs succeed and a byte makes both report (librsock
+// answered the second ADD with EEXIST). Then quiet (dormant), removed and
+// re-added: every registration still reports, and only those that exist.
+void expect_dup_events(int ep, uint64_t seed, std::vector<uint64_t> want, const char* what) {
+  cmd("sendA 1 %llu 100", (unsigned long long)seed);
+  epoll_event ev[4];
+  const int n = epoll_wait(ep, ev, 4, 5000);
+  std::vector<uint64_t> got;
+  for (int i = 0; i < n; ++i) {
+    CHECK(ev[i].events == EPOLLIN, "%s: events 0x%x", what, ev[i].events);
+    got.push_back(ev[i].data.u64);
+  }
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  CHECK(got == want, "%s: epoll_wait returned %d events, not the %zu registrations'", what, n,
+        want.size());
+  recv_check(A, 1, seed);
+}
+
+void case_epoll_dup() {
+  constexpr uint64_t kA = 0xa1, kD = 0xd1;
+  const int ep = epoll_create1(0);
+  CHECK(ep >= 0, "epoll_create1");
+  const int d = dup(A);
+  CHECK(d >= 0, "dup");
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN, kA);
+  ep_ctl(ep, EPOLL_CTL_ADD, d, EPOLLIN, kD);
+  expect_dup_events(ep, 220, {kA, kD}, "both fds");
+  say("OK dup_both");
+  quiet_waits(ep);
+  expect_dup_events(ep, 221, {kA, kD}, "both fds after quiet waits");
+  say("OK dup_dormant");
+  ep_ctl(ep, EPOLL_CTL_DEL, A, 0, 0);
+  expect_dup_events(ep, 222, {kD}, "the dup after A's DEL");
+  say("OK dup_del");
+  ep_ctl(ep, EPOLL_CTL_DEL, d, 0, 0);
+  close(d);
+  ep_ctl(ep, EPOLL_CTL_ADD, A, EPOLLIN, kA);
+  quiet_waits(ep);
+  expect_dup_events(ep, 223, {kA}, "A again, the dup closed");
+  say("OK dup_readd");
+  close(ep);
+  say("OK epoll_dup");
+}
+
 void case_mt_poll() { mt_wait_case(WaitKind::kCall, WaitKind::kPoll); }
 void case_mt_epoll() { mt_wait_case(WaitKind::kCall, WaitKind::kEpoll); }
 
@@ -1947,6 +1994,8 @@ int run_client(const std::string& name) {
     ready_member_case(name == "epoll_mod_ready");
   else if (name == "epoll_dormant")
     case_epoll_dormant();
+  else if (name == "epoll_dup")
+    case_epoll_dup();
   else
     die(__LINE__, "case", "unknown case %s", name.c_str());
   cmd("quit");
