@@ -43,5 +43,46 @@ TEST_F(StormTest, NonblockingConnectStorm) {
   expect_fallbacks(*ss, {}, "server");
 }
 
+// Sparse traffic (rs_sparse): 300 connections in one epoll set that three
+// server threads wait on (EPOLLONESHOT, re-armed by MOD), and 800 rounds of
+// messages to 1-8 random connections with pauses, so that most connections
+// sit quiet through many of the server's sleeps and librsock stops looking
+// at them on each wait (dormant members). Every echo must come back: a
+// message whose doorbell does not wake its member is never answered.
+TEST_F(StormTest, SparseTrafficWakesDormantMembers) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string n = "300";
+  Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server(
+      "server", "rs_sparse",
+      {"--role", "server", "--port", std::to_string(port), "--connections", n, "--threads", "3"},
+      env, &ready);
+  ASSERT_TRUE(ready) << "server: see its output below";
+  Proc& client = spawn(
+      "client", "rs_sparse",
+      {"--role", "client", "--port", std::to_string(port), "--connections", n, "--rounds", "800"},
+      env);
+  ASSERT_TRUE(wait_exit(client, 120000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << "client: see its output below";
+  ASSERT_TRUE(server.exited_ok()) << "server: see its output below";
+  const std::string bytes = parse_result(client.out(), "RESULT")["bytes"];
+  EXPECT_EQ(parse_result(client.out(), "RESULT")["rounds"], "800");
+  EXPECT_NE(bytes, "0");
+  EXPECT_EQ(parse_result(server.out(), "RESULT")["echoed"], bytes);
+  EXPECT_EQ(parse_result(server.out(), "RESULT")["closed"], n);
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  expect_paths(*cs, 300, 0, "client");
+  expect_paths(*ss, 300, 0, "server");
+  expect_fallbacks(*cs, {}, "client");
+  expect_fallbacks(*ss, {}, "server");
+  EXPECT_EQ(std::to_string(cs->bytes_sent), bytes);
+  EXPECT_EQ(std::to_string(ss->bytes_received), bytes);
+}
+
 }  // namespace
 }  // namespace rsock_test
