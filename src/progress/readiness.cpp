@@ -435,16 +435,21 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
     // Never a connection whose peer has ended it: a send of ours then resets
     // it, which no doorbell would report.
     if (watched && m.quiet >= kQuietSleeps && !c->stream().ending()) {
-      // Armed without a token: the one-doorbell-per-sleep rule must never
-      // spare the doorbell that is its only way back.
+      // Armed with a token of its own, not this sleep's: a peer spares a
+      // sleep's other doorbells once it has rung one (ring/sleepers.h),
+      // and this sleep ends before the member's dormancy does. Its own
+      // token still spares repeats (a burst while we are busy rings once a
+      // millisecond, not once a write), since the member is looked at after
+      // the disarm that ends its dormancy, as a sleep looks at its members.
+      const uint64_t own = new_sleep_token();
       Channel& ch = c->stream().channel();
       m.dorm_ticket = c->wake.join_edge();
       if (m.events & (EPOLLIN | EPOLLRDHUP)) {
-        if (ch.arm(kWantData, 0)) c->wake.kick(true);
+        if (ch.arm(kWantData, own)) c->wake.kick(true);
         m.dorm_data = true;
       }
       if (m.events & EPOLLOUT) {
-        if (ch.arm(kWantSpace, 0)) c->wake.kick(true);
+        if (ch.arm(kWantSpace, own)) c->wake.kick(true);
         m.dorm_space = true;
       }
       m.dormant = m.fresh = true;  // off the list once this wait is over
