@@ -82,7 +82,7 @@ class FallbackMatrix : public FallbackTest, public ::testing::WithParamInterface
 TEST_P(FallbackMatrix, ExchangesDataAndRecordsPath) {
   const MatrixCase m = GetParam();
   const int port = free_port();
-  const int other = free_port();
+  const int other = free_port_besides(port);  // the same number would match the rule
   ASSERT_GT(port, 0);
   ASSERT_GT(other, 0);
   // "Not configured": a rule exists but names another port.

@@ -590,6 +590,14 @@ inline int free_port(const char* addr = "127.0.0.1") {
   return port;
 }
 
+// A free port other than `taken`: free_port() may hand out the same number
+// twice in a row (the kernel picks bind(0)'s port afresh each time).
+inline int free_port_besides(int taken) {
+  int port = free_port();
+  for (int i = 0; i < 20 && port == taken; ++i) port = free_port();
+  return port;
+}
+
 // ---- processes --------------------------------------------------------------------
 
 using Env = std::map<std::string, std::string>;

@@ -156,8 +156,7 @@ class ExecTest : public PreloadTest, public ::testing::WithParamInterface<const 
 
 TEST_P(ExecTest, InheritedConnectionKeepsWorking) {
   const int port = free_port();
-  int port2 = free_port();
-  for (int i = 0; i < 20 && port2 == port; ++i) port2 = free_port();
+  const int port2 = free_port_besides(port);
   ASSERT_GT(port, 0);
   ASSERT_NE(port, port2);
   Proc *client = nullptr, *server = nullptr;
@@ -166,8 +165,7 @@ TEST_P(ExecTest, InheritedConnectionKeepsWorking) {
   EXPECT_EQ(lines_with(client->out(), "STAGE2 ok").size(), 1u) << client->out();
 
   const int p1 = free_port();
-  int p2 = free_port();
-  for (int i = 0; i < 20 && (p2 == p1); ++i) p2 = free_port();
+  const int p2 = free_port_besides(p1);
   ASSERT_TRUE(run_pair(preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(p1)}}), p1, p2,
                        &client, &server));
   EXPECT_EQ(lines_with(client->out(), "STAGE2 ok").size(), 1u) << client->out();
@@ -215,8 +213,7 @@ class ExecLostTest : public ExecTest {};
 
 TEST_P(ExecLostTest, FailsLoudly) {
   const int port = free_port();
-  int port2 = free_port();
-  for (int i = 0; i < 20 && port2 == port; ++i) port2 = free_port();
+  const int port2 = free_port_besides(port);
   ASSERT_NE(port, port2);
   // forge_other needs a second accelerated connection, whose region it
   // offers for the first.

@@ -33,8 +33,7 @@ class SignalsTest : public PreloadTest {
 
 TEST_F(SignalsTest, SameAsKernel) {
   const int port = free_port();
-  int port2 = free_port();
-  for (int i = 0; i < 20 && port2 == port; ++i) port2 = free_port();
+  const int port2 = free_port_besides(port);
   ASSERT_GT(port, 0);
   ASSERT_GT(port2, 0);
   ASSERT_NE(port, port2);
