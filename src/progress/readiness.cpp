@@ -99,6 +99,9 @@ struct EpollMember {
   bool disabled = false;  // EPOLLONESHOT fired
   int armed_data = 0;     // arm() calls not yet undone (waits in progress)
   int armed_space = 0;
+  // Bumped whenever those counts are cleared at once (disarm_member; going
+  // dormant): a wait's arms from before are gone, not its to undo.
+  uint32_t arm_gen = 0;
   uint32_t last_mask = 0;
   uint64_t last_rx = ~0ull;
   uint64_t last_tx = ~0ull;
@@ -110,15 +113,21 @@ struct EpollMember {
   // re-ADD of the same connection (see park()). Gone for the application.
   bool parked = false;
   // Dormant: reported nothing for kQuietSleeps sleeps in a row, so it stays
-  // armed (without a sleep token) and joined to its hub between waits and
+  // armed (with a token of its own) and joined to its hub between waits and
   // the passes leave it out, until its doorbell or a kick of its hub (see
-  // wake_member). `fresh` until the wait that made it so has looked at it
-  // once after arming it.
+  // wake_member). `fresh` (and on the list) until the wait that made it so,
+  // the one whose sleep token is `fresh_sleep`, has looked at it once after
+  // arming it and is over.
   bool dormant = false;
   bool fresh = false;
+  uint64_t fresh_sleep = 0;
   bool dorm_data = false;
   bool dorm_space = false;
   WakeHub::Ticket dorm_ticket;
+  // Woken from dormancy while other threads of ours slept on the set: they
+  // went to sleep without arming it, so it keeps an arm of its own for
+  // them (tokenless, see wake_member) until no thread sleeps on the set.
+  bool lent = false;
   uint8_t quiet = 0;      // sleeps in a row in which it reported nothing
   bool reported = false;  // reported an event since the last sleep
   // The set's list of members that are not dormant, which the passes walk
@@ -147,7 +156,8 @@ struct HubWatch {
 
 std::mutex g_sets_mu;
 class EpollState;
-void wake_member(EpollMember& m);
+bool wake_member(EpollMember& m, bool others_asleep);
+void drop_own_arm(EpollMember& m);
 
 // Every live shadow, for epoll_forget and epoll_pending_resolved; under
 // g_sets_mu. Built in static storage on first use and never destroyed: a
@@ -172,7 +182,8 @@ class EpollState final : public FdState {
     if (kick_fd >= 0) real().close(kick_fd);
     kick_fd = -1;
     for (auto& [fd, m] : members) {
-      wake_member(m);
+      wake_member(m, false);
+      drop_own_arm(m);
       m.st.get()->epoll_refs.fetch_sub(1);
     }
     awake = nullptr;
@@ -187,6 +198,7 @@ class EpollState final : public FdState {
   std::map<int, EpollMember> members;  // accelerated members by fd
   EpollMember* awake = nullptr;        // the members not dormant (a list)
   int parked = 0;                      // members parked (see park())
+  int lent = 0;                        // members lent (see EpollMember::lent)
   // Threads of this process asleep in the kernel on this set (under mu), and
   // the eventfd that wakes them when another thread adds or changes an
   // accelerated member (see kick_set). -1 until first needed.
@@ -226,21 +238,58 @@ void for_each_twin(EpollState& s, const EpollMember& m, F f) {
     if (&o != &m && o.st.get() == m.st.get()) f(o);
 }
 
-// Ends a member's dormancy: its arms and its hub ticket go. Under the
-// set's mutex (the hub's is taken inside it, never the other way round).
-void wake_member(EpollMember& m) {
-  if (!m.dormant) return;
-  ConnectionState* c = m.conn();
-  if (c) {
+// Undoes a member's own arm (dormant or lent) and leaves its hub.
+void drop_own_arm(EpollMember& m) {
+  if (ConnectionState* c = m.conn()) {
     Channel& ch = c->stream().channel();
     if (m.dorm_data) ch.disarm(kWantData);
     if (m.dorm_space) ch.disarm(kWantSpace);
-    c->wake.leave(m.dorm_ticket);
+    c->wake.leave(m.dorm_ticket);  // none (kNone) when it has not joined
   }
-  m.dormant = m.fresh = m.dorm_data = m.dorm_space = false;
+  m.dorm_data = m.dorm_space = false;
   m.dorm_ticket = WakeHub::Ticket{};
+  if (m.lent && m.owner) --m.owner->lent;
+  m.lent = false;
+}
+
+// Ends a member's dormancy: it is on the passes again. others_asleep:
+// other threads of ours sleep on the set, having skipped it while it was
+// dormant; its own arm then stays for them (lent) until no thread sleeps
+// on the set, else a doorbell for it would wake none of them while this
+// thread is busy (the kernel wakes any thread waiting on a set for any
+// member). Tokenless from now on: the peer may have rung its own token and
+// would spare the next doorbell (ring/sleepers.h), which no look of ours
+// would follow. Armed before the old arm goes, so the count never drops to
+// zero. Returns whether it was dormant. Under the set's mutex (the hub's is
+// taken inside it, never the other way round).
+bool wake_member(EpollMember& m, bool others_asleep) {
+  if (!m.dormant) return false;
+  ConnectionState* c = m.conn();
+  if (c && others_asleep && m.owner) {
+    Channel& ch = c->stream().channel();
+    if (m.dorm_data) {
+      if (ch.arm(kWantData, 0)) c->wake.kick(true);
+      ch.disarm(kWantData);
+    }
+    if (m.dorm_space) {
+      if (ch.arm(kWantSpace, 0)) c->wake.kick(true);
+      ch.disarm(kWantSpace);
+    }
+    m.lent = true;
+    ++m.owner->lent;
+  } else {
+    drop_own_arm(m);
+  }
+  m.dormant = m.fresh = false;
   m.quiet = 0;
   link_awake(m);
+  return true;
+}
+
+// Whether threads of ours other than the caller sleep on the set (joined:
+// the caller's, when it is one of them). Under s.mu.
+bool others_asleep(const EpollState& s, const std::vector<struct Joined>* joined) {
+  return s.waiting > (joined ? 1 : 0);
 }
 
 // Whether a wait loop also asks the kernel about its kernel members (one
@@ -340,7 +389,7 @@ int collect(EpollState& s, epoll_event* out, int max) {
     out[n].data = m.data;
     ++n;
     m.reported = true;
-    wake_member(m);  // a fresh dormant member that had something after all
+    wake_member(m, s.waiting > 0);  // a fresh dormant member that had something after all
     if (m.events & EPOLLONESHOT) m.disabled = true;
   }
   return n;
@@ -410,12 +459,19 @@ void unwatch_hub(EpollState& s, EpollMember& m) {
 struct Joined {
   FdRef conn;
   WakeHub::Ticket ticket;
+  // The member this wait armed, and how: disarm_all undoes exactly that.
+  int fd = -1;
+  const FdState* st = nullptr;
+  uint32_t gen = 0;
+  bool data = false;
+  bool space = false;
 };
 
 // Before a kernel wait: joins the hubs of the members' connections (edge
 // sleepers: the set watches their fds) and arms their channels; *blind
 // when a hub has no fd the set watches.
-void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
+// Returns this sleep's token, for disarm_all.
+uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.waiting;  // until disarm_all: an ADD or MOD meanwhile wakes us (kick_set)
   *blind = false;
@@ -443,6 +499,7 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
       // the disarm that ends its dormancy, as a sleep looks at its members.
       const uint64_t own = new_sleep_token();
       Channel& ch = c->stream().channel();
+      drop_own_arm(m);  // a lent arm, if any: replaced by this one
       m.dorm_ticket = c->wake.join_edge();
       if (m.events & (EPOLLIN | EPOLLRDHUP)) {
         if (ch.arm(kWantData, own)) c->wake.kick(true);
@@ -453,6 +510,7 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
         m.dorm_space = true;
       }
       m.dormant = m.fresh = true;  // off the list once this wait is over
+      m.fresh_sleep = sleep;
       continue;
     }
     Joined j;
@@ -463,45 +521,72 @@ void arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
       j.ticket.fd = -1;
       *blind = true;
     }
-    joined->push_back(std::move(j));
+    j.fd = fd;
+    j.st = m.st.get();
+    j.gen = m.arm_gen;
     Channel& ch = c->stream().channel();
     if (m.events & (EPOLLIN | EPOLLRDHUP)) {
       if (ch.arm(kWantData, sleep)) c->wake.kick(true);
       ++m.armed_data;
+      j.data = true;
     }
     if (m.events & EPOLLOUT) {
       if (ch.arm(kWantSpace, sleep)) c->wake.kick(true);
       ++m.armed_space;
+      j.space = true;
     }
+    joined->push_back(std::move(j));
   }
+  return sleep;
 }
 
-// After the wait: disarms exactly the arms recorded on the members (their
-// events may have changed, EPOLL_CTL_MOD, or they may have become
-// connections meanwhile) and leaves the hubs joined.
-void disarm_all(EpollState& s, std::vector<Joined>* joined) {
+// Undoes every arm waits have put on m (their counts), at once: those
+// waits will not undo theirs (arm_gen). Under s.mu.
+void clear_arms(EpollMember& m) {
+  if (ConnectionState* c = m.conn()) {
+    for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
+    for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
+  }
+  m.armed_data = m.armed_space = 0;
+  ++m.arm_gen;
+}
+
+// After the wait: undoes exactly the arms this wait put on members that
+// still hold them (another thread may have removed a member, or a wait
+// made it dormant, meanwhile), takes the members it made dormant off the
+// list, and leaves the hubs joined.
+void disarm_all(EpollState& s, std::vector<Joined>* joined, uint64_t sleep) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     --s.waiting;
-    for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
-      nx = p->next;
-      EpollMember& m = *p;
-      if (m.dormant) {
-        m.fresh = false;
-        unlink_awake(m);
-        continue;
-      }
-      ConnectionState* c = m.conn();
-      if (!c) continue;
-      Channel& ch = c->stream().channel();
-      if (m.armed_data > 0) {
+    // No thread sleeps on the set any more: nobody needs the lent arms.
+    if (s.waiting == 0 && s.lent > 0)
+      for (auto& [fd, m] : s.members)
+        if (m.lent) drop_own_arm(m);
+    for (const Joined& j : *joined) {
+      auto it = s.members.find(j.fd);
+      if (it == s.members.end()) continue;
+      EpollMember& m = it->second;
+      if (m.st.get() != j.st || m.arm_gen != j.gen) continue;
+      Channel& ch = m.conn()->stream().channel();
+      if (j.data && m.armed_data > 0) {
         ch.disarm(kWantData);
         --m.armed_data;
       }
-      if (m.armed_space > 0) {
+      if (j.space && m.armed_space > 0) {
         ch.disarm(kWantSpace);
         --m.armed_space;
       }
+    }
+    // Dormant from now on: other waits still asleep will not visit it
+    // again, so their arms go too (its own arm covers it).
+    for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
+      nx = p->next;
+      EpollMember& m = *p;
+      if (!m.dormant || m.fresh_sleep != sleep) continue;
+      clear_arms(m);
+      m.fresh = false;
+      unlink_awake(m);
     }
   }
   for (Joined& j : *joined) j.conn.as<ConnectionState>()->wake.leave(j.ticket);
@@ -538,11 +623,11 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
       ConnectionState* c = it == s.members.end() ? nullptr : it->second.conn();
       auto w = c ? s.hubs.find(&c->wake) : s.hubs.end();
       if (w != s.hubs.end() && w->second.members == 1) {
-        wake_member(it->second);
+        wake_member(it->second, others_asleep(s, joined));
         continue;
       }
       for (auto& [mfd, m] : s.members)
-        if (m.dormant && (c == nullptr || m.conn() == c)) wake_member(m);
+        if (m.dormant && (c == nullptr || m.conn() == c)) wake_member(m, others_asleep(s, joined));
       continue;
     }
     if ((ev[i].data.u64 & kTagMask) == kTag) {
@@ -559,8 +644,8 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
       // ours), then out of dormancy: the passes look at it from now on.
       if (ConnectionState* c = m.conn())
         if (c->stream().channel().drain_wakeups()) c->wake.kick(m.dormant || has_joined(joined, c));
-      wake_member(m);
-      for_each_twin(s, m, [](EpollMember& o) { wake_member(o); });  // their doorbell too
+      wake_member(m, others_asleep(s, joined));
+      for_each_twin(s, m, [&](EpollMember& o) { wake_member(o, others_asleep(s, joined)); });
       continue;
     }
     ev[kept++] = ev[i];
@@ -813,16 +898,14 @@ namespace {
 
 // Undoes a connection member's arms.
 void disarm_member(EpollMember& m) {
-  wake_member(m);
-  ConnectionState* c = m.conn();
-  if (!c) return;
-  for (; m.armed_data > 0; --m.armed_data) c->stream().channel().disarm(kWantData);
-  for (; m.armed_space > 0; --m.armed_space) c->stream().channel().disarm(kWantSpace);
+  wake_member(m, false);
+  drop_own_arm(m);
+  clear_arms(m);
 }
 
 // Sets a member's events and data (ADD, MOD): reported afresh.
 void set_events(EpollMember& m, const epoll_event& ev) {
-  wake_member(m);
+  wake_member(m, m.owner && m.owner->waiting > 0);
   m.reported = false;
   m.events = ev.events;
   m.data = ev.data;
@@ -1267,7 +1350,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     // ours drains reaches us too) and arm them, re-check, then sleep.
     std::vector<Joined> joined;
     bool blind = false;
-    arm_all(*s, &joined, &blind);
+    const uint64_t sleep = arm_all(*s, &joined, &blind);
     n = collect(*s, events, maxevents);
     int k = 0, err = 0;
     if (n == 0) {
@@ -1282,7 +1365,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       err = errno;
       if (k > 0) n = filter_kernel(*s, events, k, &joined);
     }
-    disarm_all(*s, &joined);
+    disarm_all(*s, &joined, sleep);
     if (k < 0 && err == EINTR) return -EINTR;
     if (k < 0) return -err;
     if (n > 0) {
@@ -1303,13 +1386,18 @@ void epoll_after_fork_child() {
   g_unshadowed_waiters.store(0, std::memory_order_relaxed);
   for (EpollState* s : live_sets()) {
     s->waiting = 0;
-    for (auto& [fd, m] : s->members)
-      if (m.dormant) {
-        m.dormant = m.fresh = m.dorm_data = m.dorm_space = false;
+    s->lent = 0;
+    for (auto& [fd, m] : s->members) {
+      // The parent's waits' arms are theirs to undo, not ours.
+      m.armed_data = m.armed_space = 0;
+      ++m.arm_gen;
+      if (m.dormant || m.lent) {
+        m.dormant = m.fresh = m.lent = m.dorm_data = m.dorm_space = false;
         m.dorm_ticket = WakeHub::Ticket{};
         m.quiet = 0;
         link_awake(m);
       }
+    }
   }
 }
 

@@ -84,5 +84,34 @@ TEST_F(StormTest, SparseTrafficWakesDormantMembers) {
   EXPECT_EQ(std::to_string(ss->bytes_received), bytes);
 }
 
+// A member woken from dormancy while another thread slept on the set
+// (rs_pool): two server threads on one set, connection X quiet through 12
+// pings on Y, then '1' on X, whose thread blocks until the other thread has
+// served '2' on X. The other thread went to sleep while X was dormant, so it
+// had not armed X; without an arm kept for it, '2' rang no doorbell and
+// nobody served it (failed 3 of 3 before the fix; kernel TCP passes).
+TEST_F(StormTest, AnotherThreadServesAWokenMember) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server("server", "rs_pool",
+                              {"--role", "server", "--port", std::to_string(port)}, env, &ready);
+  ASSERT_TRUE(ready) << "server: see its output below";
+  Proc& client =
+      spawn("client", "rs_pool", {"--role", "client", "--port", std::to_string(port)}, env);
+  ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << "client: see its output below";
+  ASSERT_TRUE(server.exited_ok()) << "server: see its output below";
+  EXPECT_NE(client.out().find("RESULT ok"), std::string::npos);
+  EXPECT_EQ(parse_result(server.out(), "RESULT")["served"], "14");
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  expect_paths(*cs, 2, 0, "client");
+  expect_paths(*ss, 2, 0, "server");
+}
+
 }  // namespace
 }  // namespace rsock_test
