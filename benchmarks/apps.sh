@@ -27,9 +27,11 @@
 #                      received, and the CPU time of both processes per GB
 #                      (a spinning wait counts: it is CPU the host pays)
 #   idle-conns         connrate hold/sink: 1000 connections that each carried
-#                      1 MiB and went idle; what one costs the client and the
-#                      server (fds, virtual and resident KiB, from
-#                      /proc/self), against each process's state before
+#                      1 MiB; what one costs the client and the server (fds,
+#                      virtual, resident and pinned KiB, from /proc/self),
+#                      against each process's state before: at once, and
+#                      resident again after 3 s idle (librsock gives an idle
+#                      ring's pages back after a second)
 #   conns-10k          connrate hold/sink with 10,000 connections of one
 #                      byte each way: the seconds to open them all (one
 #                      after the other), then fds and KiB as above. A
@@ -359,20 +361,21 @@ run_stream() { # PATH SIZE
   [[ $path == rsock ]] && check_shm "$tag" stream stream
 }
 
-run_idle() { # PATH K BYTES
-  local path=$1 k=$2 bytes=$3 port tag cli i
+run_idle() { # PATH K BYTES [IDLE_MS]
+  local path=$1 k=$2 bytes=$3 idle_ms=${4:-} port tag cli i want=RESULT
+  [[ -n $idle_ms ]] && want=IDLE
   port=$(free_port) tag=idle-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
-  start_server "$path" "$tag" "$port" "$CONNRATE" sink "$port" "$k" "$bytes" || {
+  start_server "$path" "$tag" "$port" "$CONNRATE" sink "$port" "$k" "$bytes" $idle_ms || {
     R_OK=0 R_NOTE="connrate sink did not start"
     stop_server TERM
     return
   }
   path_env "$path" cli "$tag" "$port"
-  taskset -c "$CPU_CLI" "${ENVP[@]}" "$CONNRATE" hold "$port" "$k" "$bytes" >"$WORK/$tag.cli.out" 2>&1 &
+  taskset -c "$CPU_CLI" "${ENVP[@]}" "$CONNRATE" hold "$port" "$k" "$bytes" $idle_ms >"$WORK/$tag.cli.out" 2>&1 &
   cli=$!
   for ((i = 0; i < 1200; i++)); do
-    grep -q '^RESULT' "$WORK/$tag.cli.out" && grep -q '^RESULT' "$WORK/$tag.srv.out" && break
+    grep -q "^$want" "$WORK/$tag.cli.out" && grep -q "^$want" "$WORK/$tag.srv.out" && break
     kill -0 "$cli" 2>/dev/null || break
     sleep 0.1
   done
@@ -386,9 +389,16 @@ run_idle() { # PATH K BYTES
       R_OK=0 R_NOTE+="$side: no RESULT line; "
       continue
     }
-    for m in fds vm_kib rss_kib seconds; do
+    for m in fds vm_kib rss_kib locked_kib seconds; do
       R[$side.$m]=$(sed -n "s/.* $m=\([0-9.-]*\).*/\1/p" <<<"$line")
     done
+    [[ -n $idle_ms ]] || continue
+    line=$(grep -m1 '^IDLE' "$WORK/$tag.$side.out")
+    [[ -n $line ]] || {
+      R_OK=0 R_NOTE+="$side: no IDLE line; "
+      continue
+    }
+    R[$side.idle_rss_kib]=$(sed -n "s/.* rss_kib=\([0-9.-]*\).*/\1/p" <<<"$line")
   done
   [[ $path == rsock ]] && check_shm "$tag" connrate connrate
 }
@@ -478,8 +488,9 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
           record "$row" "$path" mbs cpu
           ;;
         idle-conns)
-          run_idle "$path" 1000 1048576
-          record "$row" "$path" cli.fds cli.vm_kib cli.rss_kib srv.fds srv.vm_kib srv.rss_kib
+          run_idle "$path" 1000 1048576 3000
+          record "$row" "$path" cli.fds cli.vm_kib cli.rss_kib cli.idle_rss_kib cli.locked_kib \
+            srv.fds srv.vm_kib srv.rss_kib srv.idle_rss_kib srv.locked_kib
           ;;
       esac
     done
@@ -539,10 +550,14 @@ report=$WORK/apps.md
       idle-conns)
         row_line "$row" cli.fds "client fds per connection" lat
         row_line "$row" cli.vm_kib "client virtual KiB per connection" lat
-        row_line "$row" cli.rss_kib "client resident KiB per connection" lat
+        row_line "$row" cli.rss_kib "client resident KiB per connection, at once" lat
+        row_line "$row" cli.idle_rss_kib "client resident KiB per connection, after 3 s idle" lat
+        row_line "$row" cli.locked_kib "client pinned KiB per connection" lat
         row_line "$row" srv.fds "server fds per connection" lat
         row_line "$row" srv.vm_kib "server virtual KiB per connection" lat
-        row_line "$row" srv.rss_kib "server resident KiB per connection" lat
+        row_line "$row" srv.rss_kib "server resident KiB per connection, at once" lat
+        row_line "$row" srv.idle_rss_kib "server resident KiB per connection, after 3 s idle" lat
+        row_line "$row" srv.locked_kib "server pinned KiB per connection" lat
         ;;
       conns-10k)
         row_line "$row" cli.seconds "seconds to open $MANY (RLIMIT_NOFILE $NOFILE)" lat

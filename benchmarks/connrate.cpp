@@ -15,11 +15,13 @@
 //       loop. Prints "RESULT conns=N seconds=S rate=R p50_us=P p99_us=Q",
 //       where the percentiles are of one connection's time from socket() to
 //       the byte read back. Exit status 0 when all N carried their byte.
-//   connrate sink PORT K BYTES
+//   connrate sink PORT K BYTES [IDLE_MS]
 //       a server for hold: accepts K connections in an epoll loop, reads
 //       BYTES from each and answers one byte; once all K have, prints its
 //       own cost per connection (as hold does) and serves until killed.
-//   connrate hold PORT K BYTES
+//       With IDLE_MS, it prints the cost again as an IDLE line after the
+//       connections have been idle for that long (its epoll loop runs on).
+//   connrate hold PORT K BYTES [IDLE_MS]
 //       opens K connections at once (blocking, one after the other), writes
 //       BYTES on each and reads the sink's one-byte answer, so that every
 //       connection has carried data and is idle. Then prints what the K
@@ -27,7 +29,9 @@
 //       before the first: "RESULT fds=F vm_kib=V rss_kib=R shmem_kib=S
 //       locked_kib=L" (descriptors, VmSize, VmRSS, RssShmem, VmLck from
 //       /proc/self/status), then " seconds=T", the time from the first
-//       socket() to the last answer, and waits to be killed.
+//       socket() to the last answer, and waits to be killed. With
+//       IDLE_MS, "IDLE fds=..." (the same fields, no seconds) after sleeping
+//       that long.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -292,10 +296,11 @@ Footprint footprint() {
 }
 
 // seconds < 0: not reported.
-void report_cost(const Footprint& before, int k, double seconds = -1) {
+void report_cost(const Footprint& before, int k, double seconds = -1,
+                 const char* label = "RESULT") {
   const Footprint now = footprint();
   const double n = k > 0 ? k : 1;
-  printf("RESULT fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f locked_kib=%.1f",
+  printf("%s fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f locked_kib=%.1f", label,
          (now.fds - before.fds) / n, (now.vm - before.vm) / n, (now.rss - before.rss) / n,
          (now.shmem - before.shmem) / n, (now.locked - before.locked) / n);
   if (seconds >= 0) printf(" seconds=%.3f", seconds);
@@ -320,7 +325,7 @@ long drain(int fd, long want) {
   return got;
 }
 
-int sink(int port, int k, long bytes) {
+int sink(int port, int k, long bytes, int idle_ms) {
   const Footprint before = footprint();
   const int l = listen_loopback(port, 4096);
   if (l < 0) return 1;
@@ -335,8 +340,19 @@ int sink(int port, int k, long bytes) {
   std::vector<long> left(1 << 17, -1);
   int done = 0;
   epoll_event evs[64];
+  int64_t idle_at = -1;  // when to print the IDLE line (ns), once
   while (!g_stop) {
-    int n = epoll_wait(ep, evs, 64, -1);
+    int wait_ms = -1;
+    if (idle_at >= 0) {
+      const int64_t left = idle_at - now_ns();
+      if (left <= 0) {
+        report_cost(before, k, -1, "IDLE");
+        idle_at = -1;
+        continue;
+      }
+      wait_ms = static_cast<int>(left / 1000000) + 1;
+    }
+    int n = epoll_wait(ep, evs, 64, wait_ms);
     for (int i = 0; i < n; ++i) {
       const int fd = evs[i].data.fd;
       if (fd == l) {
@@ -377,14 +393,17 @@ int sink(int port, int k, long bytes) {
       if (left[fd] == 0) {
         char b = 'k';
         (void)!write(fd, &b, 1);
-        if (++done == k) report_cost(before, k);
+        if (++done == k) {
+          report_cost(before, k);
+          if (idle_ms > 0) idle_at = now_ns() + int64_t{idle_ms} * 1000000;
+        }
       }
     }
   }
   return 0;
 }
 
-int hold(int port, int k, long bytes) {
+int hold(int port, int k, long bytes, int idle_ms) {
   const Footprint before = footprint();
   const sockaddr_in a = loopback(port);
   std::vector<char> data(1 << 16, 'd');
@@ -416,6 +435,12 @@ int hold(int port, int k, long bytes) {
     fds.push_back(fd);
   }
   report_cost(before, k, static_cast<double>(now_ns() - t0) / 1e9);
+  if (idle_ms > 0) {
+    timespec ts = {idle_ms / 1000, (idle_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !g_stop) {
+    }
+    report_cost(before, k, -1, "IDLE");
+  }
   while (!g_stop) pause();
   return 0;
 }
@@ -427,7 +452,8 @@ int main(int argc, char** argv) {
     stop_on_signals();
     const int port = atoi(argv[2]), k = atoi(argv[3]);
     const long bytes = atol(argv[4]);
-    return argv[1][0] == 's' ? sink(port, k, bytes) : hold(port, k, bytes);
+    const int idle_ms = argc >= 6 ? atoi(argv[5]) : 0;
+    return argv[1][0] == 's' ? sink(port, k, bytes, idle_ms) : hold(port, k, bytes, idle_ms);
   }
   if (argc >= 4 && strcmp(argv[1], "server") == 0)
     return server(atoi(argv[2]), strcmp(argv[3], "epoll") == 0);
@@ -438,6 +464,6 @@ int main(int argc, char** argv) {
   }
   fprintf(stderr,
           "usage: connrate server PORT block|epoll | client PORT N block|epoll [INFLIGHT]\n"
-          "       connrate sink PORT K BYTES | hold PORT K BYTES\n");
+          "       connrate sink PORT K BYTES [IDLE_MS] | hold PORT K BYTES [IDLE_MS]\n");
   return 2;
 }

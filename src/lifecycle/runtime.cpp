@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/barrier.h"
 #include "common/log.h"
 #include "common/real.h"
 #include "common/sleep_token.h"
@@ -185,6 +186,10 @@ void init() {
   }
   g_runtime = rt;
   pthread_atfork(before_fork, pending_after_fork_parent, after_fork_child);
+  // So that a peer can give back an idle ring's pages while our sends stay
+  // free of locked instructions (common/barrier.h); without it our sends
+  // fence for real.
+  barrier_register();
   g_state.store(kReady, std::memory_order_release);
   LOG_INFO("active: %zu rule(s), ring %zu bytes, spin %u us", rt->config.rules.size(),
            rt->config.ring_bytes, rt->config.spin_us);

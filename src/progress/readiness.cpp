@@ -130,6 +130,11 @@ struct EpollMember {
   bool lent = false;
   uint8_t quiet = 0;      // sleeps in a row in which it reported nothing
   bool reported = false;  // reported an event since the last sleep
+  // Giving an idle connection's ring pages back (take_due_trims): when it
+  // last reported an event or was added or changed (ms, monotonic; -1: at
+  // the next sleep), and whether it has been trimmed since.
+  int64_t active_ms = -1;
+  bool trimmed = false;
   // The set's list of members that are not dormant, which the passes walk
   // (a dormant member is off it). fd: the member's key in the set.
   int fd = -1;
@@ -141,6 +146,11 @@ struct EpollMember {
 
 // Sleeps without an event after which a member goes dormant.
 constexpr uint8_t kQuietSleeps = 4;
+// A member that reported nothing for this long has its connection's idle
+// ring pages given back (Stream::trim), once until it reports again; a set
+// looks for such members at most every kTrimSweepMs.
+constexpr int64_t kTrimIdleMs = 1000;
+constexpr int64_t kTrimSweepMs = 250;
 
 // The set watches the WakeHub fd of each connection among its members
 // (edge-triggered, kKickTag), once however many members share it (dup'd
@@ -204,6 +214,9 @@ class EpollState final : public FdState {
   // accelerated member (see kick_set). -1 until first needed.
   int waiting = 0;
   int kick_fd = -1;
+  // When a member will have been idle for kTrimIdleMs (ms, monotonic; 0:
+  // none is waiting to be trimmed). Written under mu; a sleep ends by then.
+  std::atomic<int64_t> trim_due_ms{0};
   // Keyed by the hub, which lives as long as a member holds its connection.
   std::map<const WakeHub*, HubWatch> hubs;
 };
@@ -471,11 +484,12 @@ struct Joined {
 // sleepers: the set watches their fds) and arms their channels; *blind
 // when a hub has no fd the set watches.
 // Returns this sleep's token, for disarm_all.
-uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
+uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.waiting;  // until disarm_all: an ADD or MOD meanwhile wakes us (kick_set)
   *blind = false;
   const uint64_t sleep = new_sleep_token();  // one sleep: every member
+  int64_t due = s.trim_due_ms.load(std::memory_order_relaxed);
   for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
     nx = p->next;
     EpollMember& m = *p;
@@ -483,6 +497,11 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
     ConnectionState* c = m.conn();
     if (!c || m.disabled || m.parked || m.dormant) continue;
     const bool watched = watch_hub(s, m, fd);
+    if (m.reported || m.active_ms < 0) {
+      m.active_ms = now_ms;
+      m.trimmed = false;
+      if (due == 0 || due > now_ms + kTrimIdleMs) due = now_ms + kTrimIdleMs;
+    }
     if (m.reported)
       m.quiet = 0;
     else if (m.quiet < kQuietSleeps)
@@ -537,7 +556,32 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind) {
     }
     joined->push_back(std::move(j));
   }
+  s.trim_due_ms.store(due, std::memory_order_relaxed);
   return sleep;
+}
+
+// The connections of members idle for kTrimIdleMs and not trimmed since,
+// once their time has come (at most every kTrimSweepMs): the caller gives
+// their rings' pages back (Stream::trim) outside the set's lock. A walk of
+// every member, dormant ones too, but only when one is due.
+void take_due_trims(EpollState& s, int64_t now_ms, std::vector<FdRef>* out) {
+  const int64_t due = s.trim_due_ms.load(std::memory_order_relaxed);
+  if (due == 0 || now_ms < due) return;
+  std::lock_guard<std::mutex> lock(s.mu);
+  int64_t next = 0;
+  for (auto& [fd, m] : s.members) {
+    ConnectionState* c = m.conn();
+    if (!c || m.parked || m.trimmed || m.active_ms < 0) continue;
+    if (now_ms - m.active_ms >= kTrimIdleMs) {
+      m.trimmed = true;
+      c->ref();
+      out->push_back(FdRef(c));
+    } else if (next == 0 || m.active_ms + kTrimIdleMs < next) {
+      next = m.active_ms + kTrimIdleMs;
+    }
+  }
+  s.trim_due_ms.store(next == 0 ? 0 : std::max(next, now_ms + kTrimSweepMs),
+                      std::memory_order_relaxed);
 }
 
 // Undoes every arm waits have put on m (their counts), at once: those
@@ -907,6 +951,7 @@ void disarm_member(EpollMember& m) {
 void set_events(EpollMember& m, const epoll_event& ev) {
   wake_member(m, m.owner && m.owner->waiting > 0);
   m.reported = false;
+  m.active_ms = -1;  // active: stamped at the next sleep
   m.events = ev.events;
   m.data = ev.data;
   m.disabled = false;
@@ -1350,7 +1395,13 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     // ours drains reaches us too) and arm them, re-check, then sleep.
     std::vector<Joined> joined;
     bool blind = false;
-    const uint64_t sleep = arm_all(*s, &joined, &blind);
+    {
+      // Members idle for a while first give their rings' pages back.
+      std::vector<FdRef> idle;
+      take_due_trims(*s, now / 1000000, &idle);
+      for (FdRef& r : idle) r.as<ConnectionState>()->stream().trim();
+    }
+    const uint64_t sleep = arm_all(*s, &joined, &blind, now / 1000000);
     n = collect(*s, events, maxevents);
     int k = 0, err = 0;
     if (n == 0) {
@@ -1360,6 +1411,10 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       // A hub the set cannot watch (out of fds): sleep in slices.
       if (blind && (until < 0 || until > monotonic_ns() + WakeHub::kBlindSliceNs))
         until = monotonic_ns() + WakeHub::kBlindSliceNs;
+      // Up to the time a member will have been idle long enough to trim.
+      if (const int64_t due = s->trim_due_ms.load(std::memory_order_relaxed);
+          due != 0 && (until < 0 || until > due * 1000000))
+        until = due * 1000000;
       remaining(until, &ts, &ms);
       k = real().epoll_pwait(epfd, events, maxevents, ms, mask);
       err = errno;

@@ -22,6 +22,8 @@ std::atomic<uint64_t> g_rejects[static_cast<int>(Reject::kCount)];
 std::atomic<uint64_t> g_sent{0};
 std::atomic<uint64_t> g_received{0};
 std::atomic<uint64_t> g_wakeups[2];  // [0] spared, [1] sent
+std::atomic<uint64_t> g_trims{0};
+std::atomic<uint64_t> g_trimmed{0};  // bytes
 
 const char* const kFallbackNames[] = {
     "peer_not_accelerated", "not_same_host",  "negative_cache",     "pair_timeout",
@@ -75,6 +77,12 @@ void stats_bytes(uint64_t sent, uint64_t received) {
 }
 void stats_wakeup(bool sent) { g_wakeups[sent ? 1 : 0].fetch_add(1, std::memory_order_relaxed); }
 uint64_t stats_wakeups(bool sent) { return g_wakeups[sent ? 1 : 0].load(); }
+void stats_trimmed(uint64_t bytes) {
+  g_trims.fetch_add(1, std::memory_order_relaxed);
+  g_trimmed.fetch_add(bytes, std::memory_order_relaxed);
+}
+uint64_t stats_trims() { return g_trims.load(); }
+uint64_t stats_trimmed_bytes() { return g_trimmed.load(); }
 uint64_t stats_connections(Path p) { return g_paths[static_cast<int>(p)].load(); }
 uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].load(); }
 uint64_t stats_resets(Reset r) { return g_resets[static_cast<int>(r)].load(); }
@@ -88,6 +96,8 @@ void stats_reset() {
   g_sent.store(0);
   g_received.store(0);
   for (auto& c : g_wakeups) c.store(0);
+  g_trims.store(0);
+  g_trimmed.store(0);
 }
 
 int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open_sent,
@@ -122,6 +132,10 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
     n += snprintf(buf + n, cap - n, ", \"wakeups\": {\"sent\": %llu, \"spared\": %llu}",
                   static_cast<unsigned long long>(stats_wakeups(true)),
                   static_cast<unsigned long long>(stats_wakeups(false)));
+  if (n < cap)
+    n += snprintf(buf + n, cap - n, ", \"trimmed\": {\"rings\": %llu, \"bytes\": %llu}",
+                  static_cast<unsigned long long>(stats_trims()),
+                  static_cast<unsigned long long>(stats_trimmed_bytes()));
   if (n < cap)
     n += snprintf(buf + n, cap - n, ", \"bytes_sent\": %llu, \"bytes_received\": %llu}",
                   static_cast<unsigned long long>(g_sent.load() + open_sent),

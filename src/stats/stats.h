@@ -68,6 +68,10 @@ void stats_bytes(uint64_t sent, uint64_t received);  // from a closed accelerate
 // thread had just rung the same sleep (spared; ring/sleepers.h).
 void stats_wakeup(bool sent);
 uint64_t stats_wakeups(bool sent);
+// Ring memory given back from an idle connection (bytes of one ring).
+void stats_trimmed(uint64_t bytes);
+uint64_t stats_trims();
+uint64_t stats_trimmed_bytes();
 uint64_t stats_connections(Path p);
 uint64_t stats_fallbacks(Fallback f);
 uint64_t stats_resets(Reset r);

@@ -242,6 +242,12 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   if (s.flags & kTxBlocked) return -EAGAIN;  // transport send window closed: as a full ring
   size_t room = ledger_.available();
   if (room == 0) return -EAGAIN;
+  // The peer is giving the idle ring's pages back (shm): as a full ring.
+  if (!channel_->begin_tx()) return -EAGAIN;
+  struct EndTx {
+    Channel* ch;
+    ~EndTx() { ch->end_tx(); }
+  } const end_tx{channel_.get()};
   size_t total = std::min(want, room);
   size_t done = 0;
   const size_t size = ledger_.ring_bytes();
@@ -355,6 +361,24 @@ size_t Stream::writable_bytes() {
   if (peer_gone_.load(std::memory_order_acquire)) return ledger_.ring_bytes();
   if (s.flags & kTxBlocked) return 0;
   return ledger_.available();
+}
+
+size_t Stream::trim() {
+  // Never waits: a thread inside a send or recv is not idle.
+  std::unique_lock<std::mutex> tx(tx_mu_, std::try_to_lock);
+  if (!tx.owns_lock()) return 0;
+  std::unique_lock<std::mutex> rx(rx_mu_, std::try_to_lock);
+  if (!rx.owns_lock() || channel_->needs_take_over() || broken_.load(std::memory_order_acquire))
+    return 0;
+  const int entered = channel_->enter();
+  if (entered < 0) return 0;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  // The region must say that everything we read is read (credits lag).
+  if (window_.consumed() != window_.granted()) {
+    (void)channel_->grant(window_.consumed());
+    window_.on_granted();
+  }
+  return channel_->trim(window_.consumed());
 }
 
 void Stream::report_consumed() {

@@ -83,6 +83,12 @@ class Stream {
   // fail or block).
   size_t writable_bytes();
 
+  // Gives back the ring memory that traffic has touched, where nothing is
+  // in flight (Channel::trim), for a caller that has seen the connection
+  // idle for a while. Returns the bytes given back; 0 at once when another
+  // thread is inside a send or recv.
+  size_t trim();
+
   // Exec hand-off. report_consumed() returns credits for every byte read so
   // far, so that the region says exactly what was consumed; resume() makes
   // a new stream continue from totals read back from the region (before

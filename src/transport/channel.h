@@ -83,6 +83,23 @@ class Channel {
   // negative errno.
   virtual int write(size_t offset, const void* src, size_t len) = 0;
 
+  // Brackets the writes of one send: begin_tx() before its first write(),
+  // end_tx() after its publish() or when it gives up. begin_tx() returns
+  // false when the peer's ring cannot take writes right now (shm: the
+  // consumer is giving the idle ring's pages back, which takes a system
+  // call): the send then waits as for a full ring, and poll() reports
+  // kTxBlocked until it can go on (and bumps tx_epoch when it can).
+  virtual bool begin_tx() { return true; }
+  virtual void end_tx() {}
+
+  // Gives back the memory of this connection's rings where nothing is in
+  // flight (docs/design.md, "Pages that follow the traffic"): a caller that
+  // has seen the connection idle for a while, holding both of the stream's
+  // locks, inside an operation bracket (enter), with every byte it read
+  // granted (`rx_consumed`). Returns the bytes given back (0: nothing to
+  // give, or the transport cannot: verbs rings are registered memory).
+  virtual size_t trim(uint64_t /*rx_consumed*/) { return 0; }
+
   // Makes all bytes written before `head` (absolute position) visible to
   // the peer and wakes it if it sleeps. Returns 0 or a negative errno.
   virtual int publish(uint64_t head) = 0;

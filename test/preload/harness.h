@@ -337,6 +337,8 @@ struct Stats {
   std::map<std::string, uint64_t> rejected;     // reason -> count (absent = 0)
   uint64_t wakeups_sent = 0;                    // doorbells rung for a sleeping peer
   uint64_t wakeups_spared = 0;                  // not rung: the same sleep had just been rung
+  uint64_t trimmed_rings = 0;                   // idle rings whose pages were given back
+  uint64_t trimmed_bytes = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
 
@@ -449,6 +451,14 @@ inline std::optional<Stats> parse_stats_line(const std::string& line, std::strin
   }
   if (!uint_field(*wakeups, "sent", &s.wakeups_sent) ||
       !uint_field(*wakeups, "spared", &s.wakeups_spared))
+    return std::nullopt;
+  const Json* trimmed = j->get("trimmed");
+  if (!trimmed || trimmed->type != Json::Type::kObject) {
+    *error = "field 'trimmed' missing: " + line;
+    return std::nullopt;
+  }
+  if (!uint_field(*trimmed, "rings", &s.trimmed_rings) ||
+      !uint_field(*trimmed, "bytes", &s.trimmed_bytes))
     return std::nullopt;
   if (!uint_field(*j, "bytes_sent", &s.bytes_sent) ||
       !uint_field(*j, "bytes_received", &s.bytes_received))

@@ -84,6 +84,52 @@ TEST_F(StormTest, SparseTrafficWakesDormantMembers) {
   EXPECT_EQ(std::to_string(ss->bytes_received), bytes);
 }
 
+// Memory that follows the traffic (issue 9): 20 connections each carry
+// 200 KiB both ways, then the client sleeps outside any socket call while
+// the server waits in epoll_wait(-1). After a second without traffic the
+// server gives both rings of every connection back (its stats count them),
+// which also frees them in the client (shared memory: its RssShmem drops);
+// then a second burst must arrive intact over the pages given back.
+TEST_F(StormTest, IdleConnectionsGiveTheirRingsBack) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const int n = 20;
+  const uint64_t bytes = 200 * 1024;
+  Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server(
+      "server", "rs_idle",
+      {"--role", "server", "--port", std::to_string(port), "--connections", std::to_string(n)}, env,
+      &ready);
+  ASSERT_TRUE(ready) << "server: see its output below";
+  Proc& client = spawn("client", "rs_idle",
+                       {"--role", "client", "--port", std::to_string(port), "--connections",
+                        std::to_string(n), "--bytes", std::to_string(bytes), "--idle-ms", "2500"},
+                       env);
+  ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << "client: see its output below";
+  ASSERT_TRUE(server.exited_ok()) << "server: see its output below";
+  auto r = parse_result(client.out(), "RESULT");
+  EXPECT_EQ(r["bytes"], std::to_string(2 * bytes * n));
+  EXPECT_EQ(parse_result(server.out(), "RESULT")["echoed"], r["bytes"]);
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  expect_paths(*cs, n, 0, "client");
+  expect_paths(*ss, n, 0, "server");
+  // Each ring carried 200 KiB: all of its 50 touched pages go back, from
+  // both rings of every connection, by the server (the client slept).
+  EXPECT_GE(ss->trimmed_rings, 2u * n);
+  EXPECT_GE(ss->trimmed_bytes, 2u * n * bytes);
+  EXPECT_EQ(cs->trimmed_rings, 0u);
+  const long busy = std::stol(r["shmem_busy_kib"]), idle = std::stol(r["shmem_idle_kib"]);
+  EXPECT_GE(busy, static_cast<long>(2 * n * bytes / 1024)) << "the rings were not resident";
+  EXPECT_LE(idle, busy / 8) << "idle rings stayed resident in the client";
+  EXPECT_EQ(cs->bytes_sent, 2 * bytes * n);
+  EXPECT_EQ(ss->bytes_received, 2 * bytes * n);
+}
+
 // A member woken from dormancy while another thread slept on the set
 // (rs_pool): two server threads on one set, connection X quiet through 12
 // pings on Y, then '1' on X, whose thread blocks until the other thread has

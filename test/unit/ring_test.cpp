@@ -281,7 +281,7 @@ TEST(WireLayout, DirectionControlGroupsOnSeparateCacheLines) {
   // static_asserts.
   volatile size_t line = kCacheLine;
   EXPECT_EQ(line, 64u);
-  EXPECT_EQ(sizeof(DirectionControl), 2 * line);
+  EXPECT_EQ(sizeof(DirectionControl), 3 * line);
   EXPECT_EQ(alignof(DirectionControl), line);
   EXPECT_EQ(offsetof(DirectionControl, head), 0u);
   EXPECT_EQ(offsetof(DirectionControl, consumed), line);
@@ -290,6 +290,12 @@ TEST(WireLayout, DirectionControlGroupsOnSeparateCacheLines) {
   EXPECT_GE(offsetof(DirectionControl, consumer_flags), line);
   EXPECT_GE(offsetof(DirectionControl, consumer_sleepers), line);
   EXPECT_LE(offsetof(DirectionControl, consumer_sleepers) + sizeof(uint64_t), 2 * line);
+  // Version 4: `writing` in the producer's line, where a padding was (no
+  // producer word moved); the page-giving words on a third line.
+  EXPECT_LT(offsetof(DirectionControl, writing), line);
+  EXPECT_EQ(offsetof(DirectionControl, producer_sleepers), 16u);
+  EXPECT_EQ(offsetof(DirectionControl, trim_seq), 2 * line);
+  EXPECT_LE(offsetof(DirectionControl, trimmed) + sizeof(uint64_t), 3 * line);
 }
 
 TEST(WireLayout, RegionHeaderPlacesControlOnCacheLines) {
@@ -307,7 +313,7 @@ TEST(WireLayout, RegionHeaderPlacesControlOnCacheLines) {
                 reinterpret_cast<uintptr_t>(&h.dir[d].consumed) / kCacheLine);
     }
     EXPECT_EQ(reinterpret_cast<uintptr_t>(&h.dir[1]) - reinterpret_cast<uintptr_t>(&h.dir[0]),
-              2 * kCacheLine);
+              3 * kCacheLine);
   }
 }
 
@@ -345,7 +351,7 @@ TEST(WireLayout, MagicSpellsTheProtocolName) {
   const uint64_t magic = kRegionMagic;
   memcpy(text, &magic, 8);  // little-endian host
   EXPECT_STREQ(text, "rrsockr1");
-  EXPECT_EQ(kProtocolVersion, 3u);
+  EXPECT_EQ(kProtocolVersion, 4u);
 }
 
 TEST(WireLayout, EndpointLinesAreAppendedOnTheirOwnCacheLines) {

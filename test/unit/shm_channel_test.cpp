@@ -19,12 +19,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/barrier.h"
 #include "common/sleep_token.h"
 #include "ring/sleepers.h"
 #include "ring/wire.h"
@@ -59,7 +62,9 @@ struct ShmPair {
   RegionHeader* region = nullptr;  // the server's mapping (valid while server lives)
 };
 
-ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce) {
+// keep_memfd: each channel keeps a dup of the region's memfd, as a paired
+// end does (giving pages back needs it).
+ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce, bool keep_memfd = false) {
   ShmPair p;
   void* smap = nullptr;
   size_t len = 0;
@@ -69,12 +74,14 @@ ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce) {
   void* cmap = nullptr;
   const int rc = shm_region_attach(memfd, len, nonce, ring, &cmap);
   EXPECT_EQ(rc, 0);
-  close(memfd);  // the mappings keep the memory
   int sv[2];
   EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  p.server = std::make_unique<ShmChannel>(smap, len, true, sv[0]);
+  const int smem = keep_memfd ? fcntl(memfd, F_DUPFD_CLOEXEC, 0) : -1;
+  const int cmem = keep_memfd ? fcntl(memfd, F_DUPFD_CLOEXEC, 0) : -1;
+  close(memfd);  // the mappings keep the memory
+  p.server = std::make_unique<ShmChannel>(smap, len, true, sv[0], smem);
   p.region = static_cast<RegionHeader*>(smap);
-  if (rc == 0) p.client = std::make_unique<ShmChannel>(cmap, len, false, sv[1]);
+  if (rc == 0) p.client = std::make_unique<ShmChannel>(cmap, len, false, sv[1], cmem);
   return p;
 }
 
@@ -666,6 +673,199 @@ INSTANTIATE_TEST_SUITE_P(Sizes, ShmStreamThreaded,
                          [](const ::testing::TestParamInfo<ShmCase>& info) {
                            return "ring" + std::to_string(info.param.ring / 1024) + "k";
                          });
+
+// ---- giving an idle ring's pages back (Stream::trim) --------------------------
+
+// Pages of [p, p + len) that are resident (the region is shared memory: a
+// page given back is no longer in the memfd).
+size_t resident_pages(const void* p, size_t len) {
+  std::vector<unsigned char> v(len / kPageBytes);
+  EXPECT_EQ(mincore(const_cast<void*>(p), len, v.data()), 0) << strerror(errno);
+  size_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
+
+// Sends n pattern bytes from `from` (stream position pos on) and reads them
+// all at `to`, checking each byte.
+void move_bytes(Stream& from, Stream& to, uint64_t* pos, size_t n) {
+  std::vector<uint8_t> buf(n), got(n), scratch;
+  testing::fill_pattern(7, *pos, buf.data(), n);
+  size_t sent = 0, read = 0;
+  while (read < n) {
+    if (sent < n) {
+      iovec v = {buf.data() + sent, n - sent};
+      const ssize_t w = from.send(&v, 1);
+      ASSERT_TRUE(w > 0 || w == -EAGAIN) << w;
+      if (w > 0) sent += static_cast<size_t>(w);
+    }
+    iovec in = {got.data() + read, n - read};
+    const ssize_t r = to.recv(&in, 1, false);
+    ASSERT_TRUE(r > 0 || r == -EAGAIN) << r;
+    if (r > 0) read += static_cast<size_t>(r);
+  }
+  ASSERT_EQ(testing::check_pattern(7, *pos, got.data(), n, scratch), n);
+  *pos += n;
+}
+
+TEST(ShmTrim, AnIdleRingsTouchedPagesAreGivenBack) {
+  const size_t ring = 1 << 16;
+  ShmPair p = make_shm_pair(ring, kNonce, true);
+  ASSERT_TRUE(p.server && p.client);
+  const uint8_t* c2s = reinterpret_cast<const uint8_t*>(p.region) + region_header_bytes() + ring;
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  stats_reset();
+  uint64_t pos = 0;
+  ASSERT_NO_FATAL_FAILURE(move_bytes(client, server, &pos, 40000));  // 10 pages touched
+  EXPECT_EQ(resident_pages(c2s, ring), 10u);
+  // The receiver gives them back; the ring the other way carried nothing.
+  EXPECT_EQ(server.trim(), 40960u);
+  EXPECT_EQ(resident_pages(c2s, ring), 0u);
+  EXPECT_EQ(stats_trims(), 1u);
+  EXPECT_EQ(stats_trimmed_bytes(), 40960u);
+  // Nothing touched since: nothing to do, from either end.
+  EXPECT_EQ(server.trim(), 0u);
+  EXPECT_EQ(client.trim(), 0u);
+  // The stream goes on across the ring's end (wrapping), intact, and the
+  // sender gives back what it touched once the receiver has read it all.
+  ASSERT_NO_FATAL_FAILURE(move_bytes(client, server, &pos, 50000));
+  EXPECT_GT(resident_pages(c2s, ring), 0u);
+  EXPECT_EQ(client.trim(), 13 * kPageBytes);  // 90,000 bytes in: pages 9..15, then 0..5
+  EXPECT_EQ(resident_pages(c2s, ring), 0u);
+  ASSERT_NO_FATAL_FAILURE(move_bytes(client, server, &pos, 3000));
+  EXPECT_EQ(client.trim(), 0u);  // under kTrimMinBytes: kept
+  EXPECT_EQ(stats_trims(), 2u);
+}
+
+TEST(ShmTrim, NothingIsGivenBackWhileBytesAreInFlight) {
+  const size_t ring = 1 << 16;
+  ShmPair p = make_shm_pair(ring, kNonce, true);
+  ASSERT_TRUE(p.server && p.client);
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  std::vector<uint8_t> buf(30000), got(30000), scratch;
+  testing::fill_pattern(3, 0, buf.data(), buf.size());
+  iovec v = {buf.data(), buf.size()};
+  ASSERT_EQ(client.send(&v, 1), 30000);
+  EXPECT_EQ(server.trim(), 0u);  // unread: neither end may
+  EXPECT_EQ(client.trim(), 0u);
+  iovec in = {got.data(), 20000};
+  ASSERT_EQ(server.recv(&in, 1, false), 20000);
+  EXPECT_EQ(server.trim(), 0u);  // still 10,000 unread
+  EXPECT_EQ(client.trim(), 0u);
+  in = {got.data() + 20000, 10000};
+  ASSERT_EQ(server.recv(&in, 1, false), 10000);
+  EXPECT_EQ(testing::check_pattern(3, 0, got.data(), got.size(), scratch), got.size());
+  EXPECT_GT(client.trim(), 0u);  // the sender, once its peer has read everything
+}
+
+TEST(ShmTrim, NotWhileTheProducerIsWriting) {
+  const size_t ring = 1 << 16;
+  ShmPair p = make_shm_pair(ring, kNonce, true);
+  ASSERT_TRUE(p.server && p.client);
+  ShmChannel* cch = p.client.get();
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  uint64_t pos = 0;
+  ASSERT_NO_FATAL_FAILURE(move_bytes(client, server, &pos, 40000));
+  ASSERT_TRUE(cch->begin_tx());  // a send between its first copy and its publish
+  EXPECT_EQ(server.trim(), 0u);
+  cch->end_tx();
+  EXPECT_EQ(server.trim(), 40960u);
+}
+
+TEST(ShmTrim, ASendWaitsWhileThePeerHoldsItsRing) {
+  const size_t ring = 1 << 16;
+  ShmPair p = make_shm_pair(ring, kNonce, true);
+  ASSERT_TRUE(p.server && p.client);
+  RegionHeader* h = p.region;
+  ShmChannel* cch = p.client.get();
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  std::atomic<uint64_t>& seq = h->dir[kClientToServer].trim_seq;
+  // The server's end (the consumer) holds the client's ring, as its trim
+  // does for the length of one system call.
+  seq.store(1);
+  // A send that looked before the hold was taken sees it once it has
+  // raised `writing`, and lowers it again.
+  EXPECT_FALSE(cch->begin_tx());
+  EXPECT_EQ(h->dir[kClientToServer].writing.load(), 0u);
+  const StreamEvents before = client.events();
+  EXPECT_FALSE(before.writable);
+  iovec v = {const_cast<char*>("x"), 1};
+  EXPECT_EQ(client.send(&v, 1), -EAGAIN);
+  EXPECT_EQ(client.writable_bytes(), 0u);
+  // Its own end's hold (the producer's, inside its send lock) blocks nobody.
+  seq.store(4 | 1 | 2);
+  EXPECT_TRUE(client.events().writable);
+  // Released: writable again, a new edge for EPOLLET (tx_gen moved).
+  seq.store(8);
+  const StreamEvents after = client.events();
+  EXPECT_TRUE(after.writable);
+  EXPECT_NE(after.tx_gen, before.tx_gen);
+  EXPECT_EQ(client.send(&v, 1), 1);
+  char c;
+  iovec in = {&c, 1};
+  EXPECT_EQ(server.recv(&in, 1, false), 1);
+}
+
+// The race the Dekker pair of `writing` and trim_seq exists for: a sender
+// that writes while its receiver gives pages back, both as fast as they can.
+// A page punched under a copy shows as zeros in the pattern.
+TEST(ShmTrim, StreamStaysIntactWhileBothEndsTrimConstantly) {
+  barrier_register();
+  const size_t ring = 1 << 16;
+  ShmPair p = make_shm_pair(ring, kNonce, true);
+  ASSERT_TRUE(p.server && p.client);
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  stats_reset();
+  const uint64_t total = uint64_t{48} << 20;
+  std::atomic<bool> failed{false};
+  std::thread tx([&] {
+    std::mt19937_64 rng(11);
+    std::vector<uint8_t> buf(1 << 16);
+    for (uint64_t pos = 0; pos < total && !failed;) {
+      const size_t n = std::min<uint64_t>(1 + rng() % buf.size(), total - pos);
+      testing::fill_pattern(5, pos, buf.data(), n);
+      iovec v = {buf.data(), n};
+      const ssize_t w = client.send(&v, 1);
+      if (w > 0)
+        pos += static_cast<uint64_t>(w);
+      else if (w != -EAGAIN)
+        failed = true;
+      else if (rng() % 4 == 0)
+        client.trim();
+      else
+        std::this_thread::yield();
+    }
+  });
+  std::vector<uint8_t> got(1 << 16), scratch;
+  uint64_t pos = 0, first_bad = UINT64_MAX;
+  while (pos < total && !failed) {
+    iovec in = {got.data(), got.size()};
+    const ssize_t r = server.recv(&in, 1, false);
+    if (r == -EAGAIN) {
+      server.trim();
+      std::this_thread::yield();
+      continue;
+    }
+    if (r <= 0) {
+      failed = true;
+      break;
+    }
+    const size_t ok = testing::check_pattern(5, pos, got.data(), static_cast<size_t>(r), scratch);
+    if (ok != static_cast<size_t>(r)) {
+      first_bad = pos + ok;
+      failed = true;
+      break;
+    }
+    pos += static_cast<uint64_t>(r);
+    server.trim();
+  }
+  tx.join();
+  EXPECT_FALSE(failed.load());
+  EXPECT_EQ(first_bad, UINT64_MAX) << "byte " << first_bad << " lost to a trim";
+  EXPECT_EQ(pos, total);
+  EXPECT_GT(stats_trims(), 10u);  // the race was run, not avoided
+  RecordProperty("trims", std::to_string(stats_trims()));
+}
 
 // ---- exec hand-off: validation and resume ------------------------------------
 

@@ -226,9 +226,12 @@ TEST_F(Stats, FreshCountersFormatAsZeros) {
   EXPECT_EQ(m["wakeups"], "{}");
   EXPECT_EQ(m["wakeups.sent"], "0");
   EXPECT_EQ(m["wakeups.spared"], "0");
+  EXPECT_EQ(m["trimmed"], "{}");
+  EXPECT_EQ(m["trimmed.rings"], "0");
+  EXPECT_EQ(m["trimmed.bytes"], "0");
   EXPECT_EQ(m["bytes_sent"], "0");
   EXPECT_EQ(m["bytes_received"], "0");
-  EXPECT_EQ(m.size(), 15u);  // nothing else, in particular no reason entries
+  EXPECT_EQ(m.size(), 18u);  // nothing else, in particular no reason entries
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
@@ -245,6 +248,8 @@ TEST_F(Stats, CountersAppearInTheLine) {
   stats_wakeup(true);
   stats_wakeup(false);
   stats_wakeup(false);
+  stats_trimmed(65536);
+  stats_trimmed(8192);
   EXPECT_EQ(stats_connections(Path::kShm), 2u);
   EXPECT_EQ(stats_connections(Path::kRdma), 0u);
   EXPECT_EQ(stats_connections(Path::kTcp), 1u);
@@ -262,7 +267,9 @@ TEST_F(Stats, CountersAppearInTheLine) {
   EXPECT_EQ(m["bytes_received"], "209");
   EXPECT_EQ(m["wakeups.sent"], "1");
   EXPECT_EQ(m["wakeups.spared"], "2");
-  EXPECT_EQ(m.size(), 17u);
+  EXPECT_EQ(m["trimmed.rings"], "2");
+  EXPECT_EQ(m["trimmed.bytes"], "73728");
+  EXPECT_EQ(m.size(), 20u);
 }
 
 TEST_F(Stats, ResetsAndRejectsAppearByName) {
@@ -274,7 +281,7 @@ TEST_F(Stats, ResetsAndRejectsAppearByName) {
   auto m = parse_or_fail(format(7, "p"));
   EXPECT_EQ(m["resets.kernel_bytes"], "2");
   EXPECT_EQ(m["rejected.unproven"], "1");
-  EXPECT_EQ(m.size(), 17u);
+  EXPECT_EQ(m.size(), 20u);
 }
 
 TEST_F(Stats, LargeCountersFormatInFull) {
@@ -291,7 +298,7 @@ TEST_F(Stats, EveryFallbackReasonIsAKeyWithItsName) {
     for (int k = 0; k <= i; ++k) stats_fallback(f);
     auto m = parse_or_fail(format(1, "p"));
     EXPECT_EQ(m["fallbacks." + std::string(fallback_name(f))], std::to_string(i + 1));
-    EXPECT_EQ(m.size(), 16u) << fallback_name(f);
+    EXPECT_EQ(m.size(), 19u) << fallback_name(f);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <new>
 
+#include "common/barrier.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/own_fd.h"
@@ -143,6 +144,7 @@ ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int do
   if (own_->owner_pid.load(std::memory_order_acquire) == static_cast<int32_t>(getpid())) {
     own_->busy.store(0, std::memory_order_seq_cst);
     epoch_ = own_->epoch.load(std::memory_order_acquire);
+    release_stale_trims();  // exec ended whatever the old image was doing
   }
 }
 
@@ -159,8 +161,10 @@ void ShmChannel::init(void* map, bool is_server) {
   holders_ = &h->holders[is_server ? 0 : 1];
   tx_ = &h->dir[tx_dir];
   rx_ = &h->dir[rx_dir];
-  tx_ring_ = base + region_header_bytes() + static_cast<size_t>(tx_dir) * ring_bytes_;
-  rx_ring_ = base + region_header_bytes() + static_cast<size_t>(rx_dir) * ring_bytes_;
+  tx_ring_offset_ = region_header_bytes() + static_cast<size_t>(tx_dir) * ring_bytes_;
+  rx_ring_offset_ = region_header_bytes() + static_cast<size_t>(rx_dir) * ring_bytes_;
+  tx_ring_ = base + tx_ring_offset_;
+  rx_ring_ = base + rx_ring_offset_;
   me_ = &h->end[is_server ? 0 : 1];
   own_ = &h->owner[is_server ? 0 : 1].o;
   peer_ = &h->end[is_server ? 1 : 0];
@@ -184,6 +188,94 @@ ShmChannel::~ShmChannel() {
 int ShmChannel::write(size_t offset, const void* src, size_t len) {
   memcpy(tx_ring_ + offset, src, len);
   return 0;
+}
+
+// ---------------------------------------------------- giving pages back --
+//
+// trim_seq (ring/wire.h): bit 0 held, bit 1 held by the producer's end, the
+// rest counts the holds. The producer's `writing` and the consumer's hold
+// are a Dekker pair: the producer raises `writing`, then looks at
+// trim_seq; the consumer takes trim_seq, then looks at `writing`. Either
+// the producer sees the hold and writes nothing, or the consumer sees it
+// writing and gives nothing back. The producer's side of the pair is on the
+// data path, so its fence is the light half of an asymmetric one
+// (common/barrier.h).
+
+namespace {
+constexpr uint64_t kTrimHeld = 1, kTrimByProducer = 2;
+// Less than this touched since the last time stays: a connection that
+// carried a few messages keeps its pages (giving back a page costs its
+// next writer about 20 us, docs/design.md "Ring size").
+constexpr uint64_t kTrimMinBytes = 16 * 1024;
+uint64_t trim_released(uint64_t v) { return ((v >> 2) + 1) << 2; }
+}  // namespace
+
+bool ShmChannel::begin_tx() {
+  tx_->writing.store(1, std::memory_order_relaxed);
+  light_fence();
+  if (__builtin_expect((tx_->trim_seq.load(std::memory_order_relaxed) & kTrimHeld) == 0, 1))
+    return true;
+  tx_->writing.store(0, std::memory_order_release);
+  return false;
+}
+
+void ShmChannel::end_tx() { tx_->writing.store(0, std::memory_order_release); }
+
+size_t ShmChannel::trim(uint64_t rx_consumed) {
+  if (memfd_ < 0) return 0;  // nothing to punch the pages out of
+  return trim_ring(tx_, tx_ring_offset_, true, peer_read_total()) +
+         trim_ring(rx_, rx_ring_offset_, false, rx_consumed);
+}
+
+size_t ShmChannel::trim_ring(DirectionControl* d, size_t ring_offset, bool ours,
+                             uint64_t consumed) {
+  // A look before anything is taken: most calls end here.
+  uint64_t seq = d->trim_seq.load(std::memory_order_relaxed);
+  if ((seq & kTrimHeld) || d->head.load(std::memory_order_acquire) != consumed ||
+      consumed - d->trimmed.load(std::memory_order_relaxed) < kTrimMinBytes)
+    return 0;
+  const uint64_t held = (seq & ~uint64_t{3}) | kTrimHeld | (ours ? kTrimByProducer : 0);
+  if (!d->trim_seq.compare_exchange_strong(seq, held, std::memory_order_seq_cst)) return 0;
+  size_t freed = 0;
+  // The producer is this process, under the stream's send lock (ours), or
+  // it is the peer: then only if it is not writing, and will see our hold
+  // before it does.
+  const bool quiet = ours || (heavy_fence() && d->writing.load(std::memory_order_acquire) == 0);
+  const uint64_t head = d->head.load(std::memory_order_acquire);
+  const uint64_t from = d->trimmed.load(std::memory_order_relaxed);
+  if (quiet && head == consumed && head - from >= kTrimMinBytes) {
+    // The pages from the one holding `from` to the one holding `head`,
+    // the whole ring at most, in one or two spans of the ring.
+    const uint64_t first = from & ~uint64_t{kPageBytes - 1};
+    const uint64_t len = std::min<uint64_t>(
+        (head - first + kPageBytes - 1) & ~uint64_t{kPageBytes - 1}, ring_bytes_);
+    RingSpan spans[2];
+    const int n = ring_split(first, len, ring_bytes_, spans);
+    bool ok = true;
+    for (int k = 0; k < n && ok; ++k)
+      ok = fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                     static_cast<off_t>(ring_offset + spans[k].offset),
+                     static_cast<off_t>(spans[k].len)) == 0;
+    if (ok) {
+      d->trimmed.store(head, std::memory_order_relaxed);
+      freed = len;
+    }
+  }
+  d->trim_seq.store(trim_released(held), std::memory_order_release);
+  // A producer that found the ring held waits as for credits: wake it, as
+  // a grant would (the fence pairs with the one in arm()).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!ours) wake(d->producer_sleepers.load(std::memory_order_relaxed));
+  if (freed) stats_trimmed(freed);
+  return freed;
+}
+
+void ShmChannel::release_stale_trims() {
+  for (auto [d, producer] : {std::pair{tx_, true}, std::pair{rx_, false}}) {
+    uint64_t v = d->trim_seq.load(std::memory_order_acquire);
+    if ((v & kTrimHeld) && ((v & kTrimByProducer) != 0) == producer)
+      d->trim_seq.compare_exchange_strong(v, trim_released(v), std::memory_order_acq_rel);
+  }
 }
 
 bool ShmChannel::ring_doorbell() {
@@ -308,6 +400,11 @@ PeerState ShmChannel::poll() {
   const uint64_t at = me_->read.load(std::memory_order_relaxed);
   if (s.head != at) __builtin_prefetch(rx_ring_ + (at & (ring_bytes_ - 1)));
   s.consumed = tx_->consumed.load(std::memory_order_acquire);
+  // The peer is giving our ring's pages back: a send waits until it is done
+  // (begin_tx); each hold that ends is a new EPOLLOUT edge.
+  const uint64_t trim = tx_->trim_seq.load(std::memory_order_acquire);
+  if ((trim & (kTrimHeld | kTrimByProducer)) == kTrimHeld) s.flags |= kTxBlocked;
+  s.tx_epoch = trim >> 2;
   if (producer & kSendFin) s.flags |= kPeerFin;
   if ((producer | consumer) & kSendClosed) s.flags |= kPeerClosed;
   if (producer & kSendReset) s.flags |= kPeerReset;
@@ -423,6 +520,9 @@ int ShmChannel::take_over(EndPositions* at) {
     return -ECONNRESET;
   }
   epoch_ = e;
+  // The previous owner's operations are over (owner_fence): a hold it left
+  // on trim_seq is stale.
+  release_stale_trims();
   lost_reported_.store(false, std::memory_order_relaxed);
   if (!counted_) {
     stats_connection(Path::kShm);

@@ -74,6 +74,9 @@ class ShmChannel final : public Channel {
   const char* name() const override { return "shm"; }
   size_t ring_bytes() const override { return ring_bytes_; }
   const uint8_t* rx_ring() const override { return rx_ring_; }
+  bool begin_tx() override;
+  void end_tx() override;
+  size_t trim(uint64_t rx_consumed) override;
   int write(size_t offset, const void* src, size_t len) override;
   int publish(uint64_t head) override;
   int grant(uint64_t consumed) override;
@@ -126,6 +129,14 @@ class ShmChannel final : public Channel {
   // just rung the one sleep it names (ring/sleepers.h).
   void wake(uint64_t sleepers_word);
   void peer_gone(uint32_t flags);
+  // Gives back the pages of one ring that traffic has touched since the
+  // last time, if it is empty and its producer writes nothing meanwhile
+  // (we are the producer: `ours`; else the Dekker of `writing` and
+  // heavy_fence). `consumed`: what its consumer has read. Returns bytes.
+  size_t trim_ring(DirectionControl* d, size_t ring_offset, bool ours, uint64_t consumed);
+  // A hold on trim_seq that a process left behind (killed inside trim, or
+  // an image before exec): released by the end that takes over.
+  void release_stale_trims();
   void kernel_bytes_seen();
   bool owns() const;
 
@@ -139,6 +150,8 @@ class ShmChannel final : public Channel {
   EndpointControl* peer_;
   uint8_t* tx_ring_;  // the peer's receive ring
   const uint8_t* rx_ring_;
+  size_t tx_ring_offset_;  // in the region (and memfd)
+  size_t rx_ring_offset_;
   int doorbell_fd_;
   int memfd_;
   bool is_server_;

@@ -1,0 +1,201 @@
+// rs_idle: connections that carry a burst, go idle, then carry another, for
+// the preload test IdleMemoryTest (test/preload/storm_test.cpp): librsock
+// gives an idle ring's pages back (Stream::trim) from the server's epoll
+// loop while the client sleeps outside any socket call, and the second burst
+// must arrive intact over the pages given back. Plain POSIX calls only.
+//
+//   rs_idle --role server --port P --connections N
+//       accepts N connections into one epoll set (level-triggered) and
+//       echoes what it reads, in one thread. Prints READY after listen(),
+//       "RESULT echoed=B closed=N" once every connection has ended; exits 0.
+//   rs_idle --role client --port P --connections N --bytes B --idle-ms M
+//       opens N connections; sends B pattern bytes on each and reads the
+//       echo back, checking it; reads its RssShmem (KiB, /proc/self/status),
+//       sleeps M ms, reads it again; then a second burst like the first.
+//       Prints "RESULT bytes=T shmem_busy_kib=S1 shmem_idle_kib=S2" and
+//       exits 0 iff every echo came back intact.
+// Every wait is bounded (10 s); exit 1 on any failure, 2 on bad usage.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kWaitMs = 10000;
+
+[[noreturn]] void fail(const char* what) {
+  fprintf(stderr, "rs_idle: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+uint8_t pattern(int conn, uint64_t pos) {
+  return static_cast<uint8_t>((pos * 131 + static_cast<uint64_t>(conn) * 7 + (pos >> 9)) & 0xff);
+}
+
+sockaddr_in loopback(int port) {
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+long shmem_kib() {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (!f) fail("/proc/self/status");
+  char line[256];
+  long v = -1;
+  while (fgets(line, sizeof line, f)) sscanf(line, "RssShmem: %ld", &v);
+  fclose(f);
+  return v;
+}
+
+int server(int port, int n) {
+  const int l = socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a = loopback(port);
+  if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 128) != 0)
+    fail("listen");
+  printf("READY\n");
+  fflush(stdout);
+  const int ep = epoll_create1(0);
+  if (ep < 0) fail("epoll_create1");
+  for (int i = 0; i < n; ++i) {
+    const int c = accept(l, nullptr, nullptr);
+    if (c < 0) fail("accept");
+    epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.fd = c;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) != 0) fail("epoll_ctl ADD");
+  }
+  close(l);
+  uint64_t echoed = 0;
+  int closed = 0;
+  std::vector<char> buf(1 << 16);
+  while (closed < n) {
+    epoll_event evs[16];
+    const int k = epoll_wait(ep, evs, 16, -1);
+    if (k < 0 && errno != EINTR) fail("epoll_wait");
+    for (int i = 0; i < k; ++i) {
+      const int fd = evs[i].data.fd;
+      const ssize_t r = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+      if (r == 0) {
+        epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+        close(fd);
+        ++closed;
+        continue;
+      }
+      if (r < 0) {
+        if (errno == EAGAIN) continue;
+        fail("recv");
+      }
+      for (ssize_t off = 0; off < r;) {
+        const ssize_t w = send(fd, buf.data() + off, static_cast<size_t>(r - off), MSG_NOSIGNAL);
+        if (w < 0) fail("send");
+        off += w;
+      }
+      echoed += static_cast<uint64_t>(r);
+    }
+  }
+  printf("RESULT echoed=%llu closed=%d\n", static_cast<unsigned long long>(echoed), closed);
+  return 0;
+}
+
+// Sends `bytes` pattern bytes from stream position `pos` on fd and reads the
+// echo back, interleaved (the echo must not fill up while we only write).
+void burst(int conn, int fd, uint64_t pos, uint64_t bytes) {
+  std::vector<uint8_t> out(1 << 14), in(1 << 16);
+  uint64_t sent = 0, got = 0;
+  while (got < bytes) {
+    pollfd p = {fd, static_cast<short>(POLLIN | (sent < bytes ? POLLOUT : 0)), 0};
+    if (poll(&p, 1, kWaitMs) != 1) fail("no progress in 10 s");
+    if ((p.revents & POLLOUT) && sent < bytes) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(out.size(), bytes - sent));
+      for (size_t j = 0; j < n; ++j) out[j] = pattern(conn, pos + sent + j);
+      const ssize_t w = send(fd, out.data(), n, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0 && errno != EAGAIN) fail("send");
+      if (w > 0) sent += static_cast<uint64_t>(w);
+    }
+    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+      const ssize_t r = recv(fd, in.data(), in.size(), MSG_DONTWAIT);
+      if (r == 0) {
+        errno = ECONNRESET;
+        fail("echo ended early");
+      }
+      if (r < 0 && errno != EAGAIN) fail("recv");
+      for (ssize_t j = 0; j < r; ++j)
+        if (in[j] != pattern(conn, pos + got + j)) {
+          fprintf(stderr, "rs_idle: connection %d: byte %llu of the echo is wrong\n", conn,
+                  static_cast<unsigned long long>(pos + got + j));
+          exit(1);
+        }
+      if (r > 0) got += static_cast<uint64_t>(r);
+    }
+  }
+}
+
+int client(int port, int n, uint64_t bytes, int idle_ms) {
+  std::vector<int> fds(n);
+  for (int i = 0; i < n; ++i) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = loopback(port);
+    if (fds[i] < 0 || connect(fds[i], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+      fail("connect");
+  }
+  for (int i = 0; i < n; ++i) burst(i, fds[i], 0, bytes);
+  const long busy = shmem_kib();
+  timespec ts = {idle_ms / 1000, (idle_ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+  const long idle = shmem_kib();
+  for (int i = 0; i < n; ++i) burst(i, fds[i], bytes, bytes);
+  for (int fd : fds) close(fd);
+  printf("RESULT bytes=%llu shmem_busy_kib=%ld shmem_idle_kib=%ld\n",
+         static_cast<unsigned long long>(2 * bytes * static_cast<uint64_t>(n)), busy, idle);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string role;
+  int port = 0, n = 0, idle_ms = 0;
+  uint64_t bytes = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--role")
+      role = argv[i + 1];
+    else if (k == "--port")
+      port = atoi(argv[i + 1]);
+    else if (k == "--connections")
+      n = atoi(argv[i + 1]);
+    else if (k == "--bytes")
+      bytes = strtoull(argv[i + 1], nullptr, 10);
+    else if (k == "--idle-ms")
+      idle_ms = atoi(argv[i + 1]);
+  }
+  if (port <= 0 || n <= 0) {
+    fprintf(stderr,
+            "usage: rs_idle --role server|client --port P --connections N "
+            "[--bytes B --idle-ms M]\n");
+    return 2;
+  }
+  if (role == "server") return server(port, n);
+  if (role == "client" && bytes > 0) return client(port, n, bytes, idle_ms);
+  fprintf(stderr, "rs_idle: bad role or missing --bytes\n");
+  return 2;
+}
