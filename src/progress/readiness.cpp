@@ -149,7 +149,7 @@ constexpr uint8_t kQuietSleeps = 4;
 // A member that reported nothing for this long has its connection's idle
 // ring pages given back (Stream::trim), once until it reports again; a set
 // looks for such members at most every kTrimSweepMs.
-constexpr int64_t kTrimIdleMs = 1000;
+constexpr int64_t kTrimIdleMs = kTrimIdleNs / 1000000;
 constexpr int64_t kTrimSweepMs = 250;
 
 // The set watches the WakeHub fd of each connection among its members
@@ -498,9 +498,11 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
     if (!c || m.disabled || m.parked || m.dormant) continue;
     const bool watched = watch_hub(s, m, fd);
     if (m.reported || m.active_ms < 0) {
+      // Traffic: its pages go back once it has been idle long enough, if
+      // it touched enough of them (else no sleep is cut for it).
       m.active_ms = now_ms;
-      m.trimmed = false;
-      if (due == 0 || due > now_ms + kTrimIdleMs) due = now_ms + kTrimIdleMs;
+      m.trimmed = !c->stream().channel().trimmable();
+      if (!m.trimmed && (due == 0 || due > now_ms + kTrimIdleMs)) due = now_ms + kTrimIdleMs;
     }
     if (m.reported)
       m.quiet = 0;

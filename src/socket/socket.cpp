@@ -176,6 +176,10 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
   c.spin.missed();
 
   Channel& ch = c.stream().channel();
+  // A reader that sleeps on an idle connection gives its rings' pages back
+  // after a second (Stream::trim), once per call: its first sleep is cut
+  // there when the rings hold any to give.
+  bool trim_due = want == kWantData;
   for (;;) {
     // Join before arming and re-checking: a wakeup that another thread of
     // this process consumes after our re-check (a poller draining the
@@ -211,11 +215,20 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     int64_t until = deadline_ns;
     if (t.fd < 0 && (until < 0 || until > now + WakeHub::kBlindSliceNs))
       until = now + WakeHub::kBlindSliceNs;
+    bool trim_cut = false;
+    if (trim_due && (until < 0 || until > now + kTrimIdleNs) && ch.trimmable()) {
+      until = now + kTrimIdleNs;
+      trim_cut = true;
+    }
     const int rc = sleep_on_fd(ch.wait_fd(), until, on_signal, t.fd);
     const bool drained = ch.drain_wakeups();
     if (drained) c.wake.kick(true);
     leave();
     if (rc == -EINTR || rc == -ERESTART) return rc;
+    if (rc == 0 && trim_cut) {
+      trim_due = false;
+      (void)c.stream().trim();
+    }
     // Woken by a doorbell: the caller's own retry looks at the stream (one
     // look fewer on the way to the reply); a spurious wakeup brings it back
     // here. Woken by another thread's kick (or by nothing we drained): look

@@ -38,6 +38,11 @@ struct StreamEvents {
   uint64_t tx_gen = 0;    // bytes credited so far: likewise for EPOLLOUT
 };
 
+// How long a connection goes without traffic before the waits that see it
+// idle (epoll_wait, a blocking recv) give its rings' pages back
+// (Stream::trim): long enough that a connection between bursts keeps them.
+inline constexpr int64_t kTrimIdleNs = 1000 * 1000 * 1000;
+
 class Stream {
  public:
   explicit Stream(std::unique_ptr<Channel> channel);

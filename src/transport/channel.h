@@ -99,6 +99,10 @@ class Channel {
   // granted (`rx_consumed`). Returns the bytes given back (0: nothing to
   // give, or the transport cannot: verbs rings are registered memory).
   virtual size_t trim(uint64_t /*rx_consumed*/) { return 0; }
+  // Whether trim() could give anything back once the connection is idle
+  // (traffic has touched enough pages since the last time): a cheap look,
+  // from any thread, for a sleeper deciding whether to wake up for it.
+  virtual bool trimmable() const { return false; }
 
   // Makes all bytes written before `head` (absolute position) visible to
   // the peer and wakes it if it sleeps. Returns 0 or a negative errno.

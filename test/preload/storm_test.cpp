@@ -86,21 +86,25 @@ TEST_F(StormTest, SparseTrafficWakesDormantMembers) {
 
 // Memory that follows the traffic (issue 9): 20 connections each carry
 // 200 KiB both ways, then the client sleeps outside any socket call while
-// the server waits in epoll_wait(-1). After a second without traffic the
+// the server waits in epoll_wait(-1) (EpollLoop) or in blocking recv, one
+// thread per connection (BlockingThreads, a JVM's or Python's threaded
+// server). After a second without traffic the
 // server gives both rings of every connection back (its stats count them),
 // which also frees them in the client (shared memory: its RssShmem drops);
 // then a second burst must arrive intact over the pages given back.
-TEST_F(StormTest, IdleConnectionsGiveTheirRingsBack) {
+class IdleMemoryTest : public PreloadTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(IdleMemoryTest, IdleConnectionsGiveTheirRingsBack) {
   const int port = free_port();
   ASSERT_GT(port, 0);
   const int n = 20;
   const uint64_t bytes = 200 * 1024;
   Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
   bool ready = false;
-  Proc& server = start_server(
-      "server", "rs_idle",
-      {"--role", "server", "--port", std::to_string(port), "--connections", std::to_string(n)}, env,
-      &ready);
+  Proc& server = start_server("server", "rs_idle",
+                              {"--role", "server", "--port", std::to_string(port), "--connections",
+                               std::to_string(n), "--blocking", GetParam() ? "1" : "0"},
+                              env, &ready);
   ASSERT_TRUE(ready) << "server: see its output below";
   Proc& client = spawn("client", "rs_idle",
                        {"--role", "client", "--port", std::to_string(port), "--connections",
@@ -129,6 +133,11 @@ TEST_F(StormTest, IdleConnectionsGiveTheirRingsBack) {
   EXPECT_EQ(cs->bytes_sent, 2 * bytes * n);
   EXPECT_EQ(ss->bytes_received, 2 * bytes * n);
 }
+
+INSTANTIATE_TEST_SUITE_P(Server, IdleMemoryTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "BlockingThreads" : "EpollLoop";
+                         });
 
 // A member woken from dormancy while another thread slept on the set
 // (rs_pool): two server threads on one set, connection X quiet through 12

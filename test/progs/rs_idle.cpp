@@ -4,10 +4,12 @@
 // loop while the client sleeps outside any socket call, and the second burst
 // must arrive intact over the pages given back. Plain POSIX calls only.
 //
-//   rs_idle --role server --port P --connections N
+//   rs_idle --role server --port P --connections N [--blocking 1]
 //       accepts N connections into one epoll set (level-triggered) and
-//       echoes what it reads, in one thread. Prints READY after listen(),
-//       "RESULT echoed=B closed=N" once every connection has ended; exits 0.
+//       echoes what it reads, in one thread; with --blocking 1, one thread
+//       per connection in blocking recv and send instead. Prints READY
+//       after listen(), "RESULT echoed=B closed=N" once every connection
+//       has ended; exits 0.
 //   rs_idle --role client --port P --connections N --bytes B --idle-ms M
 //       opens N connections; sends B pattern bytes on each and reads the
 //       echo back, checking it; reads its RssShmem (KiB, /proc/self/status),
@@ -28,8 +30,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -63,7 +67,26 @@ long shmem_kib() {
   return v;
 }
 
-int server(int port, int n) {
+// One thread per connection, blocking calls: returns the bytes echoed.
+uint64_t echo_blocking(int fd) {
+  std::vector<char> buf(1 << 16);
+  uint64_t echoed = 0;
+  for (;;) {
+    const ssize_t r = recv(fd, buf.data(), buf.size(), 0);
+    if (r == 0) break;
+    if (r < 0) fail("recv");
+    for (ssize_t off = 0; off < r;) {
+      const ssize_t w = send(fd, buf.data() + off, static_cast<size_t>(r - off), MSG_NOSIGNAL);
+      if (w < 0) fail("send");
+      off += w;
+    }
+    echoed += static_cast<uint64_t>(r);
+  }
+  close(fd);
+  return echoed;
+}
+
+int server(int port, int n, bool blocking) {
   const int l = socket(AF_INET, SOCK_STREAM, 0);
   const int one = 1;
   setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -72,6 +95,19 @@ int server(int port, int n) {
     fail("listen");
   printf("READY\n");
   fflush(stdout);
+  if (blocking) {
+    std::vector<std::thread> threads;
+    std::atomic<uint64_t> echoed{0};
+    for (int i = 0; i < n; ++i) {
+      const int c = accept(l, nullptr, nullptr);
+      if (c < 0) fail("accept");
+      threads.emplace_back([c, &echoed] { echoed += echo_blocking(c); });
+    }
+    close(l);
+    for (auto& t : threads) t.join();
+    printf("RESULT echoed=%llu closed=%d\n", static_cast<unsigned long long>(echoed.load()), n);
+    return 0;
+  }
   const int ep = epoll_create1(0);
   if (ep < 0) fail("epoll_create1");
   for (int i = 0; i < n; ++i) {
@@ -173,7 +209,7 @@ int client(int port, int n, uint64_t bytes, int idle_ms) {
 
 int main(int argc, char** argv) {
   std::string role;
-  int port = 0, n = 0, idle_ms = 0;
+  int port = 0, n = 0, idle_ms = 0, blocking = 0;
   uint64_t bytes = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -187,14 +223,16 @@ int main(int argc, char** argv) {
       bytes = strtoull(argv[i + 1], nullptr, 10);
     else if (k == "--idle-ms")
       idle_ms = atoi(argv[i + 1]);
+    else if (k == "--blocking")
+      blocking = atoi(argv[i + 1]);
   }
   if (port <= 0 || n <= 0) {
     fprintf(stderr,
             "usage: rs_idle --role server|client --port P --connections N "
-            "[--bytes B --idle-ms M]\n");
+            "[--blocking 1] [--bytes B --idle-ms M]\n");
     return 2;
   }
-  if (role == "server") return server(port, n);
+  if (role == "server") return server(port, n, blocking != 0);
   if (role == "client" && bytes > 0) return client(port, n, bytes, idle_ms);
   fprintf(stderr, "rs_idle: bad role or missing --bytes\n");
   return 2;

@@ -227,6 +227,15 @@ size_t ShmChannel::trim(uint64_t rx_consumed) {
          trim_ring(rx_, rx_ring_offset_, false, rx_consumed);
 }
 
+bool ShmChannel::trimmable() const {
+  if (memfd_ < 0) return false;
+  for (const DirectionControl* d : {tx_, rx_})
+    if (d->head.load(std::memory_order_relaxed) - d->trimmed.load(std::memory_order_relaxed) >=
+        kTrimMinBytes)
+      return true;
+  return false;
+}
+
 size_t ShmChannel::trim_ring(DirectionControl* d, size_t ring_offset, bool ours,
                              uint64_t consumed) {
   // A look before anything is taken: most calls end here.

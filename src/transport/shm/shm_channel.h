@@ -77,6 +77,7 @@ class ShmChannel final : public Channel {
   bool begin_tx() override;
   void end_tx() override;
   size_t trim(uint64_t rx_consumed) override;
+  bool trimmable() const override;
   int write(size_t offset, const void* src, size_t len) override;
   int publish(uint64_t head) override;
   int grant(uint64_t consumed) override;
