@@ -41,8 +41,6 @@
 #include "socket/socket.h"
 #include "socket/transfer.h"
 #include "transport/channel.h"
-#include "transport/shm/shm_channel.h"
-#include "transport/verbs/verbs_channel.h"
 
 using namespace rsock;
 
@@ -266,8 +264,7 @@ int close_span(unsigned first, unsigned last, int flags) {
     Channel& ch = static_cast<ConnectionState*>(s)->stream().channel();
     keep.push_back(ch.wait_fd());
     keep.push_back(static_cast<ConnectionState*>(s)->wake.shared_fd_if_any());
-    if (strcmp(ch.name(), "shm") == 0) keep.push_back(static_cast<ShmChannel&>(ch).memfd());
-    if (strcmp(ch.name(), "rdma") == 0) static_cast<VerbsChannel&>(ch).own_fds(&keep);
+    ch.own_fds(&keep);
   });
   epoll_own_fds(&keep);
   std::sort(keep.begin(), keep.end());

@@ -128,7 +128,7 @@ void after_fork_child() {
   verbs_after_fork_child();
   fd_table().for_each([](int, FdState* s) {
     if (s->kind() != FdState::Kind::kListener) return;
-    if (VerbsListener* v = static_cast<ListenerState*>(s)->verbs()) verbs_listener_forked_child(v);
+    static_cast<ListenerState*>(s)->setup().forked_child();
   });
   pending_after_fork_child();
   epoll_after_fork_child();

@@ -6,11 +6,10 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
-
-#include <stdint.h>
 
 #include <atomic>
 #include <chrono>
@@ -25,7 +24,7 @@
 #include "progress/readiness.h"
 #include "socket/socket.h"
 #include "transport/pairing.h"
-#include "transport/verbs/verbs_setup.h"
+#include "transport/setup.h"
 
 namespace rsock {
 namespace {
@@ -105,7 +104,7 @@ void run_server(Work& w) {
   std::unique_ptr<Channel> ch;
   if (!p->cancelled()) {
     pairing.run(INT64_MAX);
-    ch = server_pairing_result(pairing, w.sock, w.job.path, &why);
+    ch = ListenSetup::result(pairing, w.sock, w.job.path, &why);
   }
   w.job.pairing.reset();
   const bool counted = !p->cancelled();
@@ -125,7 +124,7 @@ void run_server(Work& w) {
 // connect(): the TCP handshake, the client side's pairing, the hand-over.
 void run_client(Work& w) {
   PendingState* p = w.pending;
-  const PairJob& job = w.job;
+  PairJob& job = w.job;
   const sockaddr* addr = reinterpret_cast<const sockaddr*>(&job.addr);
   // The TCP handshake first, bounded like the pairing.
   pollfd pf = {w.sock, POLLOUT, 0};
@@ -139,8 +138,7 @@ void run_client(Work& w) {
   Fallback why = Fallback::kPairFailed;
   bool counted = true;  // stats: this stream counts as a connection
   if (!tcp_up) {
-    if (job.rendezvous_fd >= 0) real().close(job.rendezvous_fd);
-    verbs_rendezvous_close(job.verbs_rendezvous);
+    job.client.reset();
     // Still connecting: the stream stays on TCP. Failed: the application
     // reads the error from SO_ERROR, and there is no connection to count.
     if (pr == 0)
@@ -148,12 +146,10 @@ void run_client(Work& w) {
     else
       counted = false;
   } else if (p->cancelled()) {
-    if (job.rendezvous_fd >= 0) real().close(job.rendezvous_fd);
-    verbs_rendezvous_close(job.verbs_rendezvous);
+    job.client.reset();
     counted = false;
   } else {
-    std::unique_ptr<Pairing> pairing =
-        client_pairing(w.sock, job.path, job.rendezvous_fd, job.verbs_rendezvous, *w.cfg);
+    std::unique_ptr<Pairing> pairing = job.client->pairing(w.sock, *w.cfg);
     pairing->run(INT64_MAX);
     ch = pairing->take_channel();
     why = pairing->why();

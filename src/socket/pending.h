@@ -37,7 +37,7 @@
 namespace rsock {
 
 struct Config;
-class VerbsRendezvous;
+class ClientSetup;
 class Pairing;
 
 class PendingState final : public FdState {
@@ -82,9 +82,8 @@ struct PairJob {
   // connect(), which returned EINPROGRESS:
   sockaddr_storage addr = {};
   socklen_t addr_len = 0;
-  Path path = Path::kShm;                       // kShm or kRdma
-  int rendezvous_fd = -1;                       // kShm: from shm_client_prepare (handed over)
-  VerbsRendezvous* verbs_rendezvous = nullptr;  // kRdma: verbs_client_prepare's (handed over)
+  Path path = Path::kShm;               // the transport it pairs over
+  std::unique_ptr<ClientSetup> client;  // what the transport set up before connect()
   // accept():
   FdRef listener;                    // the ListenerState (alive while its pairing runs)
   std::unique_ptr<Pairing> pairing;  // started by accept(), continued in the background

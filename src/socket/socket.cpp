@@ -21,8 +21,7 @@
 #include "policy/policy.h"
 #include "socket/pending.h"
 #include "transport/pairing.h"
-#include "transport/shm/rendezvous.h"
-#include "transport/verbs/verbs_setup.h"
+#include "transport/setup.h"
 
 namespace rsock {
 namespace {
@@ -125,16 +124,10 @@ void record_client_outcome(int fd, const sockaddr* addr, bool accelerated, Path 
     LOG_INFO("connect fd %d: accelerated (%s)", fd, path == Path::kShm ? "shm" : "rdma");
     return;
   }
-  if (why == Fallback::kPairTimeout || why == Fallback::kPeerNotAccelerated)
-    negative_cache_add(addr);
+  client_fell_back(addr, why);
   stats_fallback(why);
   stats_connection(Path::kTcp);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
-}
-
-ListenerState::~ListenerState() {
-  if (marker_fd_ >= 0) real().close(marker_fd_);
-  if (verbs_) verbs_listener_close(verbs_);
 }
 
 ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, int /*fd*/)
@@ -351,11 +344,11 @@ int wait_connected(int fd, const Config& cfg) {
   return -EINPROGRESS;
 }
 
-// The real connect(), then the pairing over `path` (rendezvous_fd: shm's,
-// consumed). A blocking socket pairs here; a nonblocking one returns
-// EINPROGRESS and pairs in the background (pending.h).
-int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& cfg, Path path,
-                     int rendezvous_fd, VerbsRendezvous* rdv) {
+// The real connect(), then the pairing that `setup` prepared (consumed). A
+// blocking socket pairs here; a nonblocking one returns EINPROGRESS and
+// pairs in the background (pending.h).
+int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& cfg,
+                     std::unique_ptr<ClientSetup> setup) {
   if (real().connect(fd, addr, len) != 0) {
     int r = -errno;
     if (r == -EINPROGRESS) {
@@ -364,33 +357,18 @@ int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& 
       job.server = false;
       job.addr_len = std::min<socklen_t>(len, sizeof job.addr);
       memcpy(&job.addr, addr, job.addr_len);
-      job.path = path;
-      job.rendezvous_fd = rendezvous_fd;
-      job.verbs_rendezvous = rdv;
+      job.path = setup->path();
+      job.client = std::move(setup);
       if (pending_start(job, cfg) == 0) return -EINPROGRESS;
+      setup = std::move(job.client);  // not started: ours again
       r = wait_connected(fd, cfg);
     }
-    if (r != 0) {
-      if (rendezvous_fd >= 0) real().close(rendezvous_fd);
-      verbs_rendezvous_close(rdv);
-      return r;
-    }
+    if (r != 0) return r;  // the setup goes with it
   }
-  std::unique_ptr<Pairing> p = client_pairing(fd, path, rendezvous_fd, rdv, cfg);
+  const Path path = setup->path();
+  std::unique_ptr<Pairing> p = setup->pairing(fd, cfg);
   p->run(INT64_MAX);
   return finish_pairing(fd, addr, p->take_channel(), path, p->why());
-}
-
-// A peer address with port 0: the key of the server side's negative cache,
-// which remembers hosts (a client's source port changes every time).
-sockaddr_storage host_key(const sockaddr* peer) {
-  sockaddr_storage k = {};
-  memcpy(&k, peer, peer->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-  if (k.ss_family == AF_INET)
-    reinterpret_cast<sockaddr_in*>(&k)->sin_port = 0;
-  else
-    reinterpret_cast<sockaddr_in6*>(&k)->sin6_port = 0;
-  return k;
 }
 
 }  // namespace
@@ -407,40 +385,9 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
   if (!d.candidate) return plain(rt.stats && is_tcp_stream(fd));
   if (!is_tcp_stream(fd)) return plain(false);
 
-  // Same host: shared memory, unless the rule forces RDMA. Another host:
-  // RDMA, unless the rule forces shared memory.
-  const bool local = is_local_address(addr);
-  const bool use_shm =
-      d.transport == TransportKind::kShm || (d.transport == TransportKind::kAuto && local);
   Fallback why;
-  if (negative_cache_hit(addr)) {
-    why = Fallback::kNegativeCache;
-  } else if (use_shm) {
-    if (!local) {
-      why = Fallback::kNotSameHost;
-    } else if (!shm_server_advertised(addr)) {
-      why = Fallback::kPeerNotAccelerated;
-    } else {
-      int rfd = shm_client_prepare(fd, addr);
-      if (rfd >= 0) return connect_and_pair(fd, addr, len, cfg, Path::kShm, rfd, nullptr);
-      if (rfd == -EADDRINUSE) {
-        // Another process holds our rendezvous name: whoever it is, it
-        // gets nothing; this connection stays on TCP.
-        LOG_INFO("connect fd %d: the rendezvous name is taken by another process", fd);
-        why = Fallback::kRendezvousTaken;
-      } else {
-        LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
-        why = Fallback::kResources;
-      }
-    }
-  } else if (!verbs_available()) {
-    why = Fallback::kNoRdmaDevice;
-  } else if (!verbs_usable_here()) {
-    why = Fallback::kRdmaAfterFork;
-  } else {
-    VerbsRendezvous* rdv = verbs_client_prepare(fd, addr);
-    return connect_and_pair(fd, addr, len, cfg, Path::kRdma, -1, rdv);
-  }
+  if (std::unique_ptr<ClientSetup> setup = client_setup(fd, addr, d.transport, &why))
+    return connect_and_pair(fd, addr, len, cfg, std::move(setup));
   stats_fallback(why);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
   return plain(true);
@@ -460,84 +407,12 @@ int setup_listen(const Runtime& rt, int fd, int backlog) {
   // so it would wait for the kernel's SYN-ACK retransmission (1 s, as long
   // as its whole pairing bound) instead.
   if (backlog < kMinListenBacklog) real().listen(fd, kMinListenBacklog);
-  const bool shm = d.transport != TransportKind::kRdma;
-  int marker = -1;
-  if (shm) {
-    marker = shm_advertise_listener(fd);
-    if (marker < 0 && marker != -EADDRINUSE)
-      LOG_WARN("listen fd %d: cannot advertise (%s); same-host clients will use TCP", fd,
-               strerror(-marker));
-  }
-  VerbsListener* verbs = nullptr;
-  if (d.transport != TransportKind::kShm && verbs_available() && verbs_usable_here()) {
-    Fallback why;
-    verbs = verbs_listen(fd, &why);
-    if (!verbs) LOG_INFO("listen fd %d: no rdma_cm listener (%s)", fd, fallback_name(why));
-  }
-  auto* st = new ListenerState(marker, verbs, shm);
+  auto* st = new ListenerState(fd, d.transport);
   fd_table().set(fd, st);
+  LOG_INFO("listen fd %d: candidate listener (shm %s, rdma %s)", fd,
+           st->setup().has(Path::kShm) ? "yes" : "no", st->setup().has(Path::kRdma) ? "yes" : "no");
   st->unref();
-  LOG_INFO("listen fd %d: candidate listener (shm %s, rdma %s)", fd, shm ? "yes" : "no",
-           verbs ? "yes" : "no");
   return 0;
-}
-
-std::unique_ptr<Pairing> client_pairing(int sock, Path path, int rendezvous_fd,
-                                        VerbsRendezvous* rdv, const Config& cfg) {
-  if (path == Path::kShm) return shm_client_pairing(sock, rendezvous_fd, cfg);
-  return verbs_client_pairing(sock, rdv, cfg);
-}
-
-std::unique_ptr<Pairing> accept_pairing(const Config& cfg, ListenerState& l, int sock, Path* path,
-                                        Fallback* why) {
-  *path = Path::kShm;
-  *why = Fallback::kPairFailed;
-  sockaddr_storage peer;
-  socklen_t plen = sizeof peer;
-  if (getpeername(sock, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) return nullptr;
-  const sockaddr* pa = reinterpret_cast<const sockaddr*>(&peer);
-  const sockaddr_storage key = host_key(pa);
-  const sockaddr* host = reinterpret_cast<const sockaddr*>(&key);
-  if (l.shm_allowed() && is_local_address(pa)) return shm_server_pairing(sock, cfg);
-  if (l.verbs() == nullptr) {
-    *why = !verbs_available() ? Fallback::kNoRdmaDevice
-           : l.shm_allowed()  ? Fallback::kNotSameHost
-                              : Fallback::kPeerNotAccelerated;
-    return nullptr;
-  }
-  if (!verbs_usable_here()) {
-    *why = Fallback::kRdmaAfterFork;
-    return nullptr;
-  }
-  *path = Path::kRdma;
-  if (!verbs_listener_usable(l.verbs())) {
-    // A fork's child (the parent's listener cannot be read here), or an
-    // SO_REUSEPORT sibling of the process that holds the rdma_cm port: we
-    // connect to the client's rendezvous ourselves (a plain client has
-    // none: peer_not_accelerated).
-    return verbs_reverse_pairing(sock, cfg);
-  }
-  if (negative_cache_hit(host)) {
-    // A host that did not pair recently (a plain client, or no RDMA): no
-    // new wait.
-    *why = Fallback::kNegativeCache;
-    return nullptr;
-  }
-  return verbs_server_pairing(l.verbs(), sock, cfg);
-}
-
-std::unique_ptr<Channel> server_pairing_result(Pairing& p, int sock, Path path, Fallback* why) {
-  std::unique_ptr<Channel> ch = p.take_channel();
-  *why = p.why();
-  if (!ch && path == Path::kRdma && *why == Fallback::kPeerNotAccelerated) {
-    sockaddr_storage peer;
-    socklen_t plen = sizeof peer;
-    if (getpeername(sock, reinterpret_cast<sockaddr*>(&peer), &plen) == 0) {
-      const sockaddr_storage key = host_key(reinterpret_cast<const sockaddr*>(&peer));
-      negative_cache_add(reinterpret_cast<const sockaddr*>(&key));
-    }
-  }
-  return ch;
 }
 
 void record_server_outcome(int fd, bool accelerated, Path path, Fallback why) {
@@ -558,7 +433,7 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool backgr
   auto* l = static_cast<ListenerState*>(listener);
   Path path;
   Fallback why;
-  std::unique_ptr<Pairing> p = accept_pairing(rt.config, *l, newfd, &path, &why);
+  std::unique_ptr<Pairing> p = l->setup().accept(newfd, rt.config, &path, &why);
   // A blocking accept() pairs here, for a short while: a cooperative peer
   // is done by then. An event loop's accept(), one with more connections
   // waiting behind it, and a pairing whose peer has not finished in that
@@ -576,7 +451,7 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool backgr
     p = std::move(job.pairing);  // no thread: finish here
     p->run(INT64_MAX);
   }
-  std::unique_ptr<Channel> ch = p ? server_pairing_result(*p, newfd, path, &why) : nullptr;
+  std::unique_ptr<Channel> ch = p ? ListenSetup::result(*p, newfd, path, &why) : nullptr;
   const bool accelerated = ch != nullptr;
   if (ch) attach(newfd, std::move(ch), path);
   record_server_outcome(newfd, accelerated, path, why);

@@ -21,31 +21,25 @@
 #include "socket/wake_hub.h"
 #include "stats/stats.h"
 #include "stream/stream.h"
+#include "transport/setup.h"
 
 namespace rsock {
 
 struct Runtime;
 struct Config;
 
-class VerbsListener;
-class VerbsRendezvous;
+class ClientSetup;
 class Pairing;
 
-// A listening socket whose streams are candidates (a rule matched): it
-// advertises itself to same-host clients and, when RDMA is available and
-// allowed, listens on rdma_cm at the same address.
+// A listening socket whose streams are candidates (a rule matched): the
+// transports' side of it (transport/setup.h) pairs what it accepts.
 class ListenerState final : public FdState {
  public:
-  ListenerState(int marker_fd, VerbsListener* verbs, bool shm_allowed)
-      : FdState(Kind::kListener), marker_fd_(marker_fd), verbs_(verbs), shm_allowed_(shm_allowed) {}
-  ~ListenerState() override;
-  VerbsListener* verbs() const { return verbs_; }
-  bool shm_allowed() const { return shm_allowed_; }
+  ListenerState(int fd, TransportKind kind) : FdState(Kind::kListener), setup_(fd, kind) {}
+  ListenSetup& setup() { return setup_; }
 
  private:
-  int marker_fd_;         // the same-host advertisement (-1: none, or another process holds it)
-  VerbsListener* verbs_;  // the rdma_cm listener, or nullptr
-  bool shm_allowed_;
+  ListenSetup setup_;
 };
 
 // An accelerated connection.
@@ -116,18 +110,6 @@ void connection_options_from(int sock_fd, ConnectionState* c);
 // A client pairing's outcome: log; on fallback, stats and negative cache.
 void record_client_outcome(int fd, const struct sockaddr* addr, bool accelerated, Path path,
                            Fallback why);
-// A client pairing over `path` (shm: rendezvous_fd; rdma: rdv), after
-// the TCP connect of sock succeeded; it takes both over.
-std::unique_ptr<Pairing> client_pairing(int sock, Path path, int rendezvous_fd,
-                                        VerbsRendezvous* rdv, const Config& cfg);
-// The server side's pairing of an accepted socket sock on listener l: shm
-// for a same-host peer, else rdma. nullptr with *why when it is decided at
-// once (no transport, the negative cache); *path says which was tried.
-std::unique_ptr<Pairing> accept_pairing(const Config& cfg, ListenerState& l, int sock, Path* path,
-                                        Fallback* why);
-// A finished server pairing's channel, or nullptr with *why (a host that
-// did not pair over rdma goes into the negative cache).
-std::unique_ptr<Channel> server_pairing_result(Pairing& p, int sock, Path path, Fallback* why);
 void record_server_outcome(int fd, bool accelerated, Path path, Fallback why);
 
 }  // namespace rsock

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace rsock {
 
@@ -167,6 +168,10 @@ class Channel {
 
   // The private dup of the connection's kernel TCP socket, or -1.
   virtual int kernel_socket() const { return -1; }
+  // Appends the descriptors this channel opened in this process (besides
+  // wait_fd()), which a close_range/closefrom of the application must leave
+  // open.
+  virtual void own_fds(std::vector<int>* /*out*/) {}
 
   // Process holders of this end (fork): a forked child adds itself; a
   // process that closes its copy drops itself, and only the last one tells

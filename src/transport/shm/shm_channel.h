@@ -94,6 +94,9 @@ class ShmChannel final : public Channel {
   uint64_t peer_read_total() override;
   void note_read(uint64_t total) override;
   int kernel_socket() const override { return doorbell_fd_; }
+  void own_fds(std::vector<int>* out) override {
+    if (memfd_ >= 0) out->push_back(memfd_);
+  }
   void add_holder() override;
   bool drop_holder() override;
   // Several processes may hold this end (fork, exec): the one that uses it

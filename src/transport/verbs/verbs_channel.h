@@ -175,7 +175,7 @@ class VerbsChannel final : public Channel {
   int memfd() const { return end_.memfd(); }
   // The descriptors this channel opened in this process, which a
   // close_range/closefrom of the application must leave open.
-  void own_fds(std::vector<int>* out);
+  void own_fds(std::vector<int>* out) override;
   uint64_t nonce() const;
   void prepare_exec();
   void exec_failed();

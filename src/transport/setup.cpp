@@ -1,0 +1,191 @@
+// Which transport carries a candidate stream, and how its pairing starts
+// (see setup.h): the one place that names the transports.
+#include "transport/setup.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/real.h"
+#include "transport/shm/rendezvous.h"
+#include "transport/verbs/verbs_setup.h"
+
+namespace rsock {
+
+namespace {
+
+class ShmClientSetup final : public ClientSetup {
+ public:
+  explicit ShmClientSetup(int rendezvous_fd) : fd_(rendezvous_fd) {}
+  ~ShmClientSetup() override {
+    if (fd_ >= 0) real().close(fd_);
+  }
+  Path path() const override { return Path::kShm; }
+  std::unique_ptr<Pairing> pairing(int sock, const Config& cfg) override {
+    const int fd = fd_;
+    fd_ = -1;  // the pairing's now
+    return shm_client_pairing(sock, fd, cfg);
+  }
+
+ private:
+  int fd_;
+};
+
+class RdmaClientSetup final : public ClientSetup {
+ public:
+  explicit RdmaClientSetup(VerbsRendezvous* rdv) : rdv_(rdv) {}
+  ~RdmaClientSetup() override { verbs_rendezvous_close(rdv_); }
+  Path path() const override { return Path::kRdma; }
+  std::unique_ptr<Pairing> pairing(int sock, const Config& cfg) override {
+    VerbsRendezvous* r = rdv_;
+    rdv_ = nullptr;
+    return verbs_client_pairing(sock, r, cfg);
+  }
+
+ private:
+  VerbsRendezvous* rdv_;
+};
+
+// A peer address with port 0: the key of the server side's negative cache,
+// which remembers hosts (a client's source port changes every time).
+sockaddr_storage host_key(const sockaddr* peer) {
+  sockaddr_storage k = {};
+  memcpy(&k, peer, peer->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  if (k.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&k)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&k)->sin6_port = 0;
+  return k;
+}
+
+}  // namespace
+
+std::unique_ptr<ClientSetup> client_setup(int fd, const sockaddr* addr, TransportKind kind,
+                                          Fallback* why) {
+  // Same host: shared memory, unless the rule forces RDMA. Another host:
+  // RDMA, unless the rule forces shared memory.
+  const bool local = is_local_address(addr);
+  const bool use_shm = kind == TransportKind::kShm || (kind == TransportKind::kAuto && local);
+  if (negative_cache_hit(addr)) {
+    *why = Fallback::kNegativeCache;
+  } else if (use_shm) {
+    if (!local) {
+      *why = Fallback::kNotSameHost;
+    } else if (!shm_server_advertised(addr)) {
+      *why = Fallback::kPeerNotAccelerated;
+    } else {
+      const int rfd = shm_client_prepare(fd, addr);
+      if (rfd >= 0) return std::make_unique<ShmClientSetup>(rfd);
+      if (rfd == -EADDRINUSE) {
+        // Another process holds our rendezvous name: whoever it is, it
+        // gets nothing; this connection stays on TCP.
+        LOG_INFO("connect fd %d: the rendezvous name is taken by another process", fd);
+        *why = Fallback::kRendezvousTaken;
+      } else {
+        LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
+        *why = Fallback::kResources;
+      }
+    }
+  } else if (!verbs_available()) {
+    *why = Fallback::kNoRdmaDevice;
+  } else if (!verbs_usable_here()) {
+    *why = Fallback::kRdmaAfterFork;
+  } else {
+    return std::make_unique<RdmaClientSetup>(verbs_client_prepare(fd, addr));
+  }
+  return nullptr;
+}
+
+void client_fell_back(const sockaddr* addr, Fallback why) {
+  if (why == Fallback::kPairTimeout || why == Fallback::kPeerNotAccelerated)
+    negative_cache_add(addr);
+}
+
+struct ListenSetup::Impl {
+  int marker_fd = -1;              // the same-host advertisement (-1: none, or another
+                                   // process holds it)
+  VerbsListener* verbs = nullptr;  // the rdma_cm listener, or nullptr
+  bool shm_allowed = false;
+};
+
+ListenSetup::ListenSetup(int fd, TransportKind kind) : impl_(std::make_unique<Impl>()) {
+  impl_->shm_allowed = kind != TransportKind::kRdma;
+  if (impl_->shm_allowed) {
+    impl_->marker_fd = shm_advertise_listener(fd);
+    if (impl_->marker_fd < 0 && impl_->marker_fd != -EADDRINUSE)
+      LOG_WARN("listen fd %d: cannot advertise (%s); same-host clients will use TCP", fd,
+               strerror(-impl_->marker_fd));
+  }
+  if (kind != TransportKind::kShm && verbs_available() && verbs_usable_here()) {
+    Fallback why;
+    impl_->verbs = verbs_listen(fd, &why);
+    if (!impl_->verbs) LOG_INFO("listen fd %d: no rdma_cm listener (%s)", fd, fallback_name(why));
+  }
+}
+
+ListenSetup::~ListenSetup() {
+  if (impl_->marker_fd >= 0) real().close(impl_->marker_fd);
+  if (impl_->verbs) verbs_listener_close(impl_->verbs);
+}
+
+bool ListenSetup::has(Path path) const {
+  return path == Path::kShm ? impl_->shm_allowed : impl_->verbs != nullptr;
+}
+
+void ListenSetup::forked_child() {
+  if (impl_->verbs) verbs_listener_forked_child(impl_->verbs);
+}
+
+std::unique_ptr<Pairing> ListenSetup::accept(int sock, const Config& cfg, Path* path,
+                                             Fallback* why) {
+  *path = Path::kShm;
+  *why = Fallback::kPairFailed;
+  sockaddr_storage peer;
+  socklen_t plen = sizeof peer;
+  if (getpeername(sock, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) return nullptr;
+  const sockaddr* pa = reinterpret_cast<const sockaddr*>(&peer);
+  const sockaddr_storage key = host_key(pa);
+  const sockaddr* host = reinterpret_cast<const sockaddr*>(&key);
+  if (impl_->shm_allowed && is_local_address(pa)) return shm_server_pairing(sock, cfg);
+  if (impl_->verbs == nullptr) {
+    *why = !verbs_available()   ? Fallback::kNoRdmaDevice
+           : impl_->shm_allowed ? Fallback::kNotSameHost
+                                : Fallback::kPeerNotAccelerated;
+    return nullptr;
+  }
+  if (!verbs_usable_here()) {
+    *why = Fallback::kRdmaAfterFork;
+    return nullptr;
+  }
+  *path = Path::kRdma;
+  if (!verbs_listener_usable(impl_->verbs)) {
+    // A fork's child (the parent's listener cannot be read here), or an
+    // SO_REUSEPORT sibling of the process that holds the rdma_cm port: we
+    // connect to the client's rendezvous ourselves (a plain client has
+    // none: peer_not_accelerated).
+    return verbs_reverse_pairing(sock, cfg);
+  }
+  if (negative_cache_hit(host)) {
+    // A host that did not pair recently (a plain client, or no RDMA): no
+    // new wait.
+    *why = Fallback::kNegativeCache;
+    return nullptr;
+  }
+  return verbs_server_pairing(impl_->verbs, sock, cfg);
+}
+
+std::unique_ptr<Channel> ListenSetup::result(Pairing& p, int sock, Path path, Fallback* why) {
+  std::unique_ptr<Channel> ch = p.take_channel();
+  *why = p.why();
+  if (!ch && path == Path::kRdma && *why == Fallback::kPeerNotAccelerated) {
+    sockaddr_storage peer;
+    socklen_t plen = sizeof peer;
+    if (getpeername(sock, reinterpret_cast<sockaddr*>(&peer), &plen) == 0) {
+      const sockaddr_storage key = host_key(reinterpret_cast<const sockaddr*>(&peer));
+      negative_cache_add(reinterpret_cast<const sockaddr*>(&key));
+    }
+  }
+  return ch;
+}
+
+}  // namespace rsock

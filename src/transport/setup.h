@@ -1,0 +1,74 @@
+// Connection setup behind one interface: which transport carries a
+// candidate stream, and how its pairing starts (issue 9, item 7). The socket
+// layer (src/socket) asks here and never names a transport; this file's
+// implementation is the one place that lists them (shm for a same-host peer,
+// rdma for another host, as the rule allows). A new transport is a folder
+// under src/transport with its pairing, and a branch here.
+// Thread-safety: a ClientSetup belongs to one connect() (or its background
+// pairing); a ListenSetup is shared by the threads that accept on its
+// listener: accept() and result() may run concurrently.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <memory>
+
+#include "config/config.h"
+#include "stats/stats.h"
+#include "transport/channel.h"
+#include "transport/pairing.h"
+
+namespace rsock {
+
+// What a transport set up for a client connection before its real
+// connect() (shm: the rendezvous socket the server will call back; rdma: an
+// rdma_cm id). Destroying it releases what no pairing took over.
+class ClientSetup {
+ public:
+  virtual ~ClientSetup() = default;
+  virtual Path path() const = 0;
+  // After the TCP connect of sock succeeded: the pairing, which takes over
+  // what was set up. Called at most once.
+  virtual std::unique_ptr<Pairing> pairing(int sock, const Config& cfg) = 0;
+};
+
+// The transport for a candidate client connection on fd to addr, under the
+// rule's transport `kind`, set up before the real connect(); or nullptr
+// with *why, and the stream stays on TCP.
+std::unique_ptr<ClientSetup> client_setup(int fd, const sockaddr* addr, TransportKind kind,
+                                          Fallback* why);
+
+// A client pairing that fell back: a peer that did not answer, or does not
+// run librsock, is not asked again for a while (the negative cache).
+void client_fell_back(const sockaddr* addr, Fallback why);
+
+// The transports' side of one candidate listener: an advertisement to
+// same-host clients, an rdma_cm listener at the same address (as the rule
+// allows and the host can).
+class ListenSetup {
+ public:
+  // Sets up every transport `kind` allows on the listening TCP socket fd;
+  // what it cannot set up it logs, and leaves out.
+  ListenSetup(int fd, TransportKind kind);
+  ~ListenSetup();
+  ListenSetup(const ListenSetup&) = delete;
+  ListenSetup& operator=(const ListenSetup&) = delete;
+
+  // The pairing of an accepted socket, or nullptr with *why when it is
+  // decided at once (no transport for this peer, the negative cache).
+  // *path: the transport it pairs over (or would have).
+  std::unique_ptr<Pairing> accept(int sock, const Config& cfg, Path* path, Fallback* why);
+  // A finished server pairing's channel, or nullptr with *why (a host that
+  // did not pair over rdma is not waited for again for a while).
+  static std::unique_ptr<Channel> result(Pairing& p, int sock, Path path, Fallback* why);
+  // In a fork's child: the rdma_cm listener is the parent's.
+  void forked_child();
+  // For the log: "shm yes, rdma no".
+  bool has(Path path) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rsock
