@@ -758,6 +758,9 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
   for (nfds_t i = 0; i < n; ++i)
     if (!refs[i] && fds[i].fd >= 0) has_kernel = true;
   static thread_local std::atomic<int64_t> poll_kernel_look{0};
+  // A sleep of a second or more on members that stay quiet gives their
+  // rings' pages back (Stream::trim), once per call, as conn_wait does.
+  bool trim_due = true;
   for (int iter = 1;; ++iter) {
     int ready = 0;
     for (nfds_t i = 0; i < n; ++i) {
@@ -831,9 +834,19 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       // wake us: sleep in slices (WakeHub::kBlindSliceNs) and look again.
       if (blind && (until < 0 || until > monotonic_ns() + WakeHub::kBlindSliceNs))
         until = monotonic_ns() + WakeHub::kBlindSliceNs;
+      bool trim_cut = false;
+      if (trim_due && (until < 0 || until > monotonic_ns() + kTrimIdleNs))
+        for (nfds_t i = 0; i < n && !trim_cut; ++i)
+          if (ConnectionState* c = as_conn(refs[i])) trim_cut = c->stream().channel().trimmable();
+      if (trim_cut) until = monotonic_ns() + kTrimIdleNs;
       remaining(until, &ts, &ms);
       rc = real().ppoll(kfds, k, until < 0 ? nullptr : &ts, mask);
       err = errno;
+      if (rc == 0 && trim_cut) {
+        trim_due = false;
+        for (nfds_t i = 0; i < n; ++i)
+          if (ConnectionState* c = as_conn(refs[i])) (void)c->stream().trim();
+      }
     }
     for (nfds_t i = 0; i < n; ++i)
       if (ConnectionState* c = as_conn(refs[i])) {

@@ -12,7 +12,8 @@ const char* kLine =
     "{\"pid\": 10578, \"program\": \"echo_srv\", \"connections\": {\"shm\": 1, \"rdma\": 0, "
     "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"resets\": "
     "{\"kernel_bytes\": 1}, \"rejected\": {\"unproven\": 4}, \"wakeups\": {\"sent\": 7, "
-    "\"spared\": 9}, \"bytes_sent\": 35, \"bytes_received\": 18446744073709551615}";
+    "\"spared\": 9}, \"trimmed\": {\"rings\": 2, \"bytes\": 81920}, \"bytes_sent\": 35, "
+    "\"bytes_received\": 18446744073709551615}";
 
 TEST(StatsParser, ParsesTheDocumentedLine) {
   std::string error;
@@ -29,6 +30,8 @@ TEST(StatsParser, ParsesTheDocumentedLine) {
   EXPECT_EQ(s->rejects("unproven"), 4u);
   EXPECT_EQ(s->wakeups_sent, 7u);
   EXPECT_EQ(s->wakeups_spared, 9u);
+  EXPECT_EQ(s->trimmed_rings, 2u);
+  EXPECT_EQ(s->trimmed_bytes, 81920u);
   EXPECT_EQ(s->bytes_sent, 35u);
   EXPECT_EQ(s->bytes_received, UINT64_MAX);
 }
@@ -61,6 +64,13 @@ TEST(StatsParser, RejectsMalformedLines) {
       "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
       "\"fallbacks\": {}, \"resets\": {}, \"rejected\": {}, \"wakeups\": {\"sent\": 1}, "
       "\"bytes_sent\": 0, \"bytes_received\": 0}",  // wakeups.spared
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"resets\": {}, \"rejected\": {}, \"wakeups\": {\"sent\": 1, "
+      "\"spared\": 0}, \"bytes_sent\": 0, \"bytes_received\": 0}",  // trimmed
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"resets\": {}, \"rejected\": {}, \"wakeups\": {\"sent\": 1, "
+      "\"spared\": 0}, \"trimmed\": {\"rings\": 1}, \"bytes_sent\": 0, "
+      "\"bytes_received\": 0}",  // trimmed.bytes
   };
   for (const char* line : bad) {
     std::string error;

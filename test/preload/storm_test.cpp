@@ -86,13 +86,13 @@ TEST_F(StormTest, SparseTrafficWakesDormantMembers) {
 
 // Memory that follows the traffic (issue 9): 20 connections each carry
 // 200 KiB both ways, then the client sleeps outside any socket call while
-// the server waits in epoll_wait(-1) (EpollLoop) or in blocking recv, one
-// thread per connection (BlockingThreads, a JVM's or Python's threaded
-// server). After a second without traffic the
+// the server waits in epoll_wait(-1) (epoll), in blocking recv, one thread
+// per connection (blocking: a JVM's or Python's threaded server), or in
+// poll(-1) (poll). After a second without traffic the
 // server gives both rings of every connection back (its stats count them),
 // which also frees them in the client (shared memory: its RssShmem drops);
 // then a second burst must arrive intact over the pages given back.
-class IdleMemoryTest : public PreloadTest, public ::testing::WithParamInterface<bool> {};
+class IdleMemoryTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(IdleMemoryTest, IdleConnectionsGiveTheirRingsBack) {
   const int port = free_port();
@@ -103,7 +103,7 @@ TEST_P(IdleMemoryTest, IdleConnectionsGiveTheirRingsBack) {
   bool ready = false;
   Proc& server = start_server("server", "rs_idle",
                               {"--role", "server", "--port", std::to_string(port), "--connections",
-                               std::to_string(n), "--blocking", GetParam() ? "1" : "0"},
+                               std::to_string(n), "--wait", GetParam()},
                               env, &ready);
   ASSERT_TRUE(ready) << "server: see its output below";
   Proc& client = spawn("client", "rs_idle",
@@ -134,9 +134,9 @@ TEST_P(IdleMemoryTest, IdleConnectionsGiveTheirRingsBack) {
   EXPECT_EQ(ss->bytes_received, 2 * bytes * n);
 }
 
-INSTANTIATE_TEST_SUITE_P(Server, IdleMemoryTest, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "BlockingThreads" : "EpollLoop";
+INSTANTIATE_TEST_SUITE_P(Server, IdleMemoryTest, ::testing::Values("epoll", "blocking", "poll"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
                          });
 
 // A member woken from dormancy while another thread slept on the set

@@ -4,12 +4,13 @@
 // loop while the client sleeps outside any socket call, and the second burst
 // must arrive intact over the pages given back. Plain POSIX calls only.
 //
-//   rs_idle --role server --port P --connections N [--blocking 1]
-//       accepts N connections into one epoll set (level-triggered) and
-//       echoes what it reads, in one thread; with --blocking 1, one thread
-//       per connection in blocking recv and send instead. Prints READY
-//       after listen(), "RESULT echoed=B closed=N" once every connection
-//       has ended; exits 0.
+//   rs_idle --role server --port P --connections N [--wait epoll|blocking|poll]
+//       accepts N connections and echoes what it reads: epoll (the
+//       default), one thread waiting on one epoll set (level-triggered);
+//       blocking, one thread per connection in blocking recv and send;
+//       poll, one thread in poll() on all of them. Prints READY after
+//       listen(), "RESULT echoed=B closed=N" once every connection has
+//       ended; exits 0.
 //   rs_idle --role client --port P --connections N --bytes B --idle-ms M
 //       opens N connections; sends B pattern bytes on each and reads the
 //       echo back, checking it; reads its RssShmem (KiB, /proc/self/status),
@@ -86,7 +87,25 @@ uint64_t echo_blocking(int fd) {
   return echoed;
 }
 
-int server(int port, int n, bool blocking) {
+// Echoes what one readable connection has (nonblocking read, blocking
+// writes). Returns the bytes echoed, or -1 at EOF.
+long echo_once(int fd, std::vector<char>& buf) {
+  const ssize_t r = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+  if (r == 0) return -1;
+  if (r < 0) {
+    if (errno == EAGAIN) return 0;
+    fail("recv");
+  }
+  for (ssize_t off = 0; off < r;) {
+    const ssize_t w = send(fd, buf.data() + off, static_cast<size_t>(r - off), MSG_NOSIGNAL);
+    if (w < 0) fail("send");
+    off += w;
+  }
+  return r;
+}
+
+int server(int port, int n, const std::string& wait) {
+  const bool blocking = wait == "blocking";
   const int l = socket(AF_INET, SOCK_STREAM, 0);
   const int one = 1;
   setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -108,6 +127,34 @@ int server(int port, int n, bool blocking) {
     printf("RESULT echoed=%llu closed=%d\n", static_cast<unsigned long long>(echoed.load()), n);
     return 0;
   }
+  uint64_t echoed = 0;
+  int closed = 0;
+  std::vector<char> buf(1 << 16);
+  if (wait == "poll") {
+    std::vector<pollfd> pfds;
+    for (int i = 0; i < n; ++i) {
+      const int c = accept(l, nullptr, nullptr);
+      if (c < 0) fail("accept");
+      pfds.push_back({c, POLLIN, 0});
+    }
+    close(l);
+    while (closed < n) {
+      if (poll(pfds.data(), pfds.size(), -1) < 0 && errno != EINTR) fail("poll");
+      for (pollfd& p : pfds) {
+        if (p.fd < 0 || !p.revents) continue;
+        const long e = echo_once(p.fd, buf);
+        if (e < 0) {
+          close(p.fd);
+          p.fd = -1;
+          ++closed;
+        } else {
+          echoed += static_cast<uint64_t>(e);
+        }
+      }
+    }
+    printf("RESULT echoed=%llu closed=%d\n", static_cast<unsigned long long>(echoed), closed);
+    return 0;
+  }
   const int ep = epoll_create1(0);
   if (ep < 0) fail("epoll_create1");
   for (int i = 0; i < n; ++i) {
@@ -119,32 +166,20 @@ int server(int port, int n, bool blocking) {
     if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) != 0) fail("epoll_ctl ADD");
   }
   close(l);
-  uint64_t echoed = 0;
-  int closed = 0;
-  std::vector<char> buf(1 << 16);
   while (closed < n) {
     epoll_event evs[16];
     const int k = epoll_wait(ep, evs, 16, -1);
     if (k < 0 && errno != EINTR) fail("epoll_wait");
     for (int i = 0; i < k; ++i) {
       const int fd = evs[i].data.fd;
-      const ssize_t r = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
-      if (r == 0) {
+      const long e = echo_once(fd, buf);
+      if (e < 0) {
         epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
         close(fd);
         ++closed;
-        continue;
+      } else {
+        echoed += static_cast<uint64_t>(e);
       }
-      if (r < 0) {
-        if (errno == EAGAIN) continue;
-        fail("recv");
-      }
-      for (ssize_t off = 0; off < r;) {
-        const ssize_t w = send(fd, buf.data() + off, static_cast<size_t>(r - off), MSG_NOSIGNAL);
-        if (w < 0) fail("send");
-        off += w;
-      }
-      echoed += static_cast<uint64_t>(r);
     }
   }
   printf("RESULT echoed=%llu closed=%d\n", static_cast<unsigned long long>(echoed), closed);
@@ -209,7 +244,8 @@ int client(int port, int n, uint64_t bytes, int idle_ms) {
 
 int main(int argc, char** argv) {
   std::string role;
-  int port = 0, n = 0, idle_ms = 0, blocking = 0;
+  int port = 0, n = 0, idle_ms = 0;
+  std::string wait = "epoll";
   uint64_t bytes = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -223,16 +259,17 @@ int main(int argc, char** argv) {
       bytes = strtoull(argv[i + 1], nullptr, 10);
     else if (k == "--idle-ms")
       idle_ms = atoi(argv[i + 1]);
-    else if (k == "--blocking")
-      blocking = atoi(argv[i + 1]);
+    else if (k == "--wait")
+      wait = argv[i + 1];
   }
   if (port <= 0 || n <= 0) {
     fprintf(stderr,
             "usage: rs_idle --role server|client --port P --connections N "
-            "[--blocking 1] [--bytes B --idle-ms M]\n");
+            "[--wait epoll|blocking|poll] [--bytes B --idle-ms M]\n");
     return 2;
   }
-  if (role == "server") return server(port, n, blocking != 0);
+  if (role == "server" && (wait == "epoll" || wait == "blocking" || wait == "poll"))
+    return server(port, n, wait);
   if (role == "client" && bytes > 0) return client(port, n, bytes, idle_ms);
   fprintf(stderr, "rs_idle: bad role or missing --bytes\n");
   return 2;
