@@ -280,6 +280,9 @@ size_t ShmChannel::trim_ring(DirectionControl* d, size_t ring_offset, bool ours,
 }
 
 void ShmChannel::release_stale_trims() {
+  // Nor is our end writing: a `writing` left raised (a process killed
+  // inside a send) would keep the peer from ever trimming our ring.
+  tx_->writing.store(0, std::memory_order_release);
   for (auto [d, producer] : {std::pair{tx_, true}, std::pair{rx_, false}}) {
     uint64_t v = d->trim_seq.load(std::memory_order_acquire);
     if ((v & kTrimHeld) && ((v & kTrimByProducer) != 0) == producer)

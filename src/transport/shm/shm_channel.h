@@ -138,8 +138,9 @@ class ShmChannel final : public Channel {
   // (we are the producer: `ours`; else the Dekker of `writing` and
   // heavy_fence). `consumed`: what its consumer has read. Returns bytes.
   size_t trim_ring(DirectionControl* d, size_t ring_offset, bool ours, uint64_t consumed);
-  // A hold on trim_seq that a process left behind (killed inside trim, or
-  // an image before exec): released by the end that takes over.
+  // A hold on trim_seq, or a raised `writing`, that a process left behind
+  // (killed inside a trim or a send, or an image before exec): released by
+  // the end that takes over.
   void release_stale_trims();
   void kernel_bytes_seen();
   bool owns() const;
