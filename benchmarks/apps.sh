@@ -389,7 +389,7 @@ run_idle() { # PATH K BYTES [IDLE_MS]
       R_OK=0 R_NOTE+="$side: no RESULT line; "
       continue
     }
-    for m in fds vm_kib rss_kib locked_kib seconds; do
+    for m in fds vm_kib rss_kib pinned_kib seconds; do
       R[$side.$m]=$(sed -n "s/.* $m=\([0-9.-]*\).*/\1/p" <<<"$line")
     done
     [[ -n $idle_ms ]] || continue
@@ -489,8 +489,8 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
           ;;
         idle-conns)
           run_idle "$path" 1000 1048576 3000
-          record "$row" "$path" cli.fds cli.vm_kib cli.rss_kib cli.idle_rss_kib cli.locked_kib \
-            srv.fds srv.vm_kib srv.rss_kib srv.idle_rss_kib srv.locked_kib
+          record "$row" "$path" cli.fds cli.vm_kib cli.rss_kib cli.idle_rss_kib cli.pinned_kib \
+            srv.fds srv.vm_kib srv.rss_kib srv.idle_rss_kib srv.pinned_kib
           ;;
       esac
     done
@@ -552,12 +552,12 @@ report=$WORK/apps.md
         row_line "$row" cli.vm_kib "client virtual KiB per connection" lat
         row_line "$row" cli.rss_kib "client resident KiB per connection, at once" lat
         row_line "$row" cli.idle_rss_kib "client resident KiB per connection, after 3 s idle" lat
-        row_line "$row" cli.locked_kib "client pinned KiB per connection" lat
+        row_line "$row" cli.pinned_kib "client pinned KiB per connection" lat
         row_line "$row" srv.fds "server fds per connection" lat
         row_line "$row" srv.vm_kib "server virtual KiB per connection" lat
         row_line "$row" srv.rss_kib "server resident KiB per connection, at once" lat
         row_line "$row" srv.idle_rss_kib "server resident KiB per connection, after 3 s idle" lat
-        row_line "$row" srv.locked_kib "server pinned KiB per connection" lat
+        row_line "$row" srv.pinned_kib "server pinned KiB per connection" lat
         ;;
       conns-10k)
         row_line "$row" cli.seconds "seconds to open $MANY (RLIMIT_NOFILE $NOFILE)" lat

@@ -27,7 +27,8 @@
 //       connection has carried data and is idle. Then prints what the K
 //       connections cost this process, per connection, against its state
 //       before the first: "RESULT fds=F vm_kib=V rss_kib=R shmem_kib=S
-//       locked_kib=L" (descriptors, VmSize, VmRSS, RssShmem, VmLck from
+//       pinned_kib=L" (descriptors, VmSize, VmRSS, RssShmem, and VmLck +
+//       VmPin, locked and pinned pages such as registered RDMA memory, from
 //       /proc/self/status), then " seconds=T", the time from the first
 //       socket() to the last answer, and waits to be killed. With
 //       IDLE_MS, "IDLE fds=..." (the same fields, no seconds) after sleeping
@@ -271,7 +272,7 @@ int client_epoll(int port, int n, int inflight) {
 // What this process holds: descriptors and the /proc/self/status lines
 // that count memory (KiB).
 struct Footprint {
-  long fds = 0, vm = 0, rss = 0, shmem = 0, locked = 0;
+  long fds = 0, vm = 0, rss = 0, shmem = 0, locked = 0, pinned = 0;
 };
 
 Footprint footprint() {
@@ -289,6 +290,7 @@ Footprint footprint() {
       sscanf(line, "VmRSS: %ld", &f.rss);
       sscanf(line, "RssShmem: %ld", &f.shmem);
       sscanf(line, "VmLck: %ld", &f.locked);
+      sscanf(line, "VmPin: %ld", &f.pinned);
     }
     fclose(st);
   }
@@ -300,9 +302,10 @@ void report_cost(const Footprint& before, int k, double seconds = -1,
                  const char* label = "RESULT") {
   const Footprint now = footprint();
   const double n = k > 0 ? k : 1;
-  printf("%s fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f locked_kib=%.1f", label,
+  printf("%s fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f pinned_kib=%.1f", label,
          (now.fds - before.fds) / n, (now.vm - before.vm) / n, (now.rss - before.rss) / n,
-         (now.shmem - before.shmem) / n, (now.locked - before.locked) / n);
+         (now.shmem - before.shmem) / n,
+         (now.locked + now.pinned - before.locked - before.pinned) / n);
   if (seconds >= 0) printf(" seconds=%.3f", seconds);
   printf("\n");
   fflush(stdout);
