@@ -40,9 +40,8 @@ struct DirectionControl {
   // producer's) is 1 while it writes into free space, from before its
   // first copy until after its publish. The producer writes and reads this
   // line on every send and the consumer only when it gives pages back, so
-  // it stays in the producer's cache: on the producer's own line, which the
-  // consumer polls, the two stores cost a 64-byte stream a sixth of its
-  // rate.
+  // it stays in the producer's cache; on the producer's own line, which a
+  // spinning consumer polls, each store would take the line back.
   alignas(kCacheLine) std::atomic<uint64_t> trim_seq;
   std::atomic<uint64_t> trimmed;
   std::atomic<uint32_t> writing;
