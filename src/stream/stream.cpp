@@ -373,20 +373,21 @@ size_t Stream::trim() {
   const int entered = channel_->enter();
   if (entered < 0) return 0;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
-  // The region must say that everything we read is read (credits lag).
-  if (window_.consumed() != window_.granted()) {
-    (void)channel_->grant(window_.consumed());
-    window_.on_granted();
-  }
+  grant_all_read();  // the region must say that everything we read is read
   return channel_->trim(window_.consumed());
 }
 
 void Stream::report_consumed() {
   std::lock_guard<std::mutex> lock(rx_mu_);
-  if (window_.consumed() != window_.granted()) {
-    (void)channel_->grant(window_.consumed());
-    window_.on_granted();
-  }
+  grant_all_read();
+}
+
+void Stream::grant_all_read() {
+  // A failed grant is a carrier failure that the next call on the stream
+  // finds: nothing to do about it here.
+  if (window_.consumed() == window_.granted()) return;
+  (void)channel_->grant(window_.consumed());
+  window_.on_granted();
 }
 
 void Stream::quiesce() {
@@ -483,10 +484,7 @@ void Stream::close(bool abort) {
     // Credits for everything we read, so that the peer knows exactly what
     // we left unread (a reset) even on a transport without another count.
     std::lock_guard<std::mutex> lock(rx_mu_);
-    if (window_.consumed() > window_.granted()) {
-      (void)channel_->grant(window_.consumed());
-      window_.on_granted();
-    }
+    grant_all_read();
   }
   release_holder(abort);
 }

@@ -153,6 +153,7 @@ class Stream {
   PeerState poll_peer();                // channel poll with head/consumed folded into maxima
   void refresh_rx(const PeerState& s);  // under rx_mu_
   void fail();                          // protocol violation: reset
+  void grant_all_read();                // credits for every byte read; under rx_mu_
   bool resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_granted, bool shut_wr);
   // Follows the peer's end (FIN, gone, reset) into our emulated TCP state.
   void observe(uint32_t flags);
