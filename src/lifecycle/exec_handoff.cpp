@@ -5,21 +5,11 @@
 // mode "x": this process execs, <pid> is its pid (the new image checks
 // getpid()); mode "s": posix_spawn, <pid> is the spawning parent's (the new
 // image checks getppid()). A variable left over in some later process's
-// environment therefore matches nothing. Entries, fields separated by ',':
-//   S,<sdev>,<sino>,<memfd>,<mdev>,<mino>,<role>,<nonce>,<armed_data>,<armed_space>
-//       a shared-memory connection inherited by the new image: the socket
-//       (device and inode of its sockfs file), a non-close-on-exec dup of the
-//       region memfd (its fd, device and inode), role s (server end) or c,
-//       the region nonce in hex, and the waiting counts that threads of the
-//       old image left armed (exec killed them);
-//   C,<memfd>,<mdev>,<mino>,<role>,<nonce>
-//       a connection whose fds all close at this exec and whose last holder
-//       this process was: the new image tells the peer it closed;
-//   R,<sdev>,<sino>,<memfd>,<mdev>,<mino>,<nonce>
-//       an RDMA connection inherited by the new image: the socket, a
-//       non-close-on-exec dup of the end's memfd (verbs_end.h: its fd,
-//       device and inode) and the end's nonce in hex. The new image takes
-//       the end over on first use, with a queue pair of its own;
+// environment therefore matches nothing. Entries, fields separated by ',',
+// each a tag and its fields; most continue with the socket's identity
+// (<sdev>,<sino>: device and inode of its sockfs file). The transports'
+// entries are theirs (transport/handoff.h: S and C for shared memory, R for
+// RDMA); this file writes one more itself:
 //   L,<sdev>,<sino>,<why>
 //       a connection that cannot cross exec (why: pairing, resources):
 //       calls on its fd fail in the new image.
@@ -49,15 +39,11 @@
 #include "common/real.h"
 #include "fdtable/fdtable.h"
 #include "lifecycle/runtime.h"
-#include "ring/ring.h"
-#include "ring/wire.h"
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "stats/stats.h"
+#include "transport/handoff.h"
 #include "transport/lost/lost_channel.h"
-#include "transport/shm/shm_channel.h"
-#include "transport/verbs/verbs_channel.h"
-#include "transport/verbs/verbs_end.h"
 
 extern char** environ;
 
@@ -78,16 +64,6 @@ struct Held {
 
 bool is_handoff_entry(const char* kv) {
   return strncmp(kv, kHandoffVar, kPrefixLen - 1) == 0 && kv[kPrefixLen - 1] == '=';
-}
-
-ShmChannel* shm_of(ConnectionState* c) {
-  Channel& ch = c->stream().channel();
-  return strcmp(ch.name(), "shm") == 0 ? static_cast<ShmChannel*>(&ch) : nullptr;
-}
-
-VerbsChannel* verbs_of(ConnectionState* c) {
-  Channel& ch = c->stream().channel();
-  return strcmp(ch.name(), "rdma") == 0 ? static_cast<VerbsChannel*>(&ch) : nullptr;
 }
 
 bool socket_id(int fd, uint64_t* dev, uint64_t* ino) {
@@ -115,6 +91,38 @@ struct VarBuilder {
     len += static_cast<size_t>(n);
     return true;
   }
+};
+
+// What one connection's end writes (Channel::exec_prepare).
+class Sink final : public ExecSink {
+ public:
+  Sink(VarBuilder& vb, ExecHandoff* h, uint64_t sdev, uint64_t sino)
+      : vb_(vb), h_(h), sdev_(sdev), sino_(sino) {}
+  Stream* stream = nullptr;
+  Channel* channel = nullptr;
+  int undescribed = 0;  // entries with a socket that did not fit
+
+  bool add(char tag, bool with_socket, const char* fields) override {
+    // (a failed add leaves the variable as it was)
+    const bool ok = with_socket
+                        ? vb_.add(";%c,%" PRIu64 ",%" PRIu64 ",%s", tag, sdev_, sino_, fields)
+                        : vb_.add(";%c,%s", tag, fields);
+    if (!ok && with_socket) ++undescribed;
+    return ok;
+  }
+  void keep(int fd) override { h_->dups[h_->ndups++] = fd; }
+  void undo_later(uint32_t token) override { h_->undo[h_->nundo++] = {channel, token}; }
+  void report_consumed() override {
+    if (stream) stream->report_consumed();
+  }
+  void quiesce() override {
+    if (stream) stream->quiesce();
+  }
+
+ private:
+  VarBuilder& vb_;
+  ExecHandoff* h_;
+  const uint64_t sdev_, sino_;
 };
 
 }  // namespace
@@ -152,7 +160,8 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   // One mapping holds everything (no malloc: this may be a vfork child).
   const size_t held_bytes = sizeof(Held) * (nheld + 16);
   const size_t env_bytes = sizeof(char*) * (nenv + 2);
-  const size_t list_bytes = (sizeof(int) + 3 * sizeof(void*)) * (nheld + 16);
+  // Per connection at most one descriptor and two undo steps.
+  const size_t list_bytes = (sizeof(int) + 2 * sizeof(ExecHandoff::Undo)) * (nheld + 16);
   const size_t len = held_bytes + env_bytes + list_bytes + kVarCap + kPrefixLen + 64;
   void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
@@ -166,10 +175,8 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   // The pointers before the ints: both sizes above are multiples of 8, so
   // each array is aligned for its type (ints first would misalign the
   // pointers whenever nheld is odd).
-  h->counted = reinterpret_cast<void**>(static_cast<char*>(mem) + held_bytes + env_bytes);
-  h->handed = h->counted + (nheld + 16);
-  h->vcounted = h->handed + (nheld + 16);
-  h->dups = reinterpret_cast<int*>(h->vcounted + (nheld + 16));
+  h->undo = reinterpret_cast<ExecHandoff::Undo*>(static_cast<char*>(mem) + held_bytes + env_bytes);
+  h->dups = reinterpret_cast<int*>(h->undo + 2 * (nheld + 16));
   char* var = reinterpret_cast<char*>(h->dups) + sizeof(int) * (nheld + 16);
 
   // The fds first, then a counted reference to each one's state (taken
@@ -212,121 +219,16 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
     if (seen) continue;  // one entry per connection, whatever its dups
     uint64_t sdev = 0, sino = 0;
     if (!socket_id(held[i].fd, &sdev, &sino)) continue;
-    auto* c = s->kind() == FdState::Kind::kConnection ? static_cast<ConnectionState*>(s) : nullptr;
-    ShmChannel* shm = c ? shm_of(c) : nullptr;
-    if (VerbsChannel* v = c ? verbs_of(c) : nullptr) {
-      // An RDMA end: its queue pair stays with this process (spawn) or
-      // dies with this image (exec), which first hands it over.
-      if (kind == ExecKind::kReplace) {
-        v->prepare_exec();
-        h->handed[h->nhanded++] = v;
-      }
-      if (!inherited) {
-        // Its fds close at exec: this process stops holding it (the peer
-        // learns of the close from the kernel socket).
-        if (kind == ExecKind::kReplace) {
-          v->undo_add_holder();
-          h->vcounted[h->nvcounted++] = v;
-        }
-        continue;
-      }
-      const int dup = v->memfd() >= 0 ? dup_high(v->memfd(), false) : -1;
-      struct stat mst;
-      const size_t mark = vb.len;
-      bool ok = false;
-      if (dup >= 0 && fstat(dup, &mst) == 0) {
-        ok = vb.add(";R,%" PRIu64 ",%" PRIu64 ",%d,%" PRIu64 ",%" PRIu64 ",%" PRIx64, sdev, sino,
-                    dup, static_cast<uint64_t>(mst.st_dev), static_cast<uint64_t>(mst.st_ino),
-                    v->nonce());
-      } else {
-        ok = vb.add(";L,%" PRIu64 ",%" PRIu64 ",resources", sdev, sino);
-      }
-      if (!ok) {
-        vb.len = mark;
-        var[kPrefixLen + mark] = '\0';
-        if (dup >= 0) real().close(dup);
-        ++undescribed;
-        continue;
-      }
-      if (dup >= 0) h->dups[h->ndups++] = dup;
-      // The spawned child holds the end from the moment it runs.
-      if (kind == ExecKind::kSpawn) {
-        v->add_holder();
-        h->vcounted[h->nvcounted++] = v;
-      }
-      continue;
+    Sink sink(vb, h, sdev, sino);
+    if (s->kind() == FdState::Kind::kConnection) {
+      auto* c = static_cast<ConnectionState*>(s);
+      sink.stream = &c->stream();
+      sink.channel = &c->stream().channel();
+      sink.channel->exec_prepare(kind, inherited, sink);
+    } else if (inherited) {
+      (void)sink.add('L', true, "pairing");
     }
-    if (!inherited) {
-      // Every fd of this connection closes at exec: this process stops
-      // holding it. Another holder left: only the count changes (taken back
-      // if the exec fails). We were the last: the new image says goodbye.
-      if (kind != ExecKind::kReplace || !shm) continue;
-      if (shm->drop_holder_unless_last()) {
-        h->counted[h->ncounted++] = shm;
-        continue;
-      }
-      int dup = shm->memfd() >= 0 ? dup_high(shm->memfd(), false) : -1;
-      uint64_t mdev = 0, mino = 0;
-      struct stat st;
-      if (dup < 0 || fstat(dup, &st) != 0) {
-        if (dup >= 0) real().close(dup);
-        continue;  // the peer learns of the close from the TCP connection
-      }
-      mdev = st.st_dev;
-      mino = st.st_ino;
-      const size_t mark = vb.len;
-      if (!vb.add(";C,%d,%" PRIu64 ",%" PRIu64 ",%c,%" PRIx64, dup, mdev, mino,
-                  shm->is_server() ? 's' : 'c', shm->nonce())) {
-        vb.len = mark;
-        var[kPrefixLen + mark] = '\0';
-        real().close(dup);
-        continue;
-      }
-      h->dups[h->ndups++] = dup;
-      continue;
-    }
-    const char* lost = nullptr;
-    int dup = -1;
-    struct stat st;
-    if (!c) {
-      lost = "pairing";
-    } else if (!shm) {
-      lost = "resources";
-    } else if (shm->memfd() < 0 || (dup = dup_high(shm->memfd(), false)) < 0 ||
-               fstat(dup, &st) != 0) {
-      lost = "resources";
-    }
-    const size_t mark = vb.len;
-    bool ok;
-    if (lost) {
-      ok = vb.add(";L,%" PRIu64 ",%" PRIu64 ",%s", sdev, sino, lost);
-    } else {
-      // Every byte read so far is reported consumed: the new image starts
-      // reading exactly after it.
-      c->stream().report_consumed();
-      uint32_t armed_data = 0, armed_space = 0;
-      if (kind == ExecKind::kReplace) shm->local_armed(&armed_data, &armed_space);
-      // The spawned child holds the connection from the moment it runs,
-      // which may be before it takes it over (this process could close its
-      // own copy meanwhile): count it now.
-      if (kind == ExecKind::kSpawn) {
-        shm->add_holder();
-        c->stream().quiesce();
-        h->counted[h->ncounted++] = shm;
-      }
-      ok =
-          vb.add(";S,%" PRIu64 ",%" PRIu64 ",%d,%" PRIu64 ",%" PRIu64 ",%c,%" PRIx64 ",%u,%u", sdev,
-                 sino, dup, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                 shm->is_server() ? 's' : 'c', shm->nonce(), armed_data, armed_space);
-    }
-    if (!ok) {
-      vb.len = mark;
-      var[kPrefixLen + mark] = '\0';
-      if (dup >= 0) real().close(dup);
-      ++undescribed;
-      continue;
-    }
-    if (dup >= 0) h->dups[h->ndups++] = dup;
+    undescribed += sink.undescribed;
   }
   for (int i = 0; i < n; ++i) held[i].state->unref();
   if (undescribed)
@@ -347,27 +249,8 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
 void exec_release(ExecHandoff* h, bool started) {
   const int saved = errno;
   for (int i = 0; i < h->ndups; ++i) real().close(h->dups[i]);
-  if (!started) {
-    // RDMA ends: this image takes back what it handed over (on its next
-    // use, with a queue pair of its own), and the holder counts go back.
-    for (int i = 0; i < h->nhanded; ++i) static_cast<VerbsChannel*>(h->handed[i])->exec_failed();
-    for (int i = 0; i < h->nvcounted; ++i) {
-      auto* v = static_cast<VerbsChannel*>(h->vcounted[i]);
-      if (h->kind == ExecKind::kReplace)
-        v->add_holder();
-      else
-        v->undo_add_holder();
-    }
-    for (int i = 0; i < h->ncounted; ++i) {
-      auto* shm = static_cast<ShmChannel*>(h->counted[i]);
-      // The exec failed: this image still holds what it let go. The spawn
-      // failed: no child holds what it was counted for.
-      if (h->kind == ExecKind::kReplace)
-        shm->add_holder();
-      else
-        (void)shm->drop_holder_unless_last();
-    }
-  }
+  if (!started)
+    for (int i = 0; i < h->nundo; ++i) h->undo[i].channel->exec_undo(h->kind, h->undo[i].token);
   if (h->mem) munmap(h->mem, h->mem_len);
   *h = ExecHandoff{};
   errno = saved;
@@ -405,23 +288,6 @@ std::vector<SocketFd> socket_fds() {
   return out;
 }
 
-bool parse_u64(const char* s, int base, uint64_t* out) {
-  if (!s || !*s) return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, base);
-  if (errno != 0 || *end != '\0' || *s == '-') return false;
-  *out = v;
-  return true;
-}
-
-bool parse_fd(const char* s, int* fd) {
-  uint64_t v;
-  if (!parse_u64(s, 10, &v) || v >= static_cast<uint64_t>(FdTable::kMaxFd)) return false;
-  *fd = static_cast<int>(v);
-  return true;
-}
-
 // Splits s in place at sep into at most max fields; returns the count.
 int split(char* s, char sep, char** out, int max) {
   int n = 0;
@@ -433,18 +299,6 @@ int split(char* s, char sep, char** out, int max) {
     s = p + 1;
   }
   return n;
-}
-
-// The memfd named by an entry, if that fd really is the file the old image
-// dup'd (same device and inode); -1 otherwise (then it is not ours to touch).
-int owned_memfd(const char* fd_s, const char* dev_s, const char* ino_s) {
-  int fd;
-  uint64_t dev, ino;
-  struct stat st;
-  if (!parse_fd(fd_s, &fd) || !parse_u64(dev_s, 10, &dev) || !parse_u64(ino_s, 10, &ino) ||
-      fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != dev || st.st_ino != ino)
-    return -1;
-  return fd;
 }
 
 void attach_to(const std::vector<int>& fds, ConnectionState* c) {
@@ -467,113 +321,22 @@ int attach_lost(const std::vector<int>& fds, Path path, const char* why) {
   return static_cast<int>(fds.size());
 }
 
-void release_holder(int memfd, bool is_server, const char* nonce_s);
-
-int adopt_shm(char** f, const std::vector<int>& fds, bool spawned) {
-  // f: S,sdev,sino,memfd,mdev,mino,role,nonce,armed_data,armed_space
-  int memfd = owned_memfd(f[3], f[4], f[5]);
-  uint64_t nonce = 0, armed_data = 0, armed_space = 0;
-  const bool roles_ok = (f[6][0] == 's' || f[6][0] == 'c') && f[6][1] == '\0';
-  const bool is_server = f[6][0] == 's';
-  if (fds.empty()) {
-    // The socket did not reach this image (posix_spawn file actions closed
-    // it, or exec raced a close): this process does not hold it.
-    if (memfd >= 0) release_holder(memfd, roles_ok && is_server, f[7]);
-    return 0;
-  }
-  if (memfd < 0 || !roles_ok || !parse_u64(f[7], 16, &nonce) || !parse_u64(f[8], 10, &armed_data) ||
-      !parse_u64(f[9], 10, &armed_space) || armed_data > UINT32_MAX || armed_space > UINT32_MAX) {
-    if (memfd >= 0) real().close(memfd);
-    return attach_lost(fds, Path::kShm, "its hand-off entry is invalid");
-  }
-  void* map = nullptr;
-  size_t map_len = 0;
-  int rc = shm_region_validate(memfd, fds[0], is_server, nonce, &map, &map_len);
-  int doorbell = rc == 0 ? dup_high(fds[0]) : -1;
-  if (rc != 0 || doorbell < 0) {
-    if (map) munmap(map, map_len);
-    real().close(memfd);
-    return attach_lost(fds, Path::kShm,
-                       rc != 0 ? "its shared region failed validation" : "no fd for the doorbell");
-  }
-  real().fcntl(memfd, F_SETFD, FD_CLOEXEC);
-  auto ch =
-      std::make_unique<ShmChannel>(ShmChannel::Resume{}, map, map_len, is_server, doorbell, memfd);
-  ShmChannel* shm = ch.get();
-  const ShmPositions pos = shm->positions();
-  // A spawned child was counted as a holder by its parent; an exec'd image
-  // inherits its old image's count, and the waiters its threads left.
-  if (!spawned)
-    shm->forget_waiters(static_cast<uint32_t>(armed_data), static_cast<uint32_t>(armed_space));
-  auto* c = new ConnectionState(std::move(ch), Path::kShm, fds[0]);
-  if (!c->stream().resume(pos.tx_head, pos.tx_credited, pos.rx_granted, pos.fin_sent)) {
+// The end an entry's transport took over, on the socket's fds in this image.
+int attach_adopted(const std::vector<int>& fds, Adoption& a) {
+  if (fds.empty()) return 0;  // (the transport released what was counted for them)
+  if (a.lost || !a.channel)
+    return attach_lost(fds, a.path, a.lost ? a.lost : "the old image could not hand it over");
+  auto* c = new ConnectionState(std::move(a.channel), a.path, fds[0]);
+  if (a.resume &&
+      !c->stream().resume(a.at.tx_sent, a.at.tx_credited, a.at.rx_consumed, a.at.fin_sent)) {
     c->unref();
-    return attach_lost(fds, Path::kShm, "its shared region holds impossible positions");
+    return attach_lost(fds, a.path, "its shared state holds impossible positions");
   }
   connection_options_from(fds[0], c);
-  stats_connection(Path::kShm);
+  if (a.counted) stats_connection(a.path);
   attach_to(fds, c);
-  LOG_INFO("fd %d: accelerated connection (shm) taken over after exec", fds[0]);
+  LOG_INFO("fd %d: %s", fds[0], a.how);
   return static_cast<int>(fds.size());
-}
-
-// This process no longer holds a connection it was counted for: drop it
-// as a holder and, when it was the last, tell the peer (as close() would).
-// Closes memfd.
-void release_holder(int memfd, bool is_server, const char* nonce_s) {
-  uint64_t nonce = 0;
-  RegionHeader h;
-  void* map = nullptr;
-  if (parse_u64(nonce_s, 16, &nonce) &&
-      pread(memfd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) &&
-      is_power_of_two(h.ring_bytes) && h.ring_bytes >= 4096 && h.ring_bytes <= (size_t{1} << 28) &&
-      shm_region_attach(memfd, region_bytes_for(h.ring_bytes), nonce, h.ring_bytes, &map) == 0) {
-    ShmChannel ch(ShmChannel::Resume{}, map, region_bytes_for(h.ring_bytes), is_server, -1, -1);
-    if (ch.drop_holder()) ch.signal(kSendClosed);
-  }  // the channel unmaps the region
-  real().close(memfd);
-}
-
-// An RDMA end (R entry): the new image holds it and takes it over with a
-// queue pair of its own on first use (VerbsChannel::adopt).
-int adopt_rdma(char** f, const std::vector<int>& fds, bool spawned) {
-  // f: R,sdev,sino,memfd,mdev,mino,nonce
-  const int memfd = owned_memfd(f[3], f[4], f[5]);
-  uint64_t nonce = 0;
-  if (fds.empty()) {
-    // The socket did not reach this image: the parent counted a holder
-    // that never was.
-    if (memfd >= 0 && spawned && parse_u64(f[6], 16, &nonce)) verbs_end_drop_holder(memfd, nonce);
-    if (memfd >= 0) real().close(memfd);
-    return 0;
-  }
-  VerbsEnd end;
-  if (memfd < 0 || !parse_u64(f[6], 16, &nonce) ||
-      VerbsEnd::validate(memfd, fds[0], nonce, &end) != 0) {
-    if (memfd >= 0) real().close(memfd);
-    return attach_lost(fds, Path::kRdma, "its RDMA end failed validation");
-  }
-  int err = 0;
-  std::unique_ptr<VerbsChannel> ch = VerbsChannel::adopt(std::move(end), fds[0], &err);
-  if (!ch) return attach_lost(fds, Path::kRdma, "no descriptors to take its RDMA end over");
-  auto* c = new ConnectionState(std::move(ch), Path::kRdma, fds[0]);
-  connection_options_from(fds[0], c);
-  attach_to(fds, c);
-  LOG_INFO("fd %d: RDMA connection inherited through exec: taken over on first use", fds[0]);
-  return static_cast<int>(fds.size());
-}
-
-// A connection the old image was the last holder of, and which it closed by
-// exec.
-void say_goodbye(char** f) {
-  // f: C,memfd,mdev,mino,role,nonce
-  int memfd = owned_memfd(f[1], f[2], f[3]);
-  if (memfd < 0) return;
-  if ((f[4][0] != 's' && f[4][0] != 'c') || f[4][1] != '\0') {
-    real().close(memfd);
-    return;
-  }
-  release_holder(memfd, f[4][0] == 's', f[5]);
 }
 
 }  // namespace
@@ -619,22 +382,24 @@ int exec_adopt() {
   for (int i = 1; i < n; ++i) {
     char* f[10];
     int nf = split(entries[i], ',', f, 10);
-    if (nf == 10 && strcmp(f[0], "S") == 0) {
-      attached += adopt_shm(f, fds_of(f[1], f[2]), spawned);
-    } else if (nf == 7 && strcmp(f[0], "R") == 0) {
-      attached += adopt_rdma(f, fds_of(f[1], f[2]), spawned);
-    } else if (nf == 6 && strcmp(f[0], "C") == 0 && !spawned) {
-      say_goodbye(f);
-    } else if (nf == 4 && strcmp(f[0], "L") == 0) {
+    if (nf == 4 && strcmp(f[0], "L") == 0) {
       const bool rdma = strcmp(f[3], "rdma") == 0;
       attached +=
           attach_lost(fds_of(f[1], f[2]), rdma ? Path::kRdma : Path::kShm,
                       rdma                           ? "an RDMA queue pair cannot cross exec"
                       : strcmp(f[3], "pairing") == 0 ? "its pairing was still running at exec"
                                                      : "the old image could not hand it over");
-    } else {
-      LOG_WARN("%s: ignored a malformed entry", kHandoffVar);
+      continue;
     }
+    const ExecEntryKind* k = exec_entry_kind(f[0], nf);
+    if (!k || (spawned && !k->in_spawn)) {
+      LOG_WARN("%s: ignored a malformed entry", kHandoffVar);
+      continue;
+    }
+    Adoption a;
+    const std::vector<int> fds = k->with_socket ? fds_of(f[1], f[2]) : std::vector<int>{};
+    k->adopt(f, fds, spawned, &a);
+    attached += attach_adopted(fds, a);
   }
   return attached;
 }

@@ -11,7 +11,9 @@
 // attaches a ConnectionState that continues from the region's positions.
 // An RDMA connection's queue pair cannot cross exec: the old image hands the
 // end over (its shared memory, verbs_end.h) and the new one takes it over
-// with a queue pair of its own on first use, as a fork's child does.
+// with a queue pair of its own on first use, as a fork's child does. What
+// each transport writes and takes over is its own (transport/handoff.h);
+// this file names none.
 // Whatever cannot be taken over (a region that fails validation) becomes a
 // lost connection: every call on its fd fails (ECONNRESET) and one log line
 // says why.
@@ -23,14 +25,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "transport/handoff.h"
+
 namespace rsock {
 
 inline constexpr char kHandoffVar[] = "RSOCK_EXEC_HANDOFF";
-
-enum class ExecKind {
-  kReplace,  // this process execs (execve and friends): same pid, same holders
-  kSpawn     // a new child process execs (posix_spawn): it becomes one more holder
-};
 
 // What exec_prepare set up; exec_release undoes it. No heap memory: exec
 // may be called in a vfork child.
@@ -39,21 +38,16 @@ struct ExecHandoff {
   char* const* envp = nullptr;  // what to pass to the real exec
   void* mem = nullptr;          // mmap'd storage for envp, the variable and the lists below
   size_t mem_len = 0;
-  int* dups = nullptr;  // memfd dups made for the new image
+  int* dups = nullptr;  // descriptors made for the new image
   int ndups = 0;
-  // kReplace: connections whose fds all close at this exec, which this
-  // process stopped holding (restored if the exec fails). kSpawn: the
-  // connections the child inherits, counted as held by it before it runs
-  // (taken back if the spawn fails).
-  void** counted = nullptr;  // ShmChannel*
-  int ncounted = 0;
-  // RDMA connections (VerbsChannel*): handed over by this image (kReplace:
-  // taken back if the exec fails), and those whose holder count changed
-  // (kSpawn: +1 for the child; kReplace: -1, their fds close at exec).
-  void** handed = nullptr;
-  int nhanded = 0;
-  void** vcounted = nullptr;
-  int nvcounted = 0;
+  // What the ends asked to undo should the exec or spawn fail
+  // (Channel::exec_undo): holder counts, an RDMA end handed over.
+  struct Undo {
+    Channel* channel;
+    uint32_t token;
+  };
+  Undo* undo = nullptr;
+  int nundo = 0;
 };
 
 // Before the real exec (or posix_spawn): fills h; h->envp is envp itself

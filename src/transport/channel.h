@@ -65,6 +65,9 @@ struct EndPositions {
   bool fin_sent = false;     // we shut down our sending side
 };
 
+class ExecSink;             // transport/handoff.h
+enum class ExecKind : int;  // transport/handoff.h
+
 // What a sleeper waits for, passed to arm()/disarm().
 enum WaitFor : uint32_t { kWantData = 1u << 0, kWantSpace = 1u << 1 };
 
@@ -206,6 +209,13 @@ class Channel {
   // signal of the last holder): deliver what was posted (bounded), and let
   // another holder take it over.
   virtual void at_exit() {}
+  // Exec hand-off (transport/handoff.h): this process is about to exec, or
+  // to spawn a child that execs (kind); inherited: the new image keeps a
+  // descriptor of the connection. Describes the end to the new image
+  // through `sink`. The default: an inherited end cannot cross exec.
+  virtual void exec_prepare(ExecKind kind, bool inherited, ExecSink& sink);
+  // The exec or spawn failed: undoes what exec_prepare asked to (its token).
+  virtual void exec_undo(ExecKind /*kind*/, uint32_t /*token*/) {}
 };
 
 }  // namespace rsock

@@ -19,6 +19,7 @@
 
 #include "ring/wire.h"
 #include "transport/channel.h"
+#include "transport/handoff.h"
 
 namespace rsock {
 
@@ -49,6 +50,11 @@ struct ShmPositions {
   uint64_t rx_granted = 0;   // bytes of the peer's we consumed and reported
   bool fin_sent = false;     // we shut down our sending side
 };
+
+// The exec hand-off's entries of this transport (transport/handoff.h):
+// S, an end the new image holds; C, one whose last holder closed it by exec.
+void shm_exec_adopt(char** f, const std::vector<int>& fds, bool spawned, Adoption* out);
+void shm_exec_goodbye(char** f, const std::vector<int>& fds, bool spawned, Adoption* out);
 
 class ShmChannel final : public Channel {
  public:
@@ -109,6 +115,9 @@ class ShmChannel final : public Channel {
   int enter() override;
   void leave() override;
   void after_fork_child() override;
+  // Exec hand-off: shm_handoff.cpp.
+  void exec_prepare(ExecKind kind, bool inherited, ExecSink& sink) override;
+  void exec_undo(ExecKind kind, uint32_t token) override;
 
   // For the exec hand-off.
   // Drops this process as a holder unless it is the last one (then it

@@ -36,6 +36,7 @@
 
 #include "ring/handshake.h"
 #include "transport/channel.h"
+#include "transport/handoff.h"
 #include "transport/verbs/verbs_end.h"
 
 struct rdma_cm_id;
@@ -113,6 +114,10 @@ inline constexpr uint32_t kVerbsMaxInline = 256;   // asked for; the device may 
 // connection still holds.
 inline constexpr int64_t kVerbsMoveMs = 10000;
 
+// The exec hand-off's entry of this transport (transport/handoff.h): R, an
+// end the new image holds and takes over on first use.
+void verbs_exec_adopt(char** f, const std::vector<int>& fds, bool spawned, Adoption* out);
+
 class VerbsChannel final : public Channel {
  public:
   // Phase 1 (setup, before the rdma_cm connect/accept): creates the PD, CQ,
@@ -165,8 +170,11 @@ class VerbsChannel final : public Channel {
   void note_read(uint64_t total) override;
   void after_fork_child() override;
   void at_exit() override;
+  // Exec hand-off: verbs_handoff.cpp.
+  void exec_prepare(ExecKind kind, bool inherited, ExecSink& sink) override;
+  void exec_undo(ExecKind kind, uint32_t token) override;
 
-  // Exec hand-off (lifecycle/exec_handoff.h). The region the new image
+  // Exec hand-off (transport/handoff.h). The region the new image
   // validates and maps; before the exec, the owner hands the end over
   // (delivers what it posted, tells the peer its queue pair goes away,
   // releases the end); should the exec fail, this image takes it over
