@@ -76,7 +76,7 @@ $(BUILD)/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/librsock.a
 $(BUILD)/preload_tests: $(PRELOAD_SRCS:%.cpp=$(BUILD)/obj/%.o)
 	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS)
 
-$(BUILD)/progs/%: test/progs/%.cpp
+$(BUILD)/progs/%: test/progs/%.cpp test/progs/progs.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(PROG_CXXFLAGS) $(LDFLAGS) -o $@ $<
 

@@ -56,6 +56,8 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 [[noreturn]] void die(int line, const char* what) {
@@ -128,14 +130,6 @@ std::string epoll_bits(uint32_t m) {
   for (auto& b : kBits)
     if (m & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name);
   return s.empty() ? "none" : s;
-}
-
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
 }
 
 // ---- pipes ----------------------------------------------------------------------------
@@ -575,13 +569,8 @@ int main(int argc, char** argv) {
   sa.sa_handler = on_sigpipe;
   sigemptyset(&sa.sa_mask);
   CHECK(sigaction(SIGPIPE, &sa, nullptr) == 0);
-  int l = socket(AF_INET, SOCK_STREAM, 0);
+  int l = listen_loopback(port, 8);
   CHECK(l >= 0);
-  int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  CHECK(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  CHECK(listen(l, 8) == 0);
   int ran = 0;
   for (const Scenario& sc : scenarios()) {
     if (!only.empty() && only != sc.name) continue;

@@ -57,6 +57,8 @@
 
 extern char** environ;
 
+#include "progs.h"
+
 namespace {
 
 uint64_t mix64(uint64_t z) {
@@ -109,22 +111,9 @@ void say(const char* fmt, ...) {
     if (!(cond)) die(__LINE__, #cond, __VA_ARGS__); \
   } while (0)
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 int listen_on(int port) {
-  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  CHECK(s >= 0, "socket");
-  int one = 1;
-  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  CHECK(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "bind %d", port);
-  CHECK(listen(s, 8) == 0, "listen");
+  int s = listen_loopback(port, 8, SOCK_CLOEXEC);
+  CHECK(s >= 0, "listen on %d", port);
   return s;
 }
 

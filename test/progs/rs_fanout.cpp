@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 int fail(const char* what) {
@@ -36,21 +38,9 @@ int fail(const char* what) {
   return 1;
 }
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 int server(int port, int conns, int rounds) {
-  const int l = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, conns) != 0)
-    return fail("listen");
+  const int l = listen_loopback(port, conns);
+  if (l < 0) return fail("listen");
   printf("READY\n");
   std::vector<int> c;
   for (int i = 0; i < conns; ++i) {

@@ -36,15 +36,9 @@
 #include <thread>
 #include <vector>
 
-namespace {
+#include "progs.h"
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
+namespace {
 
 // One byte there and back on a blocking socket.
 bool ping(int fd) {
@@ -55,11 +49,8 @@ bool ping(int fd) {
 }
 
 int server(int port, int count, int backlog, int delay_ms) {
-  int l = socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, backlog) != 0) {
+  int l = listen_loopback(port, backlog);
+  if (l < 0) {
     perror("rs_fdnum server: bind/listen");
     return 1;
   }

@@ -28,22 +28,13 @@
 #include <string>
 #include <thread>
 
+#include "progs.h"
+
 namespace {
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 int server(int port) {
-  int l = socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 4) != 0) {
+  int l = listen_loopback(port, 4);
+  if (l < 0) {
     perror("rs_forkexec server: bind/listen");
     return 1;
   }

@@ -37,6 +37,8 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 constexpr int kWaitMs = 10000;
@@ -48,14 +50,6 @@ constexpr int kWaitMs = 10000;
 
 uint8_t pattern(int conn, uint64_t pos) {
   return static_cast<uint8_t>((pos * 131 + static_cast<uint64_t>(conn) * 7 + (pos >> 9)) & 0xff);
-}
-
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
 }
 
 long shmem_kib() {
@@ -106,12 +100,8 @@ long echo_once(int fd, std::vector<char>& buf) {
 
 int server(int port, int n, const std::string& wait) {
   const bool blocking = wait == "blocking";
-  const int l = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 128) != 0)
-    fail("listen");
+  const int l = listen_loopback(port, 128);
+  if (l < 0) fail("listen");
   printf("READY\n");
   fflush(stdout);
   if (blocking) {

@@ -35,6 +35,8 @@
 #include <string>
 #include <thread>
 
+#include "progs.h"
+
 namespace {
 
 constexpr int kWaitMs = 10000;
@@ -44,21 +46,9 @@ constexpr int kWaitMs = 10000;
   exit(1);
 }
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 int server(int port) {
-  const int l = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 8) != 0)
-    fail("listen");
+  const int l = listen_loopback(port, 8);
+  if (l < 0) fail("listen");
   printf("READY\n");
   fflush(stdout);
   const int x = accept(l, nullptr, nullptr);

@@ -47,6 +47,8 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 [[noreturn]] void die(int line, const char* what) {
@@ -102,22 +104,9 @@ const char* errname(int e) {
 
 std::string result(long r, int err) { return r >= 0 ? std::to_string(r) : errname(err); }
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 int listen_on(int port) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
+  int s = listen_loopback(port, 8);
   CHECK(s >= 0);
-  int one = 1;
-  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  CHECK(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  CHECK(listen(s, 8) == 0);
   return s;
 }
 

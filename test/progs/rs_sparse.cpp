@@ -39,6 +39,8 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 constexpr int kWaitMs = 10000;
@@ -52,14 +54,6 @@ uint8_t pattern(int conn, uint64_t pos) {
   return static_cast<uint8_t>((pos * 131 + static_cast<uint64_t>(conn) * 7 + (pos >> 8)) & 0xff);
 }
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 void raise_fd_limit() {
   rlimit r;
   if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
@@ -69,12 +63,8 @@ void raise_fd_limit() {
 }
 
 int server(int port, int n, int threads) {
-  const int l = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l, 512) != 0)
-    fail("listen");
+  const int l = listen_loopback(port, 512);
+  if (l < 0) fail("listen");
   printf("READY\n");
   fflush(stdout);
   const int ep = epoll_create1(0);

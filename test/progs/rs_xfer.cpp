@@ -48,6 +48,8 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 uint64_t mix64(uint64_t z) {
@@ -126,26 +128,13 @@ std::string outcome(long r, int err) {
   return n ? std::string("-1/") + n : "-1/errno" + std::to_string(err);
 }
 
-sockaddr_in loopback(int port) {
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return a;
-}
-
 std::atomic<int> g_sigpipes{0};
 
 // ---- server -------------------------------------------------------------------
 
 int run_server(int port) {
-  int l = socket(AF_INET, SOCK_STREAM, 0);
-  CHECK(l >= 0, "socket");
-  int one = 1;
-  setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a = loopback(port);
-  CHECK(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "bind");
-  CHECK(listen(l, 4) == 0, "listen");
+  int l = listen_loopback(port, 4);
+  CHECK(l >= 0, "listen");
   say("READY");
   int s = accept(l, nullptr, nullptr);
   CHECK(s >= 0, "accept");
@@ -735,11 +724,8 @@ int main(int argc, char** argv) {
   sigaction(SIGPIPE, &sa, nullptr);
   if (g_role == "server") {
     if (g_case != "mmsg") return run_server(port);
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a = loopback(port);
-    CHECK(bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(l, 4) == 0, "listen");
+    int l = listen_loopback(port, 4);
+    CHECK(l >= 0, "listen");
     say("READY");
     int s = accept(l, nullptr, nullptr);
     CHECK(s >= 0, "accept");
