@@ -26,7 +26,7 @@
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "stats/stats.h"
-#include "transport/verbs/verbs_setup.h"
+#include "transport/setup.h"
 
 extern char* program_invocation_short_name;
 
@@ -124,8 +124,8 @@ void after_fork_child() {
   // The child reports only what it does itself, and holds its inherited
   // connections alongside its parent.
   stats_reset();
-  // Inherited rdma_cm listeners and devices stay the parent's (verbs_setup.h).
-  verbs_after_fork_child();
+  // Inherited rdma_cm listeners and devices stay the parent's.
+  transports_after_fork_child();
   fd_table().for_each([](int, FdState* s) {
     if (s->kind() != FdState::Kind::kListener) return;
     static_cast<ListenerState*>(s)->setup().forked_child();

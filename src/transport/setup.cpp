@@ -101,6 +101,8 @@ void client_fell_back(const sockaddr* addr, Fallback why) {
     negative_cache_add(addr);
 }
 
+void transports_after_fork_child() { verbs_after_fork_child(); }
+
 struct ListenSetup::Impl {
   int marker_fd = -1;              // the same-host advertisement (-1: none, or another
                                    // process holds it)

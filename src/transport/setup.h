@@ -42,6 +42,11 @@ std::unique_ptr<ClientSetup> client_setup(int fd, const sockaddr* addr, Transpor
 // run librsock, is not asked again for a while (the negative cache).
 void client_fell_back(const sockaddr* addr, Fallback why);
 
+// In a fork's child, before anything else: what the transports set up in
+// the parent for pairing (rdma_cm listeners, device contexts) stays the
+// parent's.
+void transports_after_fork_child();
+
 // The transports' side of one candidate listener: an advertisement to
 // same-host clients, an rdma_cm listener at the same address (as the rule
 // allows and the host can).
