@@ -4,7 +4,10 @@
 # For each path (plain kernel TCP, then librsock preloaded into BOTH the
 # sockperf server and client) it runs, with the server pinned to one core and
 # the client to another:
-#   - sockperf ping-pong, TCP, 64-byte messages -> p50 / p99 latency (us);
+#   - sockperf ping-pong, TCP, 64-byte messages -> p50 / p99 latency (us),
+#     and the CPU time of both processes per round trip (us: their user +
+#     system time over the whole run, warm-up included, over the round trips
+#     measured; a spinning wait counts, it is CPU the host pays);
 #   - sockperf throughput, TCP, 65000-byte messages -> MB/s as RECEIVED by the
 #     server (`sockperf sr` message count x size / client run time); the
 #     client's own number is a send rate and is printed next to it.
@@ -75,6 +78,7 @@ ensure_tools() {
   command -v ss >/dev/null || pkgs+=(iproute2)
   command -v timeout >/dev/null || pkgs+=(coreutils)
   command -v jq >/dev/null || pkgs+=(jq)
+  [[ -x /usr/bin/time ]] || pkgs+=(time)
   ((${#pkgs[@]} == 0)) && return 0
   local install="apt-get install -y --no-install-recommends ${pkgs[*]}"
   if [[ $(id -u) -ne 0 ]]; then
@@ -148,6 +152,13 @@ stop_server() {
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1"; }
 
+# The CPU time (user + system, seconds) a live process has used so far.
+proc_cpu_s() {
+  [[ -n $1 && -r /proc/$1/stat ]] || return 0
+  # utime and stime are fields 14 and 15 (after the ')' that ends comm).
+  sed 's/.*) //' "/proc/$1/stat" | awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f", ($12 + $13) / hz}'
+}
+
 # Sums a field over the stats lines of the sockperf processes in a file.
 stat_sum() {
   [[ -s $1 ]] || {
@@ -181,7 +192,7 @@ run_case() {
   [[ $mode == tp ]] && client=(sockperf throughput "${proto[@]}" "${addr[@]}" -m "$TP_SIZE")
   client+=(-t "$SECONDS_PER_RUN")
 
-  R_OK=1 R_P50="" R_P99="" R_RECV_MBS="" R_SEND_MBS="" R_NOTE=""
+  R_OK=1 R_P50="" R_P99="" R_CPU_US="" R_RECV_MBS="" R_SEND_MBS="" R_NOTE=""
   timeout --foreground -k 5 $((SECONDS_PER_RUN + 60)) taskset -c "$CPU_SRV" env "${srv_env[@]}" "${server[@]}" \
     >"$srv_out" 2>&1 &
   SERVER_PID=$!
@@ -190,10 +201,14 @@ run_case() {
     stop_server
     return
   fi
-  timeout --foreground -k 5 $((SECONDS_PER_RUN + 30)) taskset -c "$CPU_CLI" env "${cli_env[@]}" "${client[@]}" \
-    >"$cli_out" 2>&1
+  # The client's CPU time from time(1), the server's from /proc before it
+  # is stopped (timeout's child is the server itself: taskset and env exec).
+  timeout --foreground -k 5 $((SECONDS_PER_RUN + 30)) /usr/bin/time -f '%U %S' -o "$cli_out.time" \
+    taskset -c "$CPU_CLI" env "${cli_env[@]}" "${client[@]}" >"$cli_out" 2>&1
   local rc=$?
   wait_drained "$port" || R_NOTE="server still had a connection open; "
+  local srv_cpu
+  srv_cpu=$(proc_cpu_s "$(pgrep -P "$SERVER_PID" | head -n 1)")
   stop_server
   if ((rc != 0)); then
     R_OK=0 R_NOTE+="client exit $rc: $(strip "$cli_out" | tail -n 3 | tr '\n' ' ')"
@@ -207,6 +222,14 @@ run_case() {
       R_OK=0
       R_NOTE+="no percentiles in sockperf output"
     }
+    # CPU per round trip, both ends: their CPU time over the whole run
+    # (warm-up included) over the round trips of the measured period.
+    local rounds cli_cpu
+    rounds=$(strip "$cli_out" | sed -n 's/.*ReceivedMessages=\([0-9]*\).*/\1/p' | tail -n 1)
+    cli_cpu=$(awk '{print $1 + $2}' "$cli_out.time" 2>/dev/null)
+    if [[ -n $rounds && $rounds -gt 0 && -n $cli_cpu && -n $srv_cpu ]]; then
+      R_CPU_US=$(awk -v a="$cli_cpu" -v b="$srv_cpu" -v n="$rounds" 'BEGIN{printf "%.2f", (a + b) * 1e6 / n}')
+    fi
   else
     # Receiver side: what the server counted; sender side: the client's count.
     local sent secs recv
@@ -270,6 +293,8 @@ failed=0
     "ping-pong ${PP_SIZE} B, throughput ${TP_SIZE} B messages over TCP 127.0.0.1"
   echo "- librsock: LD_PRELOAD=$(basename "$LIB") on server and client, RSOCK_PEERS=127.0.0.1:<port>," \
     "shm use checked in RSOCK_STATS"
+  echo "- CPU us per round trip: user + system time of server and client over the whole ping-pong" \
+    "run (warm-up included), over the round trips measured"
   echo "- MB/s = 10^6 bytes/s RECEIVED by the server (sockperf sr message count x size / client" \
     "run time); 'sent MB/s' is the client's send rate"
 } >"$report"
@@ -292,15 +317,16 @@ for iomux in $IOMUX_MODES; do
         run_case "$path" "$mode" "$iomux"
         ((R_OK)) || { V[$path.$mode.bad]=1 failed=1; }
         [[ -n $R_NOTE ]] && V[$path.$mode.note]+="${R_NOTE% } "
-        [[ $mode == pp ]] && V[$path.p50]+="$R_P50 " V[$path.p99]+="$R_P99 "
+        [[ $mode == pp ]] && V[$path.p50]+="$R_P50 " V[$path.p99]+="$R_P99 " V[$path.cpu]+="$R_CPU_US "
         [[ $mode == tp ]] && V[$path.mbs]+="$R_RECV_MBS " V[$path.sent]+="$R_SEND_MBS "
       done
     done
   done
-  for k in tcp.p50 tcp.p99 tcp.mbs tcp.sent rsock.p50 rsock.p99 rsock.mbs rsock.sent; do
+  for k in tcp.p50 tcp.p99 tcp.cpu tcp.mbs tcp.sent rsock.p50 rsock.p99 rsock.cpu rsock.mbs rsock.sent; do
     ((REPEAT > 1)) && V[$k.all]=${V[$k]:-}
     fmt=%.3f
     [[ $k == *mbs || $k == *sent ]] && fmt=%.1f
+    [[ $k == *cpu ]] && fmt=%.2f
     V[$k]=$(median "$fmt" "${V[$k]:-}")
   done
   {
@@ -311,16 +337,16 @@ for iomux in $IOMUX_MODES; do
       echo "## sockperf --iomux-type $iomux (feed file, both ends)"
     fi
     echo
-    echo "| path | p50 us | p99 us | MB/s (received) | sent MB/s | p50 ratio (TCP/librsock) | MB/s ratio (librsock/TCP) |"
-    echo "|---|---:|---:|---:|---:|---:|---:|"
-    echo "| TCP | ${V[tcp.p50]:-n/a} | ${V[tcp.p99]:-n/a} | ${V[tcp.mbs]:-n/a} | ${V[tcp.sent]:-n/a} | 1.00x | 1.00x |"
+    echo "| path | p50 us | p99 us | CPU us per round trip | MB/s (received) | sent MB/s | p50 ratio (TCP/librsock) | MB/s ratio (librsock/TCP) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| TCP | ${V[tcp.p50]:-n/a} | ${V[tcp.p99]:-n/a} | ${V[tcp.cpu]:-n/a} | ${V[tcp.mbs]:-n/a} | ${V[tcp.sent]:-n/a} | 1.00x | 1.00x |"
     rs_ok=1
     [[ -n ${V[rsock.pp.bad]:-} || -n ${V[rsock.tp.bad]:-} ]] && rs_ok=0
     if ((rs_ok)); then
-      echo "| librsock(shm) | ${V[rsock.p50]} | ${V[rsock.p99]} | ${V[rsock.mbs]} | ${V[rsock.sent]} |" \
+      echo "| librsock(shm) | ${V[rsock.p50]} | ${V[rsock.p99]} | ${V[rsock.cpu]:-n/a} | ${V[rsock.mbs]} | ${V[rsock.sent]} |" \
         "$(ratio "${V[tcp.p50]}" "${V[rsock.p50]}") | $(ratio "${V[rsock.mbs]}" "${V[tcp.mbs]}") |"
     else
-      echo "| **WARNING: librsock(shm) RESULT INVALID** | ${V[rsock.p50]:-n/a} | ${V[rsock.p99]:-n/a} |" \
+      echo "| **WARNING: librsock(shm) RESULT INVALID** | ${V[rsock.p50]:-n/a} | ${V[rsock.p99]:-n/a} | ${V[rsock.cpu]:-n/a} |" \
         "${V[rsock.mbs]:-n/a} | ${V[rsock.sent]:-n/a} | n/a | n/a |"
     fi
     for k in tcp.pp tcp.tp rsock.pp rsock.tp; do
