@@ -152,11 +152,13 @@ stop_server() {
 
 strip() { sed 's/\x1b\[[0-9;]*m//g' "$1"; }
 
-# The CPU time (user + system, seconds) a live process has used so far.
+# The CPU time (seconds) a live process has used so far: the scheduler's
+# run time of its threads (/proc/PID/task/*/schedstat, nanoseconds), not
+# /proc/PID/stat's ticks, which a process that runs in short bursts between
+# sleeps can miss.
 proc_cpu_s() {
-  [[ -n $1 && -r /proc/$1/stat ]] || return 0
-  # utime and stime are fields 14 and 15 (after the ')' that ends comm).
-  sed 's/.*) //' "/proc/$1/stat" | awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f", ($12 + $13) / hz}'
+  [[ -n $1 && -d /proc/$1/task ]] || return 0
+  cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ns += $1} END {printf "%.6f", ns / 1e9}'
 }
 
 # Sums a field over the stats lines of the sockperf processes in a file.
@@ -353,8 +355,9 @@ for iomux in $IOMUX_MODES; do
       [[ -n ${V[$k.note]:-} ]] && echo "- ${k/./ }: ${V[$k.note]}"
     done
     if ((REPEAT > 1)); then
-      echo "- medians of $REPEAT runs; all runs: TCP p50 ${V[tcp.p50.all]}/ MB/s ${V[tcp.mbs.all]};" \
-        "librsock p50 ${V[rsock.p50.all]}/ MB/s ${V[rsock.mbs.all]}"
+      echo "- medians of $REPEAT runs; all runs: TCP p50 ${V[tcp.p50.all]}/ CPU us ${V[tcp.cpu.all]}/" \
+        "MB/s ${V[tcp.mbs.all]}; librsock p50 ${V[rsock.p50.all]}/ CPU us ${V[rsock.cpu.all]}/" \
+        "MB/s ${V[rsock.mbs.all]}"
     fi
     if ((rs_ok)) && [[ -n ${V[tcp.p50]} && -n ${V[tcp.mbs]} ]]; then
       lat=$(awk -v a="${V[tcp.p50]}" -v b="${V[rsock.p50]}" 'BEGIN{print (a >= 5 * b) ? "met" : "MISSED"}')
