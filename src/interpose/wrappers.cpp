@@ -243,11 +243,9 @@ EXPORT int close(int fd) {
 
 // close_range and closefrom close the application's fds in a range: their
 // state goes as for close(). librsock's own fds in the range (a surviving
-// connection's doorbell dup, region memfd and WakeHub eventfd, an epoll
-// set's kick eventfd) are kept
-// open, since the
-// program never knew of them: a daemon's closefrom(3) must not break the
-// accelerated stdin it keeps.
+// connection's doorbell dup and region memfd, the wakers of threads and
+// epoll sets) are kept open, since the program never knew of them: a daemon's closefrom(3) must not
+// break the accelerated stdin it keeps.
 namespace {
 int close_span(unsigned first, unsigned last, int flags) {
   if (flags & CLOSE_RANGE_CLOEXEC) return real().close_range(first, last, flags);
@@ -263,10 +261,9 @@ int close_span(unsigned first, unsigned last, int flags) {
     if (s->kind() != FdState::Kind::kConnection) return;
     Channel& ch = static_cast<ConnectionState*>(s)->stream().channel();
     keep.push_back(ch.wait_fd());
-    keep.push_back(static_cast<ConnectionState*>(s)->wake.shared_fd_if_any());
     ch.own_fds(&keep);
   });
-  epoll_own_fds(&keep);
+  wakers_own_fds(&keep);  // threads' and epoll sets'
   std::sort(keep.begin(), keep.end());
   unsigned from = first;
   for (int k : keep) {

@@ -133,6 +133,7 @@ void after_fork_child() {
   pending_after_fork_child();
   epoll_after_fork_child();
   interruptible_after_fork_child();
+  wakers_after_fork_child();
   sleep_tokens_after_fork_child();
   // The connections' carriers stay the parent's (an RDMA queue pair): the
   // first use here takes one over (Channel::after_fork_child). No other

@@ -105,7 +105,6 @@ struct EpollMember {
   uint32_t last_mask = 0;
   uint64_t last_rx = ~0ull;
   uint64_t last_tx = ~0ull;
-  bool hub_counted = false;  // counted in its connection's HubWatch
   // Another member of the set is the same connection (dup'd fds): they
   // share one kernel registration of the wakeup fd, tagged with one's fd.
   bool wait_shared = false;
@@ -152,18 +151,6 @@ constexpr uint8_t kQuietSleeps = 4;
 constexpr int64_t kTrimIdleMs = kTrimIdleNs / 1000000;
 constexpr int64_t kTrimSweepMs = 250;
 
-// The set watches the WakeHub fd of each connection among its members
-// (edge-triggered, kKickTag), once however many members share it (dup'd
-// fds); `id` says which fd that was (WakeHub::shared_fd). Its events carry
-// `tag_fd`, the fd of a member that shares it, so that a kick wakes that
-// connection's dormant members.
-struct HubWatch {
-  int fd = -1;
-  uint64_t id = 0;
-  int members = 0;
-  int tag_fd = -1;
-};
-
 std::mutex g_sets_mu;
 class EpollState;
 bool wake_member(EpollMember& m, bool others_asleep);
@@ -189,8 +176,6 @@ class EpollState final : public FdState {
       sets.erase(std::remove(sets.begin(), sets.end(), this), sets.end());
     }
     std::lock_guard<std::mutex> lock(mu);
-    if (kick_fd >= 0) real().close(kick_fd);
-    kick_fd = -1;
     for (auto& [fd, m] : members) {
       wake_member(m, false);
       drop_own_arm(m);
@@ -199,7 +184,8 @@ class EpollState final : public FdState {
     awake = nullptr;
     members.clear();
     parked = 0;
-    hubs.clear();
+    give_set_waker(kick);  // no ticket names it any more (wake_member left them)
+    kick = nullptr;
   }
   const int epfd;
   std::atomic<int64_t> kernel_look{0};  // see look_at_kernel
@@ -210,15 +196,18 @@ class EpollState final : public FdState {
   int parked = 0;                      // members parked (see park())
   int lent = 0;                        // members lent (see EpollMember::lent)
   // Threads of this process asleep in the kernel on this set (under mu), and
-  // the eventfd that wakes them when another thread adds or changes an
-  // accelerated member (see kick_set). -1 until first needed.
+  // the set's waker (waker.h), registered level-triggered under kSetKick:
+  // WakeHub kicks of its members' connections and kick_set (another thread
+  // added or changed an accelerated member) poke it. hub_pokes: its counted
+  // pokes when a wait last looked at the dormant members. nullptr and
+  // unregistered until first needed.
   int waiting = 0;
-  int kick_fd = -1;
+  Waker* kick = nullptr;
+  bool kick_registered = false;
+  uint64_t hub_pokes = 0;
   // When a member will have been idle for kTrimIdleMs (ms, monotonic; 0:
   // none is waiting to be trimmed). Written under mu; a sleep ends by then.
   std::atomic<int64_t> trim_due_ms{0};
-  // Keyed by the hub, which lives as long as a member holds its connection.
-  std::map<const WakeHub*, HubWatch> hubs;
 };
 
 void link_awake(EpollMember& m) {
@@ -346,6 +335,21 @@ std::atomic<int> g_unshadowed_waiters{0};
 // sleepers for a ready fd that is added; our registration of the member's
 // wakeup fd is not ready), so it is woken to look. `fresh`: the shadow was
 // made by this call, so a thread may sleep on the set uncounted. Under s.mu.
+// Makes sure the set has its waker and watches it; false when it cannot (no
+// fd). Under s.mu.
+bool ensure_kick(EpollState& s) {
+  if (!s.kick) s.kick = take_set_waker();
+  if (s.kick_registered) return true;
+  if (!s.kick->open_fd()) return false;
+  epoll_event kev = {};
+  kev.events = EPOLLIN;  // level: a poke stays until a wait drains it
+  kev.data.u64 = kKickTag | kSetKick;
+  if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, s.kick->fd(), &kev) != 0 && errno != EEXIST)
+    return false;
+  s.kick_registered = true;
+  return true;
+}
+
 void kick_set(EpollState& s, bool fresh) {
   if (s.waiting == 0) {
     if (!fresh) return;
@@ -354,20 +358,8 @@ void kick_set(EpollState& s, bool fresh) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (g_unshadowed_waiters.load(std::memory_order_seq_cst) == 0) return;
   }
-  if (s.kick_fd < 0) {
-    const int fd = lift_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (fd < 0) return;  // out of fds: that sleeper wakes at the next doorbell
-    epoll_event kev = {};
-    kev.events = EPOLLIN;  // level: a kick stays until a wait drains it
-    kev.data.u64 = kKickTag | kSetKick;
-    if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, fd, &kev) != 0) {
-      real().close(fd);
-      return;
-    }
-    s.kick_fd = fd;
-  }
-  const uint64_t one = 1;
-  (void)!real().write(s.kick_fd, &one, sizeof one);
+  // Out of fds: that sleeper wakes at the next doorbell.
+  if (ensure_kick(s)) s.kick->poke(false);
 }
 
 // Collects ready accelerated members into out[0..max). Level-triggered
@@ -408,65 +400,6 @@ int collect(EpollState& s, epoll_event* out, int max) {
   return n;
 }
 
-// Makes sure the set watches the WakeHub fd of m's connection (fd is m's
-// application fd, for the tag). Returns false when it cannot (no fd). Under
-// s.mu.
-bool watch_hub(EpollState& s, EpollMember& m, int fd) {
-  WakeHub& hub = m.conn()->wake;
-  uint64_t id = 0;
-  const int hfd = hub.shared_fd(&id);
-  if (hfd < 0) return false;
-  HubWatch& w = s.hubs[&hub];
-  if (w.id != id) {  // new, or a fork's child made the hub a new fd
-    epoll_event kev = {};
-    kev.events = EPOLLIN | EPOLLET;  // every kick is an event, whatever the level
-    kev.data.u64 = kKickTag | static_cast<uint32_t>(fd);
-    if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, hfd, &kev) != 0 &&
-        (errno != EEXIST || real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, hfd, &kev) != 0)) {
-      if (w.members == 0) s.hubs.erase(&hub);
-      return false;
-    }
-    w.fd = hfd;
-    w.id = id;
-    w.tag_fd = fd;
-  }
-  if (!m.hub_counted) {
-    m.hub_counted = true;
-    ++w.members;
-  }
-  return true;
-}
-
-// Undoes m's share of its connection's HubWatch. Under s.mu.
-void unwatch_hub(EpollState& s, EpollMember& m) {
-  if (!m.hub_counted) return;
-  m.hub_counted = false;
-  WakeHub& hub = m.conn()->wake;
-  auto it = s.hubs.find(&hub);
-  if (it == s.hubs.end()) return;
-  HubWatch& w = it->second;
-  // Not a fd of a hub from before a fork (its number may be anyone's now).
-  uint64_t id = 0;
-  const bool current = hub.shared_fd(&id) == w.fd && id == w.id;
-  if (--w.members > 0) {
-    // The kicks name a member that is leaving: name one that stays (the
-    // leaving fd's number may soon be another connection's).
-    if (w.tag_fd != m.fd || !current) return;
-    for (auto& [fd, o] : s.members)
-      if (&o != &m && o.hub_counted && &o.conn()->wake == &hub) {
-        epoll_event kev = {};
-        kev.events = EPOLLIN | EPOLLET;
-        kev.data.u64 = kKickTag | static_cast<uint32_t>(fd);
-        real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, w.fd, &kev);
-        w.tag_fd = fd;
-        break;
-      }
-    return;
-  }
-  if (current) real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, w.fd, nullptr);
-  s.hubs.erase(it);
-}
-
 // A connection this epoll_wait sleeps on: held (with its hub) until the
 // wait has left the hub.
 struct Joined {
@@ -480,9 +413,9 @@ struct Joined {
   bool space = false;
 };
 
-// Before a kernel wait: joins the hubs of the members' connections (edge
-// sleepers: the set watches their fds) and arms their channels; *blind
-// when a hub has no fd the set watches.
+// Before a kernel wait: joins the hubs of the members' connections with
+// the set's waker and arms their channels; *blind when a hub could not name
+// the waker (or the set has none: out of fds).
 // Returns this sleep's token, for disarm_all.
 uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(s.mu);
@@ -490,13 +423,13 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
   *blind = false;
   const uint64_t sleep = new_sleep_token();  // one sleep: every member
   int64_t due = s.trim_due_ms.load(std::memory_order_relaxed);
+  Waker* const waker = ensure_kick(s) ? s.kick : nullptr;
   for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
     nx = p->next;
     EpollMember& m = *p;
     const int fd = m.fd;
     ConnectionState* c = m.conn();
     if (!c || m.disabled || m.parked || m.dormant) continue;
-    const bool watched = watch_hub(s, m, fd);
     if (m.reported || m.active_ms < 0) {
       // Traffic: its pages go back once it has been idle long enough, if
       // it touched enough of them (else no sleep is cut for it).
@@ -511,7 +444,8 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
     m.reported = false;
     // Never a connection whose peer has ended it: a send of ours then resets
     // it, which no doorbell would report.
-    if (watched && m.quiet >= kQuietSleeps && !c->stream().ending()) {
+    WakeHub::Ticket ticket = c->wake.join(waker);
+    if (ticket.waker && m.quiet >= kQuietSleeps && !c->stream().ending()) {
       // Armed with a token of its own, not this sleep's: a peer spares a
       // sleep's other doorbells once it has rung one (ring/sleepers.h),
       // and this sleep ends before the member's dormancy does. Its own
@@ -521,7 +455,7 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
       const uint64_t own = new_sleep_token();
       Channel& ch = c->stream().channel();
       drop_own_arm(m);  // a lent arm, if any: replaced by this one
-      m.dorm_ticket = c->wake.join_edge();
+      m.dorm_ticket = ticket;
       if (m.events & (EPOLLIN | EPOLLRDHUP)) {
         if (ch.arm(kWantData, own)) c->wake.kick(true);
         m.dorm_data = true;
@@ -537,11 +471,8 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
     Joined j;
     c->ref();
     j.conn = FdRef(c);
-    j.ticket = c->wake.join_edge();
-    if (!watched) {
-      j.ticket.fd = -1;
-      *blind = true;
-    }
+    j.ticket = ticket;
+    if (!ticket.waker) *blind = true;
     j.fd = fd;
     j.st = m.st.get();
     j.gen = m.arm_gen;
@@ -654,26 +585,18 @@ bool has_joined(const std::vector<Joined>* joined, const ConnectionState* c) {
 int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joined>* joined) {
   int kept = 0;
   for (int i = 0; i < n; ++i) {
-    if ((ev[i].data.u64 & kTagMask) == kKickTag) {
-      const uint32_t kfd = static_cast<uint32_t>(ev[i].data.u64 & 0xffffffffu);
+    if ((ev[i].data.u64 & kTagMask) == kKickTag) {  // the set's waker (kSetKick)
       std::lock_guard<std::mutex> lock(s.mu);
-      if (kfd == kSetKick) {
-        uint64_t v;
-        if (s.kick_fd >= 0) (void)!real().read(s.kick_fd, &v, sizeof v);
-        continue;
-      }
-      // Another thread consumed a wakeup of this hub's connection: its
-      // dormant members look again (dup'd fds share the hub; with one
-      // member, no walk over the set).
-      auto it = s.members.find(static_cast<int>(kfd));
-      ConnectionState* c = it == s.members.end() ? nullptr : it->second.conn();
-      auto w = c ? s.hubs.find(&c->wake) : s.hubs.end();
-      if (w != s.hubs.end() && w->second.members == 1) {
-        wake_member(it->second, others_asleep(s, joined));
-        continue;
-      }
+      if (!s.kick) continue;
+      s.kick->drain();
+      // A WakeHub kick among the pokes: another thread consumed a wakeup
+      // of a connection whose dormant members then look again.
+      const uint64_t pokes = s.kick->pokes();
+      if (pokes == s.hub_pokes) continue;
+      s.hub_pokes = pokes;
       for (auto& [mfd, m] : s.members)
-        if (m.dormant && (c == nullptr || m.conn() == c)) wake_member(m, others_asleep(s, joined));
+        if (m.dormant && m.conn() && m.conn()->wake.kicked_since(m.dorm_ticket))
+          wake_member(m, others_asleep(s, joined));
       continue;
     }
     if ((ev[i].data.u64 & kTagMask) == kTag) {
@@ -714,18 +637,18 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     if (fds[i].fd >= 0 && fd_table().has(fds[i].fd)) any = true;
   // Small sets (the usual case) live on the stack: a poll loop allocates
   // nothing per call.
-  // kfds: the kernel's view of the set, and when it sleeps, one entry more
-  // per accelerated member, its WakeHub ticket's fd.
+  // kfds: the kernel's view of the set, and when it sleeps, one entry more:
+  // this thread's waker (waker.h), which WakeHub kicks poke.
   constexpr nfds_t kInline = 16;
   FdRef refs_inline[kInline];
-  pollfd kfds_inline[2 * kInline];
+  pollfd kfds_inline[kInline + 1];
   std::vector<FdRef> refs_heap;
   std::vector<pollfd> kfds_heap;
   FdRef* refs = refs_inline;
   pollfd* kfds = kfds_inline;
   if (any && n > kInline) {
     refs_heap.resize(n);
-    kfds_heap.resize(2 * n);
+    kfds_heap.resize(n + 1);
     refs = refs_heap.data();
     kfds = kfds_heap.data();
   }
@@ -794,7 +717,7 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     spinning = false;
     // Block: join each accelerated member's WakeHub (so that a doorbell
     // another thread of ours drains reaches us too), arm it, re-check, then
-    // sleep in the kernel on their doorbells, their hubs' fds and the
+    // sleep in the kernel on their doorbells, this thread's waker and the
     // kernel members together.
     WakeHub::Ticket tickets_inline[kInline];
     std::vector<WakeHub::Ticket> tickets_heap;
@@ -803,14 +726,14 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       tickets_heap.resize(n);
       tickets = tickets_heap.data();
     }
-    WakeHub::PrivateFd own;
+    SleepWaker waker;
     bool blind = false;
     const uint64_t sleep = new_sleep_token();  // one sleep: every member
     for (nfds_t i = 0; i < n; ++i)
       if (ConnectionState* c = as_conn(refs[i])) {
-        tickets[i] = c->wake.join(&own);
+        tickets[i] = c->wake.join(waker.get());
         if (c->stream().channel().arm(want_of_poll(fds[i].events), sleep)) c->wake.kick(true);
-        if (tickets[i].fd < 0) blind = true;
+        if (!tickets[i].waker) blind = true;
       }
     bool now_ready = false;
     for (nfds_t i = 0; i < n && !now_ready; ++i)
@@ -822,11 +745,11 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       for (nfds_t i = 0; i < n; ++i) {
         if (ConnectionState* c = as_conn(refs[i])) {
           kfds[i] = {c->stream().channel().wait_fd(), POLLIN, 0};
-          kfds[k++] = {tickets[i].fd, POLLIN, 0};
         } else {
           kfds[i] = {fds[i].fd, fds[i].events, 0};
         }
       }
+      if (Waker* w = waker.get()) kfds[k++] = {w->fd(), POLLIN, 0};
       timespec ts;
       int ms;
       int64_t until = deadline;
@@ -978,7 +901,6 @@ void set_events(EpollMember& m, const epoll_event& ev) {
 void unregister(EpollState& s, EpollMember& m) {
   if (m.parked) --s.parked;
   disarm_member(m);
-  if (m.conn()) unwatch_hub(s, m);
   // The registration of the wakeup fd goes with the last member on it;
   // until then it names one that stays.
   EpollMember* heir = nullptr;
@@ -1002,9 +924,8 @@ void unregister(EpollState& s, EpollMember& m) {
 }
 
 // EPOLL_CTL_DEL of a connection: everything of unregister() but the
-// kernel's registrations of its wakeup fd (level-triggered, and still
-// drained by filter_kernel) and of its hub's fd (a kick only makes a wait
-// look again), which stay until the same connection is added again under
+// kernel's registration of its wakeup fd (level-triggered, and still
+// drained by filter_kernel), which stays until the same connection is added again under
 // the same fd, its fd is closed, or a wait finds no other member. Event
 // loops that remove and re-add a connection around every request (hiredis,
 // redis-benchmark) then pay no epoll_ctl for it. Under s.mu.
@@ -1468,14 +1389,6 @@ void epoll_after_fork_child() {
         link_awake(m);
       }
     }
-  }
-}
-
-void epoll_own_fds(std::vector<int>* out) {
-  std::lock_guard<std::mutex> lock(g_sets_mu);
-  for (EpollState* s : live_sets()) {
-    std::lock_guard<std::mutex> l2(s->mu);
-    if (s->kick_fd >= 0) out->push_back(s->kick_fd);
   }
 }
 

@@ -52,10 +52,6 @@ int rs_epoll_after_kernel_wait(int epfd, struct epoll_event* events, int maxeven
 // dormant epoll members stay the parent's.
 void epoll_after_fork_child();
 
-// The descriptors librsock opened for epoll sets (each set's kick eventfd),
-// which close_range and closefrom must leave open.
-void epoll_own_fds(std::vector<int>* out);
-
 // Drops fd from every epoll shadow (called on its last close).
 void epoll_forget(int fd);
 

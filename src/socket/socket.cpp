@@ -177,10 +177,10 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     // Join before arming and re-checking: a wakeup that another thread of
     // this process consumes after our re-check (a poller draining the
     // doorbell rung for us) is then passed on to us (wake_hub.h). One
-    // blocking call sleeps on the doorbell; the others on the hub's word,
-    // until a kick or until that one returns.
-    WakeHub::PrivateFd own;
-    const WakeHub::Ticket t = c.wake.join_blocking(&own);
+    // blocking call sleeps on the doorbell (and this thread's waker); the
+    // others on the hub's word, until a kick or until that one returns.
+    SleepWaker waker;
+    const WakeHub::Ticket t = c.wake.join_blocking(waker.get());
     if (ch.arm(want, new_sleep_token())) c.wake.kick(true);
     auto leave = [&] {
       ch.disarm(want);
@@ -203,17 +203,17 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
       if (ready()) return 0;
       continue;
     }
-    // Without a ticket fd (out of fds) nothing could wake us for another
+    // Without a waker (out of fds) nothing could wake us for another
     // thread's drain: sleep in slices and look again.
     int64_t until = deadline_ns;
-    if (t.fd < 0 && (until < 0 || until > now + WakeHub::kBlindSliceNs))
+    if (!t.waker && (until < 0 || until > now + WakeHub::kBlindSliceNs))
       until = now + WakeHub::kBlindSliceNs;
     bool trim_cut = false;
     if (trim_due && (until < 0 || until > now + kTrimIdleNs) && ch.trimmable()) {
       until = now + kTrimIdleNs;
       trim_cut = true;
     }
-    const int rc = sleep_on_fd(ch.wait_fd(), until, on_signal, t.fd);
+    const int rc = sleep_on_fd(ch.wait_fd(), until, on_signal, t.waker ? t.waker->fd() : -1);
     const bool drained = ch.drain_wakeups();
     if (drained) c.wake.kick(true);
     leave();

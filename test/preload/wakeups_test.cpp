@@ -3,6 +3,10 @@
 // them in one pass. With both ends preloaded, the server's stats must show
 // a doorbell or two per round and the rest spared; ringing each armed
 // connection shows about 16 per round.
+//
+// Wakers follow threads and epoll sets, not connections (socket/waker.h): a
+// process whose threads have slept on many connections holds an eventfd
+// per sleeping thread and per epoll set, not one per connection.
 #include "harness.h"
 
 namespace rsock_test {
@@ -46,6 +50,40 @@ TEST_F(WakeupsTest, OneDoorbellPerEpollSleep) {
   // connection measured 634-649 doorbells and none spared.
   EXPECT_LE(srv->wakeups_sent, uint64_t{kConns * kRounds / 4}) << "spared " << srv->wakeups_spared;
   EXPECT_GE(srv->wakeups_spared, uint64_t{kConns * kRounds / 2}) << "sent " << srv->wakeups_sent;
+}
+
+TEST_F(WakeupsTest, WakersFollowThreadsAndSetsNotConnections) {
+  constexpr int kConns = 12;
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server(
+      "server", "rs_echo",
+      {"--role", "server", "--port", std::to_string(port), "--connections", std::to_string(kConns)},
+      env, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client = spawn("client", "rs_wakers",
+                       {"--port", std::to_string(port), "--conns", std::to_string(kConns)}, env);
+  ASSERT_TRUE(wait_exit(client, 120000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, 60000)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << client.describe();
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  const size_t at = client.out().find("RESULT conns=12 eventfds=");
+  ASSERT_NE(at, std::string::npos) << client.out();
+  const int eventfds = atoi(client.out().c_str() + at + strlen("RESULT conns=12 eventfds="));
+  // The reader threads, one after the other, and the epoll set take their
+  // wakers from one pool: one eventfd here, at most one per thread and set
+  // that sleeps at once. An eventfd per connection that slept (the hub's,
+  // until 2026-12-03) made 12 here.
+  EXPECT_LE(eventfds, 3) << client.out();
+  bool seen = false;
+  for (const Stats& s : stats())
+    if (s.pid == client.pid) {
+      seen = true;
+      expect_paths(s, kConns, 0, "client");
+    }
+  EXPECT_TRUE(seen) << "no stats line from the client";
 }
 
 }  // namespace

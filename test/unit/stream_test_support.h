@@ -132,15 +132,15 @@ inline bool wait_ready(Stream& s, uint32_t want, PumpShared& sh, const WaitParam
   uint64_t seen = sh.progress.load();
   for (;;) {
     if (sh.stop.load()) return false;
-    WakeHub::PrivateFd own;
-    const WakeHub::Ticket t = hub.join(&own);
+    SleepWaker own;
+    const WakeHub::Ticket t = hub.join(own.get());
     if (ch.arm(want, new_sleep_token())) hub.kick(true);
     if (ready()) {
       ch.disarm(want);
       hub.leave(t);
       return true;
     }
-    pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.fd, POLLIN, 0}};
+    pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.waker ? t.waker->fd() : -1, POLLIN, 0}};
     sh.sleeps.fetch_add(1);
     int rc = ::poll(p, 2, wp.timeout_ms);
     if (ch.drain_wakeups()) hub.kick(true);
