@@ -35,8 +35,8 @@
 #   conns-10k          connrate hold/sink with 10,000 connections of one
 #                      byte each way: the seconds to open them all (one
 #                      after the other), then fds and KiB as above. A
-#                      librsock connection holds 4 fds today (issue 9), so
-#                      where RLIMIT_NOFILE cannot grow to 4 x 10,000 the
+#                      librsock connection holds 3 fds today (issue 9), so
+#                      where RLIMIT_NOFILE cannot grow to 3 x 10,000 the
 #                      row opens as many as fit (both paths alike) and its
 #                      label says how many
 # Each measurement runs BENCH_REPEAT times (default 3), TCP and librsock
@@ -61,12 +61,12 @@ SECS=${BENCH_SECONDS:-3}
 ONLY=${BENCH_APPS:-.}
 read -r CPU_SRV CPU_CLI <<<"${BENCH_CPUS:-0 1}"
 STREAM_SECS=${BENCH_STREAM_SECONDS:-1}
-# conns-10k holds 10,000 connections in each process: room for 4 fds each,
+# conns-10k holds 10,000 connections in each process: room for 3 fds each,
 # or as many connections as the hard limit allows.
 (($(ulimit -n) >= 65536)) || ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 MANY=10000
 NOFILE=$(ulimit -n)
-[[ $NOFILE == unlimited ]] || (((MANY * 4 + 200) <= NOFILE)) || MANY=$(((NOFILE - 200) / 4 / 100 * 100))
+[[ $NOFILE == unlimited ]] || (((MANY * 3 + 200) <= NOFILE)) || MANY=$(((NOFILE - 200) / 3 / 100 * 100))
 WORK=$(mktemp -d /tmp/rsock-bench-apps.XXXXXX)
 SERVER_PID=""
 FAILED=0
