@@ -149,8 +149,8 @@ bool wait_ready(rsock::Stream& s, uint32_t want) {
   const int64_t deadline = now_us() + kWaitMs * 1000ll;
   rsock::Channel& ch = s.channel();
   for (;;) {
-    rsock::WakeHub::PrivateFd own;
-    const rsock::WakeHub::Ticket t = g_wake.join(&own);
+    rsock::SleepWaker own;
+    const rsock::WakeHub::Ticket t = g_wake.join(own.get());
     if (ch.arm(want, rsock::new_sleep_token())) g_wake.kick(true);
     if (ready()) {
       ch.disarm(want);
@@ -163,7 +163,7 @@ bool wait_ready(rsock::Stream& s, uint32_t want) {
       g_wake.leave(t);
       return false;
     }
-    pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.fd, POLLIN, 0}};
+    pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.waker ? t.waker->fd() : -1, POLLIN, 0}};
     poll(p, 2, static_cast<int>(left / 1000) + 1);
     if (ch.drain_wakeups()) g_wake.kick(true);
     ch.disarm(want);
