@@ -264,6 +264,7 @@ int close_span(unsigned first, unsigned last, int flags) {
     ch.own_fds(&keep);
   });
   wakers_own_fds(&keep);  // threads' and epoll sets'
+  pending_own_fds(&keep);
   std::sort(keep.begin(), keep.end());
   unsigned from = first;
   for (int k : keep) {

@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/own_fd.h"
 #include "common/real.h"
@@ -58,10 +59,16 @@ std::condition_variable& work_cv() {
 }
 
 struct Work {
-  PendingState* pending;  // one reference, released at the end
+  PendingState* pending = nullptr;  // one reference, released at the end
   PairJob job;
-  const Config* cfg;
-  int sock;  // a private dup of the application's socket
+  const Config* cfg = nullptr;
+  int sock = -1;  // a private dup of the application's socket
+  // Driven jobs (the driver thread, below): the client's pairing, made once
+  // its TCP handshake is done, and that handshake's wait.
+  std::unique_ptr<Pairing> pairing;
+  bool started = false;
+  bool tcp_waiting = false;
+  int64_t tcp_deadline_ms = 0;
 };
 
 std::atomic<int> g_handovers{0};  // hand_over calls between resolve and the epoll conversion
@@ -95,17 +102,13 @@ void discard(std::unique_ptr<Channel> ch) {
   s.close();
 }
 
-// accept(): the rest of the server side's pairing, then the same hand-over.
-void run_server(Work& w) {
+// accept(): the server side's pairing is over (ran: it finished; else the
+// application closed the fd first): the hand-over.
+void server_done(Work& w, bool ran) {
   PendingState* p = w.pending;
-  Pairing& pairing = *w.job.pairing;
-  pairing.rebind(w.sock);  // the application may close its fd meanwhile
   Fallback why = Fallback::kPairFailed;
   std::unique_ptr<Channel> ch;
-  if (!p->cancelled()) {
-    pairing.run(INT64_MAX);
-    ch = ListenSetup::result(pairing, w.sock, w.job.path, &why);
-  }
+  if (ran) ch = ListenSetup::result(*w.job.pairing, w.sock, w.job.path, &why);
   w.job.pairing.reset();
   const bool counted = !p->cancelled();
   ConnectionState* c = nullptr;
@@ -121,40 +124,21 @@ void run_server(Work& w) {
   p->finish();
 }
 
-// connect(): the TCP handshake, the client side's pairing, the hand-over.
-void run_client(Work& w) {
+// accept(), on a thread of its own: the rest of the server side's pairing.
+void run_server(Work& w) {
+  w.job.pairing->rebind(w.sock);  // the application may close its fd meanwhile
+  const bool run = !w.pending->cancelled();
+  if (run) w.job.pairing->run(INT64_MAX);
+  server_done(w, run);
+}
+
+// connect(): the client side's outcome (ch: the channel, or nullptr and
+// why; counted: the stream counts as a connection in the stats), then the
+// hand-over.
+void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counted) {
   PendingState* p = w.pending;
   PairJob& job = w.job;
   const sockaddr* addr = reinterpret_cast<const sockaddr*>(&job.addr);
-  // The TCP handshake first, bounded like the pairing.
-  pollfd pf = {w.sock, POLLOUT, 0};
-  int pr;
-  do {
-    pr = real().poll(&pf, 1, static_cast<int>(w.cfg->connect_timeout_ms));
-  } while (pr < 0 && errno == EINTR);
-  const bool tcp_up = pr == 1 && pf.revents == POLLOUT;
-
-  std::unique_ptr<Channel> ch;
-  Fallback why = Fallback::kPairFailed;
-  bool counted = true;  // stats: this stream counts as a connection
-  if (!tcp_up) {
-    job.client.reset();
-    // Still connecting: the stream stays on TCP. Failed: the application
-    // reads the error from SO_ERROR, and there is no connection to count.
-    if (pr == 0)
-      why = Fallback::kPairTimeout;
-    else
-      counted = false;
-  } else if (p->cancelled()) {
-    job.client.reset();
-    counted = false;
-  } else {
-    std::unique_ptr<Pairing> pairing = job.client->pairing(w.sock, *w.cfg);
-    pairing->run(INT64_MAX);
-    ch = pairing->take_channel();
-    why = pairing->why();
-  }
-
   ConnectionState* c = nullptr;
   if (ch && !p->cancelled()) {
     c = new_connection(w.sock, std::move(ch), job.path);
@@ -162,10 +146,49 @@ void run_client(Work& w) {
     discard(std::move(ch));
     counted = false;
   }
-  // Before the hand-over, as in run_server.
+  // Before the hand-over, as in server_done.
   if (counted) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
   hand_over(w, c);
   p->finish();
+}
+
+// connect(): the TCP handshake, the client side's pairing, the hand-over.
+// connect(): whether the TCP handshake is over, from a poll for POLLOUT that
+// returned pr with revents. false: it is not, or it failed; then the job is
+// done (client_done ran).
+bool tcp_handshake_done(Work& w, int pr, short revents) {
+  if (pr == 1 && revents == POLLOUT && !w.pending->cancelled()) return true;
+  w.job.client.reset();
+  if (pr == 1 && revents == POLLOUT)
+    client_done(w, nullptr, Fallback::kPairFailed, false);  // the application closed the fd
+  else if (pr == 0)
+    client_done(w, nullptr, Fallback::kPairTimeout, true);  // still connecting: stays on TCP
+  else
+    // Failed: the application reads the error from SO_ERROR, and there is
+    // no connection to count.
+    client_done(w, nullptr, Fallback::kPairFailed, false);
+  return false;
+}
+
+// connect(), on a thread of its own: the TCP handshake, the client side's
+// pairing, the hand-over.
+void run_client(Work& w) {
+  // The TCP handshake first, bounded like the pairing.
+  pollfd pf = {w.sock, POLLOUT, 0};
+  int pr;
+  do {
+    pr = real().poll(&pf, 1, static_cast<int>(w.cfg->connect_timeout_ms));
+  } while (pr < 0 && errno == EINTR);
+  if (!tcp_handshake_done(w, pr, pf.revents)) return;
+  std::unique_ptr<Pairing> pairing = w.job.client->pairing(w.sock, *w.cfg);
+  pairing->run(INT64_MAX);
+  client_done(w, pairing->take_channel(), pairing->why(), true);
+}
+
+void end_job(Work* w) {
+  real().close(w->sock);
+  w->pending->unref();
+  delete w;
 }
 
 void run_job(Work* w) {
@@ -173,9 +196,7 @@ void run_job(Work* w) {
     run_server(*w);
   else
     run_client(*w);
-  real().close(w->sock);
-  w->pending->unref();
-  delete w;
+  end_job(w);
 }
 
 // Takes the next queued job, waiting up to kIdleMs for one (unless kMaxIdle
@@ -208,6 +229,166 @@ void* worker_main(void* arg) {
     w = next_job(lock);
   }
   return nullptr;
+}
+
+// ---- the driver: one thread for every driven pairing ----------------------
+//
+// A thread per pairing blocks in each handshake step; with a burst of
+// connections, each pairing then costs a thread's wakeups and a share of
+// the cores. Driven pairings (Pairing::driven(): shm) are advanced instead
+// by one thread from one poll(): the TCP handshakes of nonblocking
+// connects, then every pairing's wait_fds(), until its wake_at_ms(). It
+// exits after kIdleMs without a job; the next job starts it again.
+// g_driver_efd (made once per process) wakes it for a new job.
+std::vector<Work*>* g_driver_queue;  // jobs it has not taken yet; under g_flight_mu
+bool g_driver_running = false;       // under g_flight_mu
+int g_driver_efd = -1;               // under g_flight_mu
+
+// Advances a driven job without waiting: true when it is done (the
+// hand-over ran).
+bool advance(Work& w, int64_t now) {
+  if (w.job.server) {
+    if (!w.started) {
+      w.started = true;
+      w.job.pairing->rebind(w.sock);  // the application may close its fd meanwhile
+      if (w.pending->cancelled()) {
+        server_done(w, false);
+        return true;
+      }
+    }
+    if (!w.job.pairing->step()) return false;
+    server_done(w, true);
+    return true;
+  }
+  if (!w.started) {
+    w.started = true;
+    w.tcp_waiting = true;
+    w.tcp_deadline_ms = now + w.cfg->connect_timeout_ms;
+  }
+  if (w.tcp_waiting) {
+    pollfd pf = {w.sock, POLLOUT, 0};
+    const int pr = real().poll(&pf, 1, 0);
+    if (pr == 0 && now < w.tcp_deadline_ms) return false;
+    w.tcp_waiting = false;
+    if (!tcp_handshake_done(w, pr, pf.revents)) return true;
+    w.pairing = w.job.client->pairing(w.sock, *w.cfg);
+  }
+  if (!w.pairing->step()) return false;
+  client_done(w, w.pairing->take_channel(), w.pairing->why(), true);
+  return true;
+}
+
+void* driver_main(void*) {
+  pthread_setname_np(pthread_self(), "rsock-pairing");  // as worker_main
+  std::vector<Work*> jobs;
+  std::vector<pollfd> pfds;
+  std::vector<size_t> first;  // jobs[i]'s entries in pfds start here
+  int64_t idle_since = monotonic_ms();
+  for (;;) {
+    int efd;
+    {
+      std::lock_guard<std::mutex> lock(g_flight_mu);
+      jobs.insert(jobs.end(), g_driver_queue->begin(), g_driver_queue->end());
+      g_driver_queue->clear();
+      if (jobs.empty() && monotonic_ms() - idle_since >= kIdleMs) {
+        g_driver_running = false;
+        return nullptr;
+      }
+      efd = g_driver_efd;
+    }
+    int64_t now = monotonic_ms();
+    // What every job waits for. A job just taken is advanced at once (its
+    // first step may need no wait at all).
+    pfds.assign(1, {efd, POLLIN, 0});
+    first.assign(jobs.size() + 1, 0);
+    int64_t wake = jobs.empty() ? idle_since + kIdleMs : INT64_MAX;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      first[i] = pfds.size();
+      Work& w = *jobs[i];
+      if (!w.started) {
+        wake = now;
+      } else if (w.tcp_waiting) {
+        pfds.push_back({w.sock, POLLOUT, 0});
+        wake = std::min(wake, w.tcp_deadline_ms);
+      } else {
+        Pairing& p = w.job.server ? *w.job.pairing : *w.pairing;
+        pollfd tmp[Pairing::kMaxWaitFds];
+        const int n = p.wait_fds(tmp);
+        pfds.insert(pfds.end(), tmp, tmp + n);
+        wake = std::min(wake, p.wake_at_ms());
+      }
+    }
+    first[jobs.size()] = pfds.size();
+    const int64_t left = wake <= now ? 0 : std::min<int64_t>(wake - now, kIdleMs);
+    const int rc = real().poll(pfds.data(), pfds.size(), static_cast<int>(left));
+    if (rc > 0 && pfds[0].revents) {
+      uint64_t v;
+      (void)!real().read(efd, &v, sizeof v);
+    }
+    now = monotonic_ms();
+    size_t kept = 0;
+    int done = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      Work& w = *jobs[i];
+      bool fired = !w.started;
+      for (size_t k = first[i]; k < first[i + 1] && !fired; ++k) fired = pfds[k].revents != 0;
+      if (!fired) {
+        Pairing* p = w.job.server ? w.job.pairing.get() : w.pairing.get();
+        fired = now >= (w.tcp_waiting || !p ? w.tcp_deadline_ms : p->wake_at_ms());
+      }
+      if (fired && advance(w, now)) {
+        end_job(&w);
+        ++done;
+        continue;
+      }
+      jobs[kept++] = &w;
+    }
+    jobs.resize(kept);
+    if (done > 0) {
+      std::lock_guard<std::mutex> lock(g_flight_mu);
+      g_in_flight -= done;
+      flight_cv().notify_all();
+    }
+    if (!jobs.empty()) idle_since = now;
+  }
+}
+
+// Starts a detached thread that takes no signal of the application's.
+int spawn(void* (*fn)(void*), void* arg) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_t t;
+  const int rc = pthread_create(&t, &attr, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+  return rc;
+}
+
+// Gives a driven job to the driver, started if it is not running. Returns
+// 0 (the job is the driver's, and counted in flight) or a positive errno.
+int drive(Work* w) {
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  if (g_driver_queue == nullptr) g_driver_queue = new std::vector<Work*>;  // never freed
+  if (g_driver_efd < 0) {
+    g_driver_efd = lift_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (g_driver_efd < 0) return errno;
+  }
+  g_driver_queue->push_back(w);
+  if (g_driver_running) {
+    const uint64_t one = 1;
+    (void)!real().write(g_driver_efd, &one, sizeof one);
+  } else if (const int rc = spawn(driver_main, nullptr); rc != 0) {
+    g_driver_queue->pop_back();
+    return rc;
+  } else {
+    g_driver_running = true;
+  }
+  ++g_in_flight;
+  return 0;
 }
 
 }  // namespace
@@ -280,9 +461,22 @@ int pending_start(PairJob& job, const Config& cfg) {
     return -err;
   }
   auto* p = new PendingState(fd, efd);
-  auto* w = new Work{p, std::move(job), &cfg, sock};
+  auto* w = new Work;
+  w->pending = p;
+  w->job = std::move(job);
+  w->cfg = &cfg;
+  w->sock = sock;
   p->ref();  // the worker's
   fd_table().set(fd, p);
+  const bool driven = w->job.server ? w->job.pairing->driven() : w->job.client->driven();
+  if (driven) {
+    const int rc = drive(w);
+    if (rc == 0) {
+      p->unref();  // the table's reference remains
+      return 0;
+    }
+    LOG_WARN("pairing thread: %s; a thread of its own for fd %d", strerror(rc), fd);
+  }
   {
     // An idle worker takes it.
     std::lock_guard<std::mutex> lock(g_flight_mu);
@@ -298,20 +492,11 @@ int pending_start(PairJob& job, const Config& cfg) {
 
   // A new worker. It takes no signal of the application's, and needs no
   // joining.
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
   {
     std::lock_guard<std::mutex> lock(g_flight_mu);
     ++g_in_flight;
   }
-  pthread_t t;
-  int rc = pthread_create(&t, &attr, worker_main, w);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  pthread_attr_destroy(&attr);
+  const int rc = spawn(worker_main, w);
   if (rc == 0) {
     p->unref();  // the table's reference remains
     return 0;
@@ -328,6 +513,11 @@ int pending_start(PairJob& job, const Config& cfg) {
   delete w;
   LOG_WARN("connect fd %d: no pairing thread (%s); pairing in connect()", fd, strerror(rc));
   return -rc;
+}
+
+void pending_own_fds(std::vector<int>* out) {
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  if (g_driver_efd >= 0) out->push_back(g_driver_efd);
 }
 
 bool pending_handover_in_flight() { return g_handovers.load(std::memory_order_seq_cst) != 0; }
@@ -386,6 +576,11 @@ void pending_after_fork_child() {
   // workers) do not exist here, and must not take a notification.
   g_in_flight = 0;
   g_idle = 0;
+  // Nor a driver: its eventfd is the parent's too (a read here would eat a
+  // wakeup of the parent's driver).
+  g_driver_running = false;
+  if (g_driver_efd >= 0) real().close(g_driver_efd);
+  g_driver_efd = -1;
   new (&flight_cv()) std::condition_variable;
   new (&work_cv()) std::condition_variable;
   g_flight_mu.unlock();

@@ -29,6 +29,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "fdtable/fdtable.h"
 #include "socket/interruptible.h"
@@ -105,6 +106,10 @@ FdRef pending_settle(int fd, FdRef r);
 // has no state left, or the conversion could act on the fd number after
 // it names another file.
 bool pending_handover_in_flight();
+
+// The descriptor librsock keeps for background pairing (the driver thread's
+// eventfd), which close_range and closefrom must leave open.
+void pending_own_fds(std::vector<int>* out);
 
 // Waits (bounded) for every pairing in flight (exec).
 void pending_before_fork();

@@ -19,6 +19,8 @@
 // object over.
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <memory>
 
@@ -33,6 +35,21 @@ class Pairing {
 
   // Advances until finished (true) or until limit_ms has passed (false).
   virtual bool run(int64_t limit_ms) = 0;
+
+  // A driven pairing can be advanced without ever waiting, so that one
+  // thread drives every such pairing of the process from one poll()
+  // (socket/pending.cpp): wait_fds() says what it waits for now, wake_at_ms()
+  // when it must be stepped even if none of those fired (its deadline, a
+  // retry), and step() advances it as far as it can without waiting. A
+  // pairing that is not driven (rdma: rdma_cm and verbs calls that block)
+  // runs on a thread of its own through run().
+  static constexpr int kMaxWaitFds = 16;
+  virtual bool driven() const { return false; }
+  // Fills out[0..n) (n <= kMaxWaitFds) and returns n.
+  virtual int wait_fds(pollfd* out) { return 0; }
+  virtual int64_t wake_at_ms() const { return INT64_MAX; }
+  // Advances without waiting: true when finished (as run()).
+  virtual bool step() { return run(0); }
 
   // From now on, reach the TCP socket through tcp_fd: another descriptor
   // of the same socket (the background thread's private dup, which the

@@ -21,6 +21,7 @@ class ShmClientSetup final : public ClientSetup {
     if (fd_ >= 0) real().close(fd_);
   }
   Path path() const override { return Path::kShm; }
+  bool driven() const override { return true; }
   std::unique_ptr<Pairing> pairing(int sock, const Config& cfg) override {
     const int fd = fd_;
     fd_ = -1;  // the pairing's now

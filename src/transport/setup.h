@@ -27,6 +27,9 @@ class ClientSetup {
  public:
   virtual ~ClientSetup() = default;
   virtual Path path() const = 0;
+  // Whether its pairing will be driven (Pairing::driven()): a background
+  // pairing of a driven kind shares the driver thread from the start.
+  virtual bool driven() const { return false; }
   // After the TCP connect of sock succeeded: the pairing, which takes over
   // what was set up. Called at most once.
   virtual std::unique_ptr<Pairing> pairing(int sock, const Config& cfg) = 0;

@@ -43,6 +43,47 @@ TEST_F(StormTest, NonblockingConnectStorm) {
   expect_fallbacks(*ss, {}, "server");
 }
 
+// Pairing threads (rs_storm --count-threads): 160 connections, 16 at a
+// time, both ends preloaded. Every background pairing of shared memory is
+// driven by one thread per process (socket/pending.cpp, the driver), so a
+// burst never holds more than one; a thread per pairing showed up to 16 in
+// the client and 4-8 in the server.
+TEST_F(StormTest, ABurstIsPairedByOneThread) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string n = "160";
+  Env env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+  bool ready = false;
+  Proc& server = start_server("server", "rs_storm",
+                              {"--role", "server", "--port", std::to_string(port), "--connections",
+                               n, "--count-threads", "1"},
+                              env, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client = spawn("client", "rs_storm",
+                       {"--role", "client", "--port", std::to_string(port), "--connections", n,
+                        "--burst", "16", "--count-threads", "1"},
+                       env);
+  ASSERT_TRUE(wait_exit(client, 120000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << client.describe();
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  EXPECT_EQ(parse_result(client.out(), "RESULT")["connected"], n);
+  EXPECT_EQ(parse_result(server.out(), "RESULT")["accepted"], n);
+  const std::string cmax = parse_result(client.out(), "PAIRING")["max_threads"];
+  const std::string smax = parse_result(server.out(), "PAIRING")["max_threads"];
+  ASSERT_FALSE(cmax.empty()) << client.out();
+  ASSERT_FALSE(smax.empty()) << server.out();
+  EXPECT_LE(std::stoi(cmax), 1) << "client pairing threads";
+  EXPECT_LE(std::stoi(smax), 1) << "server pairing threads";
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  expect_paths(*cs, 160, 0, "client");
+  expect_paths(*ss, 160, 0, "server");
+  expect_fallbacks(*cs, {}, "client");
+  expect_fallbacks(*ss, {}, "server");
+}
+
 // Sparse traffic (rs_sparse): 300 connections in one epoll set that three
 // server threads wait on (EPOLLONESHOT, re-armed by MOD), and 800 rounds of
 // messages to 1-8 random connections with pauses, so that most connections

@@ -13,8 +13,13 @@
 //       N connections, K at a time: K nonblocking connect()s (EINPROGRESS),
 //       poll() for POLLOUT, SO_ERROR must be 0, one byte written, close().
 //       Prints "RESULT connected=N" and exits 0 iff every one connected.
+//   --count-threads 1 (either role): also counts this process's threads
+//       whose name starts with "rsock-pair" (librsock's pairing threads)
+//       after every burst or accept batch, and prints "PAIRING
+//       max_threads=M", the most it saw at once.
 // Every wait is bounded (10 s); exit 1 on any failure, 2 on bad usage.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -32,6 +37,32 @@
 namespace {
 
 constexpr int kWaitMs = 10000;
+
+bool g_count_threads = false;
+int g_max_threads = 0;
+
+// Notes how many of this process's threads are librsock's pairing threads.
+void sample_threads() {
+  if (!g_count_threads) return;
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return;
+  int n = 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], name[64] = {};
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE* f = fopen(path, "re");
+    if (!f) continue;
+    if (fgets(name, sizeof name, f) && strncmp(name, "rsock-pair", 10) == 0) ++n;
+    fclose(f);
+  }
+  closedir(d);
+  if (n > g_max_threads) g_max_threads = n;
+}
+
+void report_threads() {
+  if (g_count_threads) printf("PAIRING max_threads=%d\n", g_max_threads);
+}
 
 int usage() {
   fprintf(stderr, "usage: rs_storm --role server|client --port P --connections N [--burst K]\n");
@@ -71,6 +102,7 @@ int run_server(const sockaddr_in& a, long n) {
           e.data.fd = c;
           epoll_ctl(ep, EPOLL_CTL_ADD, c, &e);
         }
+        sample_threads();
         continue;
       }
       char buf[256];
@@ -84,6 +116,7 @@ int run_server(const sockaddr_in& a, long n) {
     }
   }
   printf("RESULT accepted=%ld bytes=%ld\n", ended, bytes);
+  report_threads();
   return 0;
 }
 
@@ -101,8 +134,10 @@ int run_client(const sockaddr_in& a, long n, int burst) {
         return 1;
       }
     }
+    sample_threads();
     for (int left = k; left > 0;) {
       int r = poll(p.data(), static_cast<nfds_t>(k), kWaitMs);
+      sample_threads();
       if (r <= 0) {
         fprintf(stderr, "client: poll: %s\n", r < 0 ? strerror(errno) : "timeout");
         return 1;
@@ -125,6 +160,7 @@ int run_client(const sockaddr_in& a, long n, int burst) {
     done += k;
   }
   printf("RESULT connected=%ld\n", connected);
+  report_threads();
   return 0;
 }
 
@@ -144,6 +180,8 @@ int main(int argc, char** argv) {
       n = atol(argv[i + 1]);
     else if (k == "--burst")
       burst = atoi(argv[i + 1]);
+    else if (k == "--count-threads")
+      g_count_threads = atoi(argv[i + 1]) != 0;
     else
       return usage();
   }

@@ -300,6 +300,44 @@ class ShmServerPairing final : public Pairing {
     }
     return true;
   }
+
+  bool driven() const override { return true; }
+  int wait_fds(pollfd* out) override {
+    if (stage_ != Stage::kAwaitProof && stage_ != Stage::kAwaitAnswer) return 0;
+    out[0] = {conn_, POLLIN, 0};
+    return 1;
+  }
+  int64_t wake_at_ms() const override {
+    return stage_ == Stage::kConnect ? std::min(retry_at_, deadline_) : deadline_;
+  }
+  bool step() override {
+    // A few passes at most: each either finishes, moves to the next stage
+    // or finds nothing to do.
+    for (int pass = 0; pass < 8 && stage_ != Stage::kDone; ++pass) {
+      const int64_t now = monotonic_ms();
+      if (stage_ == Stage::kConnect && now >= deadline_) {
+        connect_step(now, true);
+        return true;
+      }
+      if (now >= deadline_) return timed_out();
+      if (stage_ == Stage::kConnect) {
+        if (now < retry_at_) return false;
+        if (!connect_step(now, false)) {
+          retry_at_ = now + 1;  // the rendezvous's backlog is full
+          return false;
+        }
+        continue;
+      }
+      int w = wait_readable(conn_, 0);
+      if (w < 0) return finish(Fallback::kPairFailed);
+      if (w == 0) return false;
+      if (stage_ == Stage::kAwaitProof)
+        on_proof();
+      else
+        on_answer();
+    }
+    return stage_ == Stage::kDone;
+  }
   void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
   std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
   Fallback why() const override { return why_; }
@@ -330,10 +368,12 @@ class ShmServerPairing final : public Pairing {
   }
 
   // late: the deadline has passed; only find out whether the client waits.
-  void connect_step(int64_t until, bool late) {
+  // false: the rendezvous's backlog is full, try again (after a pause of up
+  // to a millisecond before `until`).
+  bool connect_step(int64_t until, bool late) {
     if (!have_ends_ && !(have_ends_ = fd_addrs(tcp_fd_, &ends_[0], &ends_[1]))) {
       finish(Fallback::kPairFailed);
-      return;
+      return true;
     }
     const WireAddr& local = ends_[0];
     const WireAddr& peer = ends_[1];
@@ -341,7 +381,7 @@ class ShmServerPairing final : public Pairing {
       conn_ = lift_fd(real().socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (conn_ < 0) {
       finish(Fallback::kResources);
-      return;
+      return true;
     }
     char name[96];
     client_name(local, peer.port, name, sizeof name);
@@ -350,22 +390,22 @@ class ShmServerPairing final : public Pairing {
     if (real().connect(conn_, reinterpret_cast<sockaddr*>(&un), ulen) != 0) {
       if (errno == EAGAIN && late) {
         finish(Fallback::kPairTimeout);
-        return;
+        return true;
       }
       if (errno == EAGAIN) {
         // The rendezvous's backlog is full (a flood): its owner drains it.
         const int64_t left = until - monotonic_ms();
         if (left > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(left, 1) * 1000));
-        return;
+        return false;
       }
       // No rendezvous: a client without librsock (or one that gave up).
       finish(errno == ECONNREFUSED || errno == ENOENT ? Fallback::kPeerNotAccelerated
                                                       : Fallback::kPairFailed);
-      return;
+      return true;
     }
     if (late) {
       finish(Fallback::kPairTimeout);
-      return;
+      return true;
     }
     // Whoever holds the name must be the user who owns the client's socket:
     // a squatter of another user is turned away before it can stall us.
@@ -374,7 +414,7 @@ class ShmServerPairing final : public Pairing {
     int rc = peer_socket_of(local, peer, &client_);
     if (rc != 0 || real().getsockopt(conn_, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
       finish(Fallback::kPairFailed);
-      return;
+      return true;
     }
     if (cred.uid != client_.uid) {
       LOG_INFO("shm pairing: the client's rendezvous is held by uid %u (pid %d), its connection "
@@ -382,21 +422,22 @@ class ShmServerPairing final : public Pairing {
                cred.uid, static_cast<int>(cred.pid), client_.uid);
       stats_reject(Reject::kUnproven);
       finish(Fallback::kPeerUnproven);
-      return;
+      return true;
     }
     int proof = possession_proof(tcp_fd_);
     if (proof < 0) {
       finish(Fallback::kResources);
-      return;
+      return true;
     }
     HelloMsg hello = {static_cast<uint32_t>(MsgType::kHello), kHandshakeVersion};
     rc = send_msg(conn_, &hello, sizeof hello, &proof, 1);
     real().close(proof);
     if (rc != 0) {
       finish(when_peer_left(rc));  // (the client closes its rendezvous at its deadline)
-      return;
+      return true;
     }
     stage_ = Stage::kAwaitProof;
+    return true;
   }
 
   void on_proof() {
@@ -464,6 +505,7 @@ class ShmServerPairing final : public Pairing {
   WireAddr ends_[2] = {};  // the connection's local and peer address
   bool have_ends_ = false;
   Stage stage_ = Stage::kConnect;
+  int64_t retry_at_ = 0;  // step(): when a full rendezvous backlog is tried again
   int conn_ = -1;
   PeerSocket client_;  // the client's TCP socket, from sock_diag
   uint64_t nonce_ = 0;
@@ -503,7 +545,8 @@ class ShmClientPairing final : public Pairing {
       const int64_t until = std::min(limit_ms, deadline_);
       if (server_ < 0) {
         Fallback why;
-        if (!look_for_server(until, &why)) return finish(why);
+        bool idle = false;
+        if (!look_for_server(until, &why, &idle)) return finish(why);
         continue;
       }
       int w = wait_readable(server_, until);
@@ -511,6 +554,44 @@ class ShmClientPairing final : public Pairing {
       if (w > 0) on_offer();
     }
     return true;
+  }
+
+  bool driven() const override { return true; }
+  int wait_fds(pollfd* out) override {
+    if (done_) return 0;
+    if (server_ >= 0) {
+      out[0] = {server_, POLLIN, 0};
+      return 1;
+    }
+    int n = 0;
+    if (candidates_.size() < kMaxCandidates) out[n++] = {listener_, POLLIN, 0};
+    for (const Candidate& c : candidates_) out[n++] = {c.fd, POLLIN, 0};
+    return n;
+  }
+  int64_t wake_at_ms() const override {
+    // A full house frees a slot once its oldest connector has been silent
+    // for kSilentGraceMs.
+    if (server_ < 0 && candidates_.size() == kMaxCandidates)
+      return std::min(deadline_, candidates_[0].since_ms + kSilentGraceMs + 1);
+    return deadline_;
+  }
+  bool step() override {
+    for (int pass = 0; pass < 8 && !done_; ++pass) {
+      const int64_t now = monotonic_ms();
+      if (now >= deadline_) return finish(Fallback::kPairTimeout);
+      if (server_ < 0) {
+        Fallback why;
+        bool idle = false;
+        if (!look_for_server(now, &why, &idle)) return finish(why);
+        if (idle) return false;
+        continue;
+      }
+      int w = wait_readable(server_, 0);
+      if (w < 0) return finish(Fallback::kPairFailed);
+      if (w == 0) return false;
+      on_offer();
+    }
+    return done_;
   }
   void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
   std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
@@ -558,8 +639,9 @@ class ShmClientPairing final : public Pairing {
     candidates_.clear();
   }
 
-  // Waits for connectors and their hellos. false: the pairing ends (*why).
-  bool look_for_server(int64_t until, Fallback* why) {
+  // Waits for connectors and their hellos until `until` (not at all when it
+  // has passed). false: the pairing ends (*why). *idle: nothing came.
+  bool look_for_server(int64_t until, Fallback* why, bool* idle) {
     // A full house leaves further connectors in the kernel's backlog (a
     // server there retries); a slot frees when a connector that has been
     // silent for kSilentGraceMs is dropped. A real server sends its hello
@@ -577,8 +659,10 @@ class ShmClientPairing final : public Pairing {
     int rc = real().poll(p, static_cast<nfds_t>(n), static_cast<int>(left < 0 ? 0 : left));
     if (rc < 0) {
       *why = Fallback::kPairFailed;
+      *idle = true;
       return errno == EINTR;
     }
+    *idle = rc == 0;
     for (size_t i = n - 1; i >= 1; --i) {
       if (!p[i].revents) continue;
       switch (check_hello(candidates_[i - 1].fd)) {
