@@ -280,9 +280,16 @@ bool advance(Work& w, int64_t now) {
 
 void* driver_main(void*) {
   pthread_setname_np(pthread_self(), "rsock-pairing");  // as worker_main
-  std::vector<Work*> jobs;
-  std::vector<pollfd> pfds;
-  std::vector<size_t> first;  // jobs[i]'s entries in pfds start here
+  // The driver's lists live in static storage, not on its stack: a fork's
+  // child has no driver thread, and what its stack held would be a leak
+  // there. One driver runs at a time (g_driver_running), and a leaving one
+  // touches them no more once it has cleared that flag.
+  static std::vector<Work*>* jobs_p = new std::vector<Work*>;     // never freed
+  static std::vector<pollfd>* pfds_p = new std::vector<pollfd>;   // never freed
+  static std::vector<size_t>* first_p = new std::vector<size_t>;  // never freed
+  std::vector<Work*>& jobs = *jobs_p;
+  std::vector<pollfd>& pfds = *pfds_p;
+  std::vector<size_t>& first = *first_p;  // jobs[i]'s entries in pfds start here
   int64_t idle_since = monotonic_ms();
   for (;;) {
     int efd;
