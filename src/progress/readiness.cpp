@@ -90,6 +90,8 @@ struct EpollMember {
     ConnectionState* c = conn();
     return c ? c->stream().channel().wait_fd() : st.as<PendingState>()->event_fd();
   }
+  // How the kernel watches wait_fd for it (kernel_events).
+  uint32_t kernel_mask = EPOLLIN;
   // A converted member's former pairing, whose eventfd stays registered
   // until a wait has seen it fire (it wakes a waiter that slept through
   // the conversion).
@@ -142,6 +144,20 @@ struct EpollMember {
   EpollMember* next = nullptr;
   bool linked = false;
 };
+
+// The kernel registration of a member's wakeup fd: level-triggered EPOLLIN,
+// drained by us. While a direction of the connection still moves its bytes
+// on the kernel socket (Stream::rx_on_tcp, tx_on_tcp), the socket's own
+// readiness is the member's, and an application that leaves those bytes
+// unread (or a socket that stays writable) would keep a level-triggered
+// registration firing: edge-triggered then, with EPOLLOUT, until both
+// directions have switched (collect() changes it back).
+uint32_t kernel_events(const EpollMember& m) {
+  ConnectionState* c = m.conn();
+  if (c && (c->stream().rx_on_tcp() || c->stream().tx_on_tcp()))
+    return EPOLLIN | EPOLLOUT | EPOLLET;
+  return EPOLLIN;
+}
 
 // Sleeps without an event after which a member goes dormant.
 constexpr uint8_t kQuietSleeps = 4;
@@ -380,6 +396,16 @@ int collect(EpollState& s, epoll_event* out, int max) {
     // of idle members.
     Stream& st = m.conn()->stream();
     StreamEvents ev = st.events(!st.channel().wait_fd_shows_carrier());
+    if (m.kernel_mask != EPOLLIN && !m.wait_shared) {
+      // Both directions switched since: back to the level-triggered watch.
+      const uint32_t k = kernel_events(m);
+      if (k != m.kernel_mask) {
+        epoll_event kev = {};
+        kev.events = m.kernel_mask = k;
+        kev.data.u64 = kTag | static_cast<uint32_t>(m.fd);
+        real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.wait_fd(), &kev);
+      }
+    }
     uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
     if (m.events & EPOLLET) {
       bool fresh = (mask & ~m.last_mask) != 0 || ((mask & EPOLLIN) && ev.rx_gen != m.last_rx) ||
@@ -744,7 +770,10 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       nfds_t k = n;
       for (nfds_t i = 0; i < n; ++i) {
         if (ConnectionState* c = as_conn(refs[i])) {
-          kfds[i] = {c->stream().channel().wait_fd(), POLLIN, 0};
+          // A sending side still on the kernel socket waits for its POLLOUT.
+          const bool out = (fds[i].events & POLLOUT) && c->stream().tx_on_tcp();
+          kfds[i] = {c->stream().channel().wait_fd(),
+                     static_cast<short>(POLLIN | (out ? POLLOUT : 0)), 0};
         } else {
           kfds[i] = {fds[i].fd, fds[i].events, 0};
         }
@@ -911,7 +940,7 @@ void unregister(EpollState& s, EpollMember& m) {
   });
   if (heir) {
     epoll_event kev = {};
-    kev.events = EPOLLIN;
+    kev.events = heir->kernel_mask;
     kev.data.u64 = kTag | static_cast<uint32_t>(heir->fd);
     real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.wait_fd(), &kev);
     if (twins == 1) heir->wait_shared = false;
@@ -1145,7 +1174,7 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   EpollMember m;
   m.st = std::move(st);
   epoll_event kev = {};
-  kev.events = EPOLLIN;
+  kev.events = m.kernel_mask = kernel_events(m);
   kev.data.u64 = kTag | static_cast<uint32_t>(fd);
   if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
     if (errno != EEXIST) return -errno;
@@ -1184,11 +1213,11 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
       // Watch the channel from now on; the pairing's eventfd stays until a
       // wait sees it fire, so that a thread asleep in epoll_wait wakes up.
       epoll_event kev = {};
-      kev.events = EPOLLIN;
       kev.data.u64 = kTag | static_cast<uint32_t>(fd);
       outcome->ref();
       m.stale = std::move(m.st);
       m.st = FdRef(outcome);
+      kev.events = m.kernel_mask = kernel_events(m);
       outcome->epoll_refs.fetch_add(1);
       real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev);
       m.last_mask = 0;

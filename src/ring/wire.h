@@ -12,7 +12,7 @@
 namespace rsock {
 
 inline constexpr uint64_t kRegionMagic = 0x31726b636f737272ull;  // "rrsockr1"
-inline constexpr uint32_t kProtocolVersion = 4;
+inline constexpr uint32_t kProtocolVersion = 5;
 inline constexpr size_t kCacheLine = 64;
 
 // Control words of one direction. The producer writes `head`,
@@ -79,8 +79,23 @@ struct EndpointControl {
   // byte makes the end a reset, as the kernel resets a socket closed with
   // unread data.
   std::atomic<uint64_t> read;
+  // Starting on TCP (version 5, docs/protocol.md section 10): a stream
+  // begins on the kernel socket, and each direction moves to its ring at a
+  // byte count its sender announces. `switch_at`: the bytes this end wrote
+  // to the kernel socket before it switched (kNotSwitched until then);
+  // `tcp_sent` and `tcp_read`: the bytes this end has written to and read
+  // from the kernel socket so far as data (the prefixes), kept here so that
+  // a fork's child or an exec'd image that takes the end over goes on from
+  // them; `attached`: 1 once this end's receive path looks at the region
+  // (before that the peer must not switch: its doorbells would read as
+  // data here).
+  std::atomic<uint64_t> switch_at;
+  std::atomic<uint64_t> tcp_sent;
+  std::atomic<uint64_t> tcp_read;
+  std::atomic<uint32_t> attached;
 };
 static_assert(sizeof(EndpointControl) == kCacheLine);
+inline constexpr uint64_t kNotSwitched = ~uint64_t{0};
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 // Which process, of those holding one end (fork, exec), moves its bytes

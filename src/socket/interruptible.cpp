@@ -138,9 +138,9 @@ bool first_handler(const sigset_t& set, struct sigaction* sa) {
 }
 
 // The fallback when no signalfd can be made: any handler ends the sleep.
-int plain_sleep(int fd, int also_fd, int64_t deadline_ns, OnSignal on_signal) {
+int plain_sleep(int fd, int also_fd, int64_t deadline_ns, OnSignal on_signal, short events) {
   for (;;) {
-    pollfd p[2] = {{fd, POLLIN, 0}, {also_fd, POLLIN, 0}};
+    pollfd p[2] = {{fd, events, 0}, {also_fd, POLLIN, 0}};
     const int ms = poll_ms(deadline_ns);
     if (ms == 0 && deadline_ns >= 0) return 0;
     int rc = real().poll(p, 2, ms);
@@ -153,7 +153,7 @@ int plain_sleep(int fd, int also_fd, int64_t deadline_ns, OnSignal on_signal) {
 
 }  // namespace
 
-int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
+int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd, short events) {
   // Every signal blocked while we sleep: one that arrives stays pending, and
   // the signalfd of the signals this thread had unblocked turns readable
   // (a process-directed signal that another thread can take goes there
@@ -164,7 +164,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
   sigset_t all, old;
   sigfillset(&all);
   if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0)
-    return plain_sleep(fd, also_fd, deadline_ns, on_signal);
+    return plain_sleep(fd, also_fd, deadline_ns, on_signal, events);
   sigset_t watch;
   sigemptyset(&watch);
   for (int sig = 1; sig < NSIG; ++sig)
@@ -173,7 +173,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
   int sfd = signalfd_for(watch, &fresh);
   if (sfd < 0) {
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    return plain_sleep(fd, also_fd, deadline_ns, on_signal);
+    return plain_sleep(fd, also_fd, deadline_ns, on_signal, events);
   }
   int result = 0;
   for (;;) {
@@ -183,7 +183,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
       break;
     }
     // A negative fd is ignored by poll.
-    pollfd p[3] = {{fd, POLLIN, 0}, {sfd, POLLIN, 0}, {also_fd, POLLIN, 0}};
+    pollfd p[3] = {{fd, events, 0}, {sfd, POLLIN, 0}, {also_fd, POLLIN, 0}};
     const int rc = real().poll(p, 3, ms);
     if (rc < 0) {
       if (errno == EINTR) continue;  // glibc's setxid handler ran (SA_RESTART)
@@ -196,7 +196,7 @@ int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd) {
       sfd = new_signalfd(watch);
       if (sfd < 0) {
         pthread_sigmask(SIG_SETMASK, &old, nullptr);
-        return plain_sleep(fd, also_fd, deadline_ns, on_signal);
+        return plain_sleep(fd, also_fd, deadline_ns, on_signal, events);
       }
       fresh = true;
       continue;

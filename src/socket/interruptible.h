@@ -19,6 +19,8 @@
 // path that does not sleep. Thread-safety: everything is per calling thread.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <cstdint>
 
@@ -43,7 +45,8 @@ enum class OnSignal : uint8_t {
 // handler had SA_RESTART). The handlers have run when it returns. Should
 // the signalfd not be available (no fd left), it sleeps in a plain poll,
 // where any handler means -EINTR.
-int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd = -1);
+int sleep_on_fd(int fd, int64_t deadline_ns, OnSignal on_signal, int also_fd = -1,
+                short events = POLLIN);
 
 // Sleeps while *word == expected: returns 0 when woken (or the value had
 // changed), -ETIMEDOUT at deadline_ns, -EINTR when a handler ends the call.

@@ -90,6 +90,7 @@ void hand_over(Work& w, ConnectionState* c) {
   if (c) {
     // Options the application set while we paired (F_SETFL, SO_RCVTIMEO).
     connection_options_from(w.sock, c);
+    c->stream().attach();  // our receive path reads the region: the peer may switch
     c->unref();  // the PendingState and the fds hold it
   }
 }

@@ -50,7 +50,8 @@ int64_t timeval_us(int fd, int opt) {
 void attach(int fd, std::unique_ptr<Channel> ch, Path path) {
   ConnectionState* c = new_connection(fd, std::move(ch), path);
   fd_table().set(fd, c);
-  c->unref();  // the table holds it now
+  c->stream().attach();  // our receive path reads the region: the peer may switch
+  c->unref();            // the table holds it now
 }
 
 // Iovec cursor: the part of an iovec array not yet transferred. Up to
@@ -148,6 +149,37 @@ void ConnectionState::on_last_close() {
   stats_bytes(stream_.bytes_sent(), stream_.bytes_received());
 }
 
+namespace {
+
+// conn_wait for a direction that still moves its bytes on the kernel socket
+// (Stream::rx_on_tcp, tx_on_tcp): the socket's POLLIN or POLLOUT ends the
+// sleep, as do the peer's switch (its doorbell) and another thread's kick.
+int tcp_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on_signal) {
+  for (;;) {
+    SleepWaker waker;
+    const WakeHub::Ticket t = c.wake.join_blocking(waker.get());
+    const StreamEvents ev = c.stream().events(false);
+    if (want == kWantData ? ev.readable : ev.writable) {
+      c.wake.leave(t);
+      return 0;
+    }
+    if (deadline_ns >= 0 && deadline_ns <= monotonic_ns()) {
+      c.wake.leave(t);
+      return -EAGAIN;
+    }
+    int64_t until = deadline_ns;
+    const int64_t slice = monotonic_ns() + WakeHub::kBlindSliceNs;
+    if (!t.waker && (until < 0 || until > slice)) until = slice;
+    const int rc = sleep_on_fd(c.stream().channel().kernel_socket(), until, on_signal,
+                               t.waker ? t.waker->fd() : -1, want == kWantData ? POLLIN : POLLOUT);
+    c.wake.leave(t);
+    if (rc == -EINTR || rc == -ERESTART) return rc;
+    return 0;  // the caller's retry looks (it may find the direction switched)
+  }
+}
+
+}  // namespace
+
 int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on_signal) {
   auto ready = [&] {
     StreamEvents ev = c.stream().events(false);
@@ -156,6 +188,9 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
   // Spin briefly: a peer that answers within the spin costs no syscall
   // (SpinGovernor shortens it for a peer that never does).
   if (ready()) return 0;
+  // A direction still on the kernel socket waits for the socket itself.
+  if (want == kWantData ? c.stream().rx_on_tcp() : c.stream().tx_on_tcp())
+    return tcp_wait(c, want, deadline_ns, on_signal);
   const int64_t spin_end = monotonic_ns() + c.spin.budget(spin_ns());
   // No PAUSE here: under emulation (TCG) and hypervisors with pause-loop
   // exiting it leaves the vCPU, which costs far more than the check.
@@ -309,8 +344,18 @@ int conn_shutdown(ConnectionState& c, int how) {
   // FINs exchanged): applied, but ENOTCONN.
   const bool closed = c.stream().closed();
   // The kernel socket is left open in both directions: it carries the
-  // doorbells and liveness until close().
-  c.stream().shutdown(how != SHUT_WR, how != SHUT_RD);
+  // doorbells and liveness until close(). A FIN goes behind our bytes on
+  // the kernel socket, so our sender switches first: at once unless the
+  // peer's side of the pairing is still being handed over (bounded).
+  const int64_t give_up = monotonic_ns() + 10'000'000'000;
+  while (c.stream().shutdown(how != SHUT_WR, how != SHUT_RD) == -EAGAIN) {
+    if (monotonic_ns() > give_up) {
+      LOG_WARN("shutdown: the peer never took the connection over from TCP; resetting it");
+      c.stream().abort_stuck_switch();
+      break;
+    }
+    usleep(200);
+  }
   // No doorbell tells this process's own sleepers (a thread blocked in
   // recv, send or epoll_wait on the connection): kernel TCP wakes them at
   // once, and stopping a reader thread with shutdown() relies on it. Every

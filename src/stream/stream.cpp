@@ -7,19 +7,35 @@
 #include "stream/stream.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <new>
 
+#include "common/real.h"
+
 namespace rsock {
 
 Stream::Stream(std::unique_ptr<Channel> channel)
     : channel_(std::move(channel)),
+      prefix_(channel_->tcp_prefix()),
       ledger_(channel_->ring_bytes()),
-      window_(channel_->ring_bytes()) {}
+      window_(channel_->ring_bytes()) {
+  if (prefix_ != nullptr) {
+    // Where the end stands: fresh (both on the socket), or handed over by
+    // exec with a direction already switched.
+    tx_tcp_.store(prefix_->switch_at->load(std::memory_order_acquire) == kNotSwitched,
+                  std::memory_order_relaxed);
+    const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
+    rx_tcp_.store(at == kNotSwitched || prefix_->tcp_read->load(std::memory_order_acquire) != at,
+                  std::memory_order_relaxed);
+  }
+}
 
 Stream::~Stream() = default;
 
@@ -218,6 +234,9 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   const int entered = channel_->enter();
   if (entered < 0) return entered;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  // Still on the kernel socket, until the peer's receive path reads the
+  // region: the kernel's TCP does everything, errors included.
+  if (tx_tcp_.load(std::memory_order_acquire) && !switch_tx_locked()) return send_tcp(iov, iovcnt);
   // A peer that died without a word: the kernel would know by now.
   maybe_probe();
   const PeerState s = poll_peer();
@@ -280,6 +299,10 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
   const int entered = channel_->enter();
   if (entered < 0) return entered;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  if (rx_tcp_.load(std::memory_order_acquire)) {
+    const ssize_t n = recv_tcp(iov, iovcnt, peek);
+    if (n != kOnRing) return n;
+  }
   bool probed = !look;
   size_t readable = 0;
   PeerState s;
@@ -336,14 +359,200 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
       // stays readable, then recv reports ECONNRESET.
       (void)channel_->grant(window_.consumed());
       window_.on_granted();
+      pay_owed_doorbell();
     }
   }
   return static_cast<ssize_t>(done);
 }
 
+// ------------------------------------------------------- starting on TCP --
+//
+// docs/protocol.md section 10. Each direction's bytes go on the kernel
+// socket until its sender switches, at a count it stores in the region
+// before the one doorbell that announces it. The receiver reads the socket
+// up to that count, then the ring; whatever it reads past the count is
+// doorbells. A sender switches only once the peer's receive path reads the
+// region (`attached`), and rings no doorbell before it has switched (one
+// would read as data): a doorbell held back then is owed, and paid by the
+// switch.
+
+void Stream::attach() {
+  channel_->attach();
+  if (!tx_tcp_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lock(tx_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // a sender: it switches itself
+  const int entered = channel_->enter();
+  if (entered < 0) return;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  (void)switch_tx_locked();
+}
+
+bool Stream::switch_tx_locked() {
+  if (prefix_->switch_at->load(std::memory_order_acquire) == kNotSwitched) {
+    if (prefix_->peer_attached->load(std::memory_order_acquire) == 0) return false;
+    channel_->switch_tx(prefix_->tcp_sent->load(std::memory_order_relaxed));
+  } else if (channel_->doorbell_owed()) {
+    channel_->switch_tx(kNotSwitched);  // switched by another holder: only rings
+  }
+  tx_tcp_.store(false, std::memory_order_release);
+  return true;
+}
+
+void Stream::pay_owed_doorbell() {
+  if (!channel_->doorbell_owed() || !tx_tcp_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lock(tx_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the sender that holds it switches after its call
+  (void)switch_tx_locked();
+}
+
+namespace {
+// The first `limit` bytes of iov, in out[] (at most kMax entries: a read
+// may return fewer bytes than asked).
+constexpr int kMaxTcpIov = 64;
+int clip_iov(const iovec* iov, int iovcnt, size_t limit, iovec* out) {
+  int n = 0;
+  for (int i = 0; i < iovcnt && n < kMaxTcpIov && limit > 0; ++i) {
+    const size_t len = std::min(iov[i].iov_len, limit);
+    if (len == 0) continue;
+    out[n++] = {iov[i].iov_base, len};
+    limit -= len;
+  }
+  return n;
+}
+}  // namespace
+
+ssize_t Stream::send_tcp(const iovec* iov, int iovcnt) {
+  iovec part[kMaxTcpIov];
+  const int n = clip_iov(iov, iovcnt, SIZE_MAX, part);
+  if (n == 0) return 0;
+  msghdr mh = {};
+  mh.msg_iov = part;
+  mh.msg_iovlen = static_cast<size_t>(n);
+  const ssize_t sent = real().sendmsg(channel_->kernel_socket(), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (sent < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  prefix_->tcp_sent->store(prefix_->tcp_sent->load(std::memory_order_relaxed) + sent,
+                           std::memory_order_release);
+  tcp_sent_.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
+  // A receiver of ours granted meanwhile (doorbell owed), or the peer has
+  // attached since: switch now, so that the next call uses the ring.
+  if (channel_->doorbell_owed() || prefix_->peer_attached->load(std::memory_order_acquire) != 0)
+    (void)switch_tx_locked();
+  return sent;
+}
+
+bool Stream::rx_prefix_done_locked() {
+  const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
+  if (at == kNotSwitched || prefix_->tcp_read->load(std::memory_order_relaxed) != at) return false;
+  channel_->switch_rx(0);
+  rx_tcp_.store(false, std::memory_order_release);
+  return true;
+}
+
+ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
+  const uint64_t read = prefix_->tcp_read->load(std::memory_order_relaxed);
+  const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
+  if (at != kNotSwitched && read >= at) {
+    if (read > at) {  // the peer's count is behind what we read: a broken peer
+      fail();
+      return -ECONNRESET;
+    }
+    return rx_prefix_done_locked() ? kOnRing : -EAGAIN;
+  }
+  size_t want = 0;
+  for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
+  if (want == 0) return 0;
+  iovec part[kMaxTcpIov];
+  const int cnt = clip_iov(iov, iovcnt, at == kNotSwitched ? want : at - read, part);
+  msghdr mh = {};
+  mh.msg_iov = part;
+  mh.msg_iovlen = static_cast<size_t>(cnt);
+  const ssize_t n =
+      real().recvmsg(channel_->kernel_socket(), &mh, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
+  if (n < 0) {
+    const int e = errno == EWOULDBLOCK ? EAGAIN : errno;
+    // The peer may have switched with nothing more before its count (its
+    // doorbell not here yet).
+    if (e == EAGAIN && rx_prefix_done_locked()) return kOnRing;
+    return -e;
+  }
+  // Loaded after the read: a count stored before the bytes we read is
+  // seen, and whatever we read past it is the peer's doorbells.
+  const uint64_t at2 = prefix_->peer_switch_at->load(std::memory_order_acquire);
+  if (n == 0) {
+    // The peer's socket closed. Having switched first (its count is all
+    // read), its end is the ring's to report; else an end on plain TCP.
+    if (at2 != kNotSwitched && rx_prefix_done_locked()) return kOnRing;
+    return 0;
+  }
+  size_t keep = static_cast<size_t>(n);
+  if (at2 != kNotSwitched) {
+    if (at2 < read) {
+      fail();
+      return -ECONNRESET;
+    }
+    keep = std::min<uint64_t>(keep, at2 - read);
+  }
+  if (peek) return keep > 0 ? static_cast<ssize_t>(keep) : kOnRing;
+  prefix_->tcp_read->store(read + keep, std::memory_order_release);
+  tcp_received_.fetch_add(keep, std::memory_order_relaxed);
+  if (at2 != kNotSwitched && read + keep == at2) {
+    channel_->switch_rx(static_cast<uint64_t>(n) - keep);
+    rx_tcp_.store(false, std::memory_order_release);
+  }
+  return keep > 0 ? static_cast<ssize_t>(keep) : kOnRing;
+}
+
+// The directions still on the kernel socket take its readiness (one may
+// have switched already, and shows the ring's). Returns whether any did.
+bool Stream::tcp_overlay(StreamEvents* ev) {
+  {
+    std::unique_lock<std::mutex> lock(rx_mu_, std::try_to_lock);
+    if (lock.owns_lock() && rx_tcp_.load(std::memory_order_acquire)) (void)rx_prefix_done_locked();
+  }
+  if (tx_tcp_.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(tx_mu_, std::try_to_lock);
+    if (lock.owns_lock() && tx_tcp_.load(std::memory_order_acquire)) (void)switch_tx_locked();
+  }
+  const bool rx_tcp = rx_tcp_.load(std::memory_order_acquire);
+  const bool tx_tcp = tx_tcp_.load(std::memory_order_acquire);
+  if (!rx_tcp && !tx_tcp) return false;
+  pollfd p = {channel_->kernel_socket(), POLLIN | POLLOUT | POLLRDHUP, 0};
+  if (real().poll(&p, 1, 0) < 0) p.revents = 0;
+  const short r = p.revents;
+  // A kernel error or hangup is the connection's, whichever direction.
+  ev->error = ev->error || (r & POLLERR) != 0;
+  ev->hup = ev->hup || (r & POLLHUP) != 0;
+  if (rx_tcp) {
+    ev->rdhup = (r & (POLLRDHUP | POLLHUP)) != 0;
+    ev->readable = (r & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    int inq = 0;
+    if (ev->readable && real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0) inq = 0;
+    ev->rx_gen = prefix_->tcp_read->load(std::memory_order_relaxed) + static_cast<uint64_t>(inq);
+  }
+  if (tx_tcp) {
+    ev->writable = (r & (POLLOUT | POLLHUP | POLLERR)) != 0;
+    ev->tx_gen = prefix_->tcp_sent->load(std::memory_order_relaxed);
+  }
+  return true;
+}
+
+uint64_t Stream::tcp_bytes_sent() const { return tcp_sent_.load(std::memory_order_relaxed); }
+uint64_t Stream::tcp_bytes_received() const {
+  return tcp_received_.load(std::memory_order_relaxed);
+}
+
 size_t Stream::readable_bytes() {
   if (take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(rx_mu_);
+  if (rx_tcp_.load(std::memory_order_acquire) && !rx_prefix_done_locked()) {
+    // What the socket holds of the prefix (past the count: doorbells).
+    int inq = 0;
+    if (real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0 || inq < 0) return 0;
+    const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
+    const uint64_t read = prefix_->tcp_read->load(std::memory_order_relaxed);
+    return at == kNotSwitched ? static_cast<size_t>(inq)
+                              : std::min<uint64_t>(static_cast<uint64_t>(inq), at - read);
+  }
   refresh_rx(poll_peer());
   return window_.readable();
 }
@@ -351,6 +560,13 @@ size_t Stream::readable_bytes() {
 size_t Stream::writable_bytes() {
   if (take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(tx_mu_);
+  if (tx_tcp_.load(std::memory_order_acquire) && !switch_tx_locked()) {
+    // A chunk for the kernel socket when it takes one (send_tcp may still
+    // take less); its errors are send()'s to report.
+    pollfd p = {channel_->kernel_socket(), POLLOUT, 0};
+    if (real().poll(&p, 1, 0) != 1) return 0;
+    return (p.revents & (POLLERR | POLLHUP)) ? 0 : ledger_.ring_bytes();
+  }
   maybe_probe();
   const PeerState s = poll_peer();
   if (!ledger_.on_credit(s.consumed)) fail();
@@ -428,6 +644,14 @@ StreamEvents Stream::events(bool look) {
   // caller when the move can go on). A failed move reset the stream, which
   // shows below as any reset.
   if (take_over() == -EAGAIN) return ev;
+  ev = ring_events(look);
+  if (tx_tcp_.load(std::memory_order_acquire) || rx_tcp_.load(std::memory_order_acquire))
+    (void)tcp_overlay(&ev);
+  return ev;
+}
+
+StreamEvents Stream::ring_events(bool look) {
+  StreamEvents ev;
   for (bool probed = !look;; probed = true) {
     const PeerState s = poll_peer();
     size_t readable, room;
@@ -468,10 +692,25 @@ StreamEvents Stream::events(bool look) {
   }
 }
 
-void Stream::shutdown(bool rd, bool wr) {
+void Stream::abort_stuck_switch() {
+  shut_rd_.store(true, std::memory_order_relaxed);
+  shut_wr_.store(true, std::memory_order_relaxed);
+  fail();
+}
+
+int Stream::shutdown(bool rd, bool wr) {
   (void)take_over();  // a FIN while the carrier moves here is sent once it has
+  if (wr && tx_tcp_.load(std::memory_order_acquire)) {
+    // The FIN goes in the region, behind our prefix: the peer must be able
+    // to read the count there, so our sender switches first.
+    std::lock_guard<std::mutex> lock(tx_mu_);
+    if (tx_tcp_.load(std::memory_order_acquire) && !shut_wr_.load(std::memory_order_relaxed) &&
+        !switch_tx_locked())
+      return -EAGAIN;
+  }
   if (rd) shut_rd_.store(true, std::memory_order_relaxed);
   if (wr && !shut_wr_.exchange(true)) channel_->signal(kSendFin);
+  return 0;
 }
 
 void Stream::close(bool abort) {

@@ -129,7 +129,13 @@ class Stream {
   // channel learns that it is in another process.
   void after_fork_child();
 
-  void shutdown(bool rd, bool wr);
+  // -EAGAIN (nothing done) when shutting the sending side needs our sender
+  // to switch first, and the peer's receive path does not read the region
+  // yet: the caller waits a little and calls again.
+  int shutdown(bool rd, bool wr);
+  // The peer never took the connection over from TCP (shutdown waited in
+  // vain): the stream resets, as a broken carrier does.
+  void abort_stuck_switch();
   // Tells the peer we are gone: a FIN to it when we read all it sent, else
   // (or when abort, SO_LINGER {1, 0}) a reset.
   void close(bool abort = false);
@@ -144,6 +150,19 @@ class Stream {
   // work (Channel::at_exit: verbs delivers what it posted, and an owner that
   // other processes still hold hands the end over to them).
   void release_at_exit();
+
+  // Starting on TCP (docs/protocol.md section 10): whether a direction
+  // still moves its bytes on the kernel socket (the channel's TcpPrefix).
+  // Each turns false once, when that direction switches to its ring; the
+  // socket layer then waits on the socket itself (POLLOUT, POLLIN).
+  bool tx_on_tcp() const { return tx_tcp_.load(std::memory_order_acquire); }
+  bool rx_on_tcp() const { return rx_tcp_.load(std::memory_order_acquire); }
+  // The stream is the fd's state now: this end reads the region, and the
+  // peer may switch. Then our own sender switches too, if it may.
+  void attach();
+  // Bytes moved on the kernel socket before the switch (stats).
+  uint64_t tcp_bytes_sent() const;
+  uint64_t tcp_bytes_received() const;
 
   Channel& channel() { return *channel_; }
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -166,8 +185,25 @@ class Stream {
   // Drops this process as a holder of the end, once; the last holder tells
   // the peer (kSendClosed, with kSendReset when abort).
   void release_holder(bool abort);
+  // Starting on TCP. Our sender switches once the peer's receive path
+  // reads the region (under tx_mu_): returns whether it is on the ring.
+  bool switch_tx_locked();
+  // A doorbell was held back before our sender switched: switch now if the
+  // send lock is free (a sender that holds it looks after its call).
+  void pay_owed_doorbell();
+  ssize_t send_tcp(const struct iovec* iov, int iovcnt);  // under tx_mu_
+  // Reads the peer's prefix (under rx_mu_); kOnRing once it is all read.
+  static constexpr ssize_t kOnRing = INT64_MIN;
+  ssize_t recv_tcp(const struct iovec* iov, int iovcnt, bool peek);
+  // Whether our receiver has read the whole prefix (switches it if so).
+  bool rx_prefix_done_locked();
+  bool tcp_overlay(StreamEvents* ev);
+  StreamEvents ring_events(bool look);
 
   std::unique_ptr<Channel> channel_;
+  TcpPrefix* prefix_;  // the channel's, or nullptr: every byte on the ring
+  std::atomic<bool> tx_tcp_{false};
+  std::atomic<bool> rx_tcp_{false};
   std::mutex tx_mu_;
   CreditLedger ledger_;
   std::mutex rx_mu_;
@@ -192,6 +228,8 @@ class Stream {
   // credit seen by recv() (or head seen by send()) could be lost for good.
   std::atomic<uint64_t> peer_head_{0};
   std::atomic<uint64_t> peer_consumed_{0};
+  std::atomic<uint64_t> tcp_sent_{0};  // prefix bytes by this process (stats)
+  std::atomic<uint64_t> tcp_received_{0};
   std::atomic<uint64_t> bytes_sent_{0};  // by this process (stats)
   std::atomic<uint64_t> bytes_received_{0};
   // Stream offset this process started sending at (resume() after an exec

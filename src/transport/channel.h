@@ -13,9 +13,12 @@
 // others (socket/wake_hub.h).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "ring/wire.h"
 
 namespace rsock {
 
@@ -63,6 +66,20 @@ struct EndPositions {
   uint64_t tx_credited = 0;  // of those, bytes the peer has consumed
   uint64_t rx_consumed = 0;  // bytes of the peer's our application has read
   bool fin_sent = false;     // we shut down our sending side
+};
+
+// Starting on TCP (version 5, docs/protocol.md section 10): a stream's
+// first bytes in each direction may travel on the kernel socket, and each
+// sender moves to its ring at a byte count it announces, once the peer's
+// receive path looks at the channel. The words live where every process
+// holding the end finds them (the shm region), so that a fork's child or an
+// exec'd image that takes the end over goes on from them.
+struct TcpPrefix {
+  std::atomic<uint64_t>* tcp_sent;   // bytes we wrote to the socket as data; under the send lock
+  std::atomic<uint64_t>* tcp_read;   // bytes of the peer's prefix we read; under the receive lock
+  std::atomic<uint64_t>* switch_at;  // ours: kNotSwitched until our sender switched
+  const std::atomic<uint64_t>* peer_switch_at;
+  const std::atomic<uint32_t>* peer_attached;
 };
 
 class ExecSink;             // transport/handoff.h
@@ -168,6 +185,25 @@ class Channel {
   // takes the end over next). Under the receive lock, inside the bracket
   // (enter) of the recv that read them.
   virtual void note_read(uint64_t /*total*/) {}
+
+  // Starting on TCP (TcpPrefix above). nullptr: every byte of the stream
+  // travels on the ring (verbs, the fake), and the calls below do nothing.
+  virtual TcpPrefix* tcp_prefix() { return nullptr; }
+  // This end's receive path now looks at the channel (the stream is the
+  // fd's state): the peer may switch from now on.
+  virtual void attach() {}
+  // Our sender switches after `at` bytes on the kernel socket, under the
+  // send lock: announced, then doorbells may go out (one now, for a
+  // receiver asleep on the socket, which must learn of the switch).
+  virtual void switch_tx(uint64_t /*at*/) {}
+  // Whether a doorbell was held back because our sender had not switched
+  // (on the socket it would have read as data): the stream switches as
+  // soon as it may, which rings. Cleared by switch_tx.
+  virtual bool doorbell_owed() const { return false; }
+  // Our receiver has read the peer's whole prefix: every byte on the kernel
+  // socket from now on is a doorbell. `taken`: bytes past the prefix that
+  // the stream's last read of the socket took (doorbells, drained).
+  virtual void switch_rx(uint64_t /*taken*/) {}
 
   // The private dup of the connection's kernel TCP socket, or -1.
   virtual int kernel_socket() const { return -1; }

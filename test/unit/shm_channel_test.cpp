@@ -62,15 +62,28 @@ struct ShmPair {
   RegionHeader* region = nullptr;  // the server's mapping (valid while server lives)
 };
 
+// A region whose two ends have both switched before any byte and read
+// the region (docs/protocol.md section 10): every byte on the rings, the
+// socket for doorbells only. The tests of the ring paths start there.
+void start_on_ring(void* map) {
+  for (EndpointControl& e : static_cast<RegionHeader*>(map)->end) {
+    e.switch_at.store(0);
+    e.attached.store(1);
+  }
+}
+
 // keep_memfd: each channel keeps a dup of the region's memfd, as a paired
-// end does (giving pages back needs it).
-ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce, bool keep_memfd = false) {
+// end does (giving pages back needs it). on_ring: start_on_ring; else both
+// directions start on the socket.
+ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce, bool keep_memfd = false,
+                      bool on_ring = true) {
   ShmPair p;
   void* smap = nullptr;
   size_t len = 0;
   int memfd = shm_region_create(ring, nonce, &smap, &len);
   EXPECT_GE(memfd, 0) << strerror(-memfd);
   if (memfd < 0) return p;
+  if (on_ring) start_on_ring(smap);
   void* cmap = nullptr;
   const int rc = shm_region_attach(memfd, len, nonce, ring, &cmap);
   EXPECT_EQ(rc, 0);
@@ -902,6 +915,7 @@ TEST(ShmHandoff, ValidatesThenResumesWhereTheOldImageStopped) {
   size_t len = 0;
   const int memfd = shm_region_create(ring, kNonce, &smap, &len);
   ASSERT_GE(memfd, 0);
+  start_on_ring(smap);
   void* cmap = nullptr;
   ASSERT_EQ(shm_region_attach(memfd, len, kNonce, ring, &cmap), 0);
   Stream server(std::make_unique<ShmChannel>(smap, len, true, dup(tcp[0]), dup(memfd)));
@@ -999,6 +1013,301 @@ TEST(ShmHandoff, ImpossiblePositionsAreRefused) {
   EXPECT_FALSE(s.resume((1 << 16) + 101, 100, 0, false));  // more in flight than a ring
   EXPECT_TRUE(s.resume((1 << 16) + 100, 100, 0, false));
 }
+
+// ---- starting on TCP (docs/protocol.md section 10) ---------------------------
+
+// A pair whose two ends start with both directions on the socket (a
+// socketpair here), as a connection that carried bytes before it paired.
+struct TcpFirst {
+  RegionHeader* region = nullptr;
+  int server_fd = -1, client_fd = -1;  // the channels' sockets (theirs)
+  std::unique_ptr<Stream> server, client;
+};
+
+TcpFirst make_tcp_first(size_t ring = 1 << 16) {
+  TcpFirst t;
+  ShmPair p = make_shm_pair(ring, kNonce, false, false);
+  EXPECT_TRUE(p.server && p.client);
+  if (!p.server || !p.client) return t;
+  t.region = p.region;
+  t.server_fd = p.server->kernel_socket();
+  t.client_fd = p.client->kernel_socket();
+  t.server = std::make_unique<Stream>(std::move(p.server));
+  t.client = std::make_unique<Stream>(std::move(p.client));
+  return t;
+}
+
+ssize_t send_str(Stream& s, const std::string& str) {
+  iovec iov = {const_cast<char*>(str.data()), str.size()};
+  return s.send(&iov, 1);
+}
+
+std::string recv_str(Stream& s, size_t cap, bool peek = false) {
+  std::string out(cap, '\0');
+  iovec iov = {out.data(), cap};
+  const ssize_t n = s.recv(&iov, 1, peek);
+  if (n < 0) return "<" + std::to_string(n) + ">";
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+TEST(ShmSwitch, BytesBeforeTheAttachGoOnTheSocketAndTheRestOnTheRing) {
+  TcpFirst t = make_tcp_first();
+  ASSERT_TRUE(t.server && t.client);
+  EXPECT_TRUE(t.client->tx_on_tcp() && t.client->rx_on_tcp());
+  // Neither end reads the region yet: bytes go on the socket.
+  ASSERT_EQ(send_str(*t.client, "hello "), 6);
+  EXPECT_EQ(queued_bytes(t.server_fd), 6);
+  EXPECT_EQ(t.region->end[1].tcp_sent.load(), 6u);
+  // The client reads the region first: it may not switch yet (the server
+  // does not), and its next bytes still go on the socket.
+  t.client->attach();
+  EXPECT_TRUE(t.client->tx_on_tcp());
+  ASSERT_EQ(send_str(*t.client, "world"), 5);
+  EXPECT_EQ(queued_bytes(t.server_fd), 11);
+  EXPECT_EQ(t.region->end[1].switch_at.load(), kNotSwitched);
+  // The server attaches second: it switches at once (0 bytes sent on the
+  // socket), with one doorbell that announces it.
+  t.server->attach();
+  EXPECT_FALSE(t.server->tx_on_tcp());
+  EXPECT_EQ(t.region->end[0].switch_at.load(), 0u);
+  EXPECT_EQ(queued_bytes(t.client_fd), 1);
+  // The client's next send switches at 11 and goes on the ring.
+  ASSERT_EQ(send_str(*t.client, "!"), 1);
+  EXPECT_FALSE(t.client->tx_on_tcp());
+  EXPECT_EQ(t.region->end[1].switch_at.load(), 11u);
+  EXPECT_EQ(queued_bytes(t.server_fd), 12);  // 11 data bytes and the doorbell
+  // The server reads the socket up to 11, then the ring: in order, and the
+  // doorbell is no data (one read may not run past the count).
+  EXPECT_EQ(recv_str(*t.server, 100), "hello world");
+  EXPECT_EQ(recv_str(*t.server, 100), "!");
+  EXPECT_FALSE(t.server->rx_on_tcp());
+  EXPECT_EQ(t.region->end[0].tcp_read.load(), 11u);
+  // The doorbell stays on the socket for a sleeper to drain, counted.
+  EXPECT_EQ(queued_bytes(t.server_fd), 1);
+  EXPECT_TRUE(t.server->channel().drain_wakeups());
+  EXPECT_EQ(t.region->end[0].drained.load(), 1u);
+  // The client's receiver: the server's count was 0, so the doorbell is
+  // all it finds on its socket, then the ring.
+  ASSERT_EQ(send_str(*t.server, "pong"), 4);
+  EXPECT_EQ(recv_str(*t.client, 100), "pong");
+  EXPECT_FALSE(t.client->rx_on_tcp());
+  EXPECT_EQ(queued_bytes(t.client_fd), 1);
+  EXPECT_TRUE(t.client->channel().drain_wakeups());
+  EXPECT_EQ(t.region->end[1].drained.load(), 1u);
+  // Nothing looked foreign on either side.
+  EXPECT_EQ(t.server->channel().poll().flags & kKernelBytes, 0u);
+  EXPECT_EQ(t.client->channel().poll().flags & kKernelBytes, 0u);
+}
+
+TEST(ShmSwitch, AReadNeverReturnsAByteOfTheRingBeforeThePrefixIsRead) {
+  TcpFirst t = make_tcp_first(4096);
+  ASSERT_TRUE(t.server && t.client);
+  std::vector<uint8_t> a(3000), b(2000);
+  testing::fill_pattern(7, 0, a.data(), a.size());
+  testing::fill_pattern(7, a.size(), b.data(), b.size());
+  iovec ia = {a.data(), a.size()}, ib = {b.data(), b.size()};
+  ASSERT_EQ(t.client->send(&ia, 1), 3000);
+  t.server->attach();
+  t.client->attach();  // second: the client's sender switches at 3000
+  EXPECT_EQ(t.region->end[1].switch_at.load(), 3000u);
+  ASSERT_EQ(t.client->send(&ib, 1), 2000);
+  // Small reads: each stops at the count, then the ring follows.
+  std::vector<uint8_t> got, scratch;
+  for (int i = 0; i < 100 && got.size() < 5000; ++i) {
+    uint8_t buf[700];
+    iovec io = {buf, sizeof buf};
+    const ssize_t n = t.server->recv(&io, 1, false);
+    ASSERT_GT(n, 0) << "read " << got.size();
+    got.insert(got.end(), buf, buf + n);
+  }
+  ASSERT_EQ(got.size(), 5000u);
+  EXPECT_EQ(testing::check_pattern(7, 0, got.data(), got.size(), scratch), got.size());
+}
+
+TEST(ShmSwitch, APeekLooksWithoutMovingTheCount) {
+  TcpFirst t = make_tcp_first();
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.client, "abc"), 3);
+  t.server->attach();
+  t.client->attach();
+  ASSERT_EQ(send_str(*t.client, "def"), 3);
+  EXPECT_EQ(recv_str(*t.server, 100, true), "abc");  // the doorbell is not data
+  EXPECT_EQ(recv_str(*t.server, 100, true), "abc");
+  EXPECT_EQ(t.region->end[0].tcp_read.load(), 0u);
+  EXPECT_EQ(recv_str(*t.server, 2), "ab");
+  EXPECT_EQ(recv_str(*t.server, 100), "c");
+  EXPECT_EQ(recv_str(*t.server, 100, true), "def");
+  EXPECT_EQ(recv_str(*t.server, 100), "def");
+}
+
+TEST(ShmSwitch, NoDoorbellGoesOnTheSocketBeforeItsSenderSwitched) {
+  TcpFirst t = make_tcp_first(4096);
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.server, "xy"), 2);  // the server's prefix: 2 bytes
+  t.server->attach();                       // first: the server may not switch
+  t.client->attach();                       // second: the client switches at 0
+  EXPECT_TRUE(t.server->tx_on_tcp());
+  EXPECT_EQ(queued_bytes(t.server_fd), 1);  // the client's announcement
+  // The client fills the server's ring and waits for credits.
+  std::vector<uint8_t> fill(4096, 'z');
+  iovec io = {fill.data(), fill.size()};
+  ASSERT_EQ(t.client->send(&io, 1), 4096);
+  ASSERT_FALSE(t.client->channel().arm(kWantSpace, new_sleep_token()));
+  // The server reads it all; its grant must wake the client, but its own
+  // sender is still on the socket: the doorbell is owed, and paid by
+  // switching (the server's count, 2, before the one byte it rings).
+  std::vector<uint8_t> sink(8192);
+  iovec in = {sink.data(), sink.size()};
+  ASSERT_EQ(t.server->recv(&in, 1, false), 4096);
+  EXPECT_FALSE(t.server->tx_on_tcp());
+  EXPECT_EQ(t.region->end[0].switch_at.load(), 2u);
+  EXPECT_EQ(queued_bytes(t.client_fd), 3);  // "xy", then the doorbell
+  t.client->channel().disarm(kWantSpace);
+  EXPECT_EQ(recv_str(*t.client, 100), "xy");
+  EXPECT_EQ(t.client->channel().poll().flags & kKernelBytes, 0u);
+}
+
+TEST(ShmSwitch, AByteOnTheSocketPastTheCountIsForeign) {
+  TcpFirst t = make_tcp_first();
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.client, "data"), 4);
+  t.server->attach();
+  t.client->attach();
+  EXPECT_EQ(t.region->end[1].switch_at.load(), 4u);
+  // Something writes to the client's socket behind librsock's back.
+  ASSERT_EQ(::send(t.client_fd, "!", 1, MSG_NOSIGNAL), 1);
+  EXPECT_EQ(recv_str(*t.server, 100), "data");
+  EXPECT_EQ(t.server->channel().poll().flags & kKernelBytes, 0u);
+  // What follows the count: the doorbell and one byte more.
+  (void)t.server->channel().drain_wakeups();
+  EXPECT_NE(t.server->channel().poll().flags & kKernelBytes, 0u);
+}
+
+TEST(ShmSwitch, EofBeforeTheSwitchIsTheSocketsEof) {
+  TcpFirst t = make_tcp_first();
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.client, "last words"), 10);
+  ASSERT_EQ(::shutdown(t.client_fd, SHUT_WR), 0);  // as a close of a client on TCP
+  EXPECT_EQ(recv_str(*t.server, 100), "last words");
+  EXPECT_EQ(recv_str(*t.server, 100), "");
+  EXPECT_TRUE(t.server->rx_on_tcp());
+}
+
+TEST(ShmSwitch, ShutdownWaitsForThePeerToReadTheRegionThenFinFollowsThePrefix) {
+  TcpFirst t = make_tcp_first();
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.client, "abc"), 3);
+  t.client->attach();
+  EXPECT_EQ(t.client->shutdown(false, true), -EAGAIN);  // the server does not read the region yet
+  t.server->attach();
+  EXPECT_EQ(t.client->shutdown(false, true), 0);
+  EXPECT_EQ(recv_str(*t.server, 100), "abc");
+  EXPECT_EQ(recv_str(*t.server, 100), "");  // the FIN, from the region
+  EXPECT_FALSE(t.server->rx_on_tcp());
+}
+
+TEST(ShmSwitch, ReadinessFollowsTheSocketUntilTheSwitch) {
+  TcpFirst t = make_tcp_first();
+  ASSERT_TRUE(t.server && t.client);
+  StreamEvents ev = t.server->events();
+  EXPECT_FALSE(ev.readable);
+  EXPECT_TRUE(ev.writable);  // the socket takes bytes
+  ASSERT_EQ(send_str(*t.client, "q"), 1);
+  ev = t.server->events();
+  EXPECT_TRUE(ev.readable);
+  const uint64_t gen = ev.rx_gen;
+  ASSERT_EQ(send_str(*t.client, "r"), 1);
+  EXPECT_NE(t.server->events().rx_gen, gen);  // a new edge for EPOLLET
+  EXPECT_EQ(recv_str(*t.server, 100), "qr");
+  EXPECT_FALSE(t.server->events().readable);
+  t.server->attach();
+  t.client->attach();
+  ASSERT_EQ(send_str(*t.client, "s"), 1);
+  EXPECT_TRUE(t.server->events().readable);
+  EXPECT_EQ(recv_str(*t.server, 100), "s");
+  EXPECT_FALSE(t.server->events().readable);  // the doorbell is not data
+}
+
+// The race the count is loaded twice for: a read that starts before the
+// sender switches and returns the bytes before the count together with the
+// doorbell after it. Run often enough to hit it (the receiver spins on the
+// socket while the sender switches).
+TEST(ShmSwitch, AReadThatRacesTheSwitchKeepsOnlyTheBytesBeforeTheCount) {
+  int raced = 0;
+  for (int i = 0; i < 1500; ++i) {
+    TcpFirst t = make_tcp_first(4096);
+    ASSERT_TRUE(t.server && t.client);
+    t.server->attach();
+    std::atomic<bool> go{false};
+    std::thread tx([&] {
+      while (!go.load()) {
+      }
+      ASSERT_EQ(send_str(*t.client, "abc"), 3);
+      t.client->attach();  // switches at 3, rings
+      ASSERT_EQ(send_str(*t.client, "def"), 3);
+    });
+    std::string got;
+    go.store(true);
+    for (int k = 0; k < 1000000 && got.size() < 6; ++k) {
+      const std::string part = recv_str(*t.server, 64);
+      if (part.size() > 0 && part[0] != '<') {
+        // Read from the socket past the count: the doorbell came with it.
+        if (got.empty() && part == "abc" && t.region->end[0].drained.load() == 1) ++raced;
+        got += part;
+      }
+    }
+    tx.join();
+    ASSERT_EQ(got, "abcdef") << "iteration " << i;
+  }
+  RecordProperty("raced", std::to_string(raced));
+}
+
+// Both ends attach at random moments while a stream runs each way.
+class ShmSwitchThreaded : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmSwitchThreaded, StreamsArriveIntactAcrossTheSwitch) {
+  TcpFirst t = make_tcp_first(4096);
+  ASSERT_TRUE(t.server && t.client);
+  testing::PumpShared sh;
+  testing::WaitParams wp;
+  wp.spin = 16;
+  wp.timeout_ms = 100;
+  wp.stall_limit = 50;
+  const uint64_t bytes = uint64_t{2} << 20;
+  const int seed = GetParam();
+  testing::SendResult s1, s2;
+  testing::RecvResult r1, r2;
+  std::thread a([&] { s1 = testing::pump_send(*t.client, 1, bytes, seed, sh, wp, false); });
+  std::thread b([&] { r1 = testing::pump_recv(*t.server, 1, seed + 1, sh, wp); });
+  std::thread c([&] { s2 = testing::pump_send(*t.server, 2, bytes, seed + 2, sh, wp, false); });
+  std::thread d([&] { r2 = testing::pump_recv(*t.client, 2, seed + 3, sh, wp); });
+  std::mt19937 rng(seed);
+  std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+  (seed % 2 ? t.client : t.server)->attach();
+  std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+  (seed % 2 ? t.server : t.client)->attach();
+  a.join();
+  b.join();
+  c.join();
+  d.join();
+  ASSERT_FALSE(sh.deadlock.load());
+  for (auto* r : {&r1, &r2}) {
+    EXPECT_EQ(r->error, 0);
+    EXPECT_TRUE(r->eof);
+    EXPECT_EQ(r->received, bytes);
+    EXPECT_EQ(r->first_bad, UINT64_MAX) << "corrupt byte at " << r->first_bad;
+  }
+  EXPECT_TRUE(s1.finished && s2.finished);
+  // Both directions moved on to their rings, and nothing looked foreign.
+  EXPECT_FALSE(t.client->tx_on_tcp() || t.server->tx_on_tcp());
+  EXPECT_EQ(t.server->channel().poll().flags & kKernelBytes, 0u);
+  EXPECT_EQ(t.client->channel().poll().flags & kKernelBytes, 0u);
+  RecordProperty("client_switch_at", std::to_string(t.region->end[1].switch_at.load()));
+  RecordProperty("server_switch_at", std::to_string(t.region->end[0].switch_at.load()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, ShmSwitchThreaded, ::testing::Range(1, 9));
 
 }  // namespace
 }  // namespace rsock

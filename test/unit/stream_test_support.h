@@ -140,7 +140,9 @@ inline bool wait_ready(Stream& s, uint32_t want, PumpShared& sh, const WaitParam
       hub.leave(t);
       return true;
     }
-    pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.waker ? t.waker->fd() : -1, POLLIN, 0}};
+    // A sending side still on the kernel socket waits for its POLLOUT.
+    const short kev = want == kWantSpace && s.tx_on_tcp() ? POLLIN | POLLOUT : POLLIN;
+    pollfd p[2] = {{ch.wait_fd(), kev, 0}, {t.waker ? t.waker->fd() : -1, POLLIN, 0}};
     sh.sleeps.fetch_add(1);
     int rc = ::poll(p, 2, wp.timeout_ms);
     if (ch.drain_wakeups()) hub.kick(true);
@@ -200,10 +202,14 @@ inline SendResult pump_send(Stream& s, uint64_t seed, uint64_t total, uint64_t r
       return r;
     }
   }
-  if (close_at_end)
+  if (close_at_end) {
     s.close();
-  else
-    s.shutdown(false, true);
+  } else {
+    // A sender still on the socket switches first (the peer must read the
+    // region): waits for that, as the socket layer does.
+    while (s.shutdown(false, true) == -EAGAIN && !sh.stop.load())
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
   r.finished = r.sent == total;
   sh.progress.fetch_add(1);
   return r;

@@ -57,6 +57,7 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
   h->ring_offset[kServerToClient] = region_header_bytes();
   h->ring_offset[kClientToServer] = region_header_bytes() + ring_bytes;
   h->region_bytes = len;
+  for (EndpointControl& e : h->end) e.switch_at.store(kNotSwitched, std::memory_order_relaxed);
   *map = p;
   *map_len = len;
   return fd;
@@ -170,13 +171,71 @@ void ShmChannel::init(void* map, bool is_server) {
   peer_ = &h->end[is_server ? 1 : 0];
   // Only the peer writes our receive ring: in this process it is read-only.
   mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
-  // The kernel socket now carries only doorbells. A doorbell held back by
-  // Nagle (until the ACK of the previous one, which the peer's delayed-ACK
-  // timer sends milliseconds later) or by a cork stalls both ends: a
-  // streaming sender sleeps on credits while the receiver sleeps on data.
+  prefix_ = {&me_->tcp_sent, &me_->tcp_read, &me_->switch_at, &peer_->switch_at, &peer_->attached};
+  // Where the end stands (a fresh one: nothing switched; an exec'd image
+  // or a fork's child: where its holders left it).
+  if (tx_open()) doorbells_only();
+  (void)rx_open();
+}
+
+void ShmChannel::doorbells_only() {
+  // The kernel socket now carries only our doorbells. A doorbell held back
+  // by Nagle (until the ACK of the previous one, which the peer's
+  // delayed-ACK timer sends milliseconds later) or by a cork stalls both
+  // ends: a streaming sender sleeps on credits while the receiver sleeps on
+  // data. (Before the switch the socket is the application's, as it set it.)
   const int on = 1, off = 0;
   real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_CORK, &off, sizeof off);
   real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+}
+
+void ShmChannel::attach() { me_->attached.store(1, std::memory_order_seq_cst); }
+
+bool ShmChannel::tx_open() {
+  if (tx_switched_.load(std::memory_order_acquire)) return true;
+  // Another holder of the end (a fork's parent or child) may have switched.
+  if (me_->switch_at.load(std::memory_order_acquire) == kNotSwitched) return false;
+  tx_switched_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool ShmChannel::rx_open() {
+  if (rx_switched_.load(std::memory_order_acquire)) return true;
+  const uint64_t at = peer_->switch_at.load(std::memory_order_acquire);
+  if (at == kNotSwitched || me_->tcp_read.load(std::memory_order_acquire) != at) return false;
+  rx_switched_.store(true, std::memory_order_release);
+  return true;
+}
+
+void ShmChannel::switch_tx(uint64_t at) {
+  // The count first, then the doorbell: a receiver that reads the doorbell
+  // from its socket loads the count after, and finds it (the kernel's
+  // socket orders our store before the byte it delivers). Once only, for
+  // every holder of the end.
+  uint64_t none = kNotSwitched;
+  const bool first = me_->switch_at.compare_exchange_strong(none, at, std::memory_order_seq_cst);
+  tx_switched_.store(true, std::memory_order_release);
+  if (!first && !owed_.load(std::memory_order_acquire)) return;
+  if (first) doorbells_only();
+  owed_.store(false, std::memory_order_relaxed);
+  static const char kByte = 1;
+  me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
+  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
+    stats_wakeup(true);
+  else
+    me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ShmChannel::switch_rx(uint64_t taken) {
+  if (taken > 0) {
+    const uint64_t drained = me_->drained.fetch_add(taken, std::memory_order_acq_rel) + taken;
+    if (drained > peer_->doorbells.load(std::memory_order_acquire)) {
+      rx_switched_.store(true, std::memory_order_release);
+      kernel_bytes_seen();
+      return;
+    }
+  }
+  rx_switched_.store(true, std::memory_order_release);
 }
 
 ShmChannel::~ShmChannel() {
@@ -294,6 +353,12 @@ bool ShmChannel::ring_doorbell() {
   // No peer to wake once its end is gone; a byte now would only make its
   // kernel answer with a reset.
   if (carrier_flags_.load(std::memory_order_relaxed) & kPeerClosed) return false;
+  // Before our sender switched, a byte on the socket is data to the peer:
+  // owed, rung by the switch (Stream).
+  if (!tx_open()) {
+    owed_.store(true, std::memory_order_release);
+    return true;
+  }
   // One byte on the kernel socket wakes a peer asleep in poll/epoll on it.
   // Counted before it is sent (the peer must never drain an uncounted
   // doorbell), taken back if the send fails. A full socket buffer means
@@ -362,6 +427,10 @@ void ShmChannel::kernel_bytes_seen() {
   if (carrier_flags_.fetch_or(kKernelBytes, std::memory_order_acq_rel) & kKernelBytes) return;
   tx_->producer_flags.fetch_or(kSendKernelBytes, std::memory_order_seq_cst);
   if (!kernel_bytes_reported_.exchange(true)) report_kernel_bytes("shm", true);
+  if (!tx_open()) {
+    owed_.store(true, std::memory_order_release);  // the flag waits in the region
+    return;
+  }
   static const char kByte = 1;
   me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
   if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1)
@@ -587,6 +656,8 @@ void ShmChannel::after_fork_child() {
 }
 
 bool ShmChannel::drain_wakeups() {
+  // The peer's prefix is the stream's to read.
+  if (!rx_open()) return false;
   char buf[256];
   uint64_t took = 0;
   int err = 0;
@@ -624,6 +695,9 @@ bool ShmChannel::drain_wakeups() {
 }
 
 void ShmChannel::probe() {
+  // Before the peer's prefix is read, the stream reads the socket itself,
+  // and learns of its end from it.
+  if (!rx_open()) return;
   // One system call in the usual case: a quiet socket (nothing queued, no
   // FIN, no error) is an open carrier with no foreign byte on it.
   pollfd pfd = {doorbell_fd_, POLLIN | POLLRDHUP, 0};

@@ -100,6 +100,11 @@ class ShmChannel final : public Channel {
   uint64_t peer_read_total() override;
   void note_read(uint64_t total) override;
   int kernel_socket() const override { return doorbell_fd_; }
+  TcpPrefix* tcp_prefix() override { return &prefix_; }
+  void attach() override;
+  void switch_tx(uint64_t at) override;
+  bool doorbell_owed() const override { return owed_.load(std::memory_order_acquire); }
+  void switch_rx(uint64_t taken) override;
   void own_fds(std::vector<int>* out) override {
     if (memfd_ >= 0) out->push_back(memfd_);
   }
@@ -135,6 +140,12 @@ class ShmChannel final : public Channel {
 
  private:
   void init(void* map, bool is_server);
+  void doorbells_only();  // TCP_NODELAY, no cork: our sender switched
+  // Whether our sender has switched (doorbells may go out) / our receiver
+  // has read the peer's prefix (every byte on the socket is a doorbell), as
+  // the region says: another holder of the end may have moved it on.
+  bool tx_open();
+  bool rx_open();
   // Rings; true when a doorbell is on its way (sent, or the socket is full
   // of them).
   bool ring_doorbell();
@@ -183,6 +194,15 @@ class ShmChannel final : public Channel {
   // This process's stats count the connection (the pairing or the exec
   // hand-off did; a fork's child does when it takes the end over).
   bool counted_ = true;
+  // Starting on TCP (docs/protocol.md section 10): the region's words, and
+  // what this process derived from them. Until our sender has switched, no
+  // doorbell goes on the socket (it would read as data on the other side):
+  // one held back is owed. Until our receiver has read the peer's prefix,
+  // bytes on the socket are data: drain_wakeups and probe leave them.
+  TcpPrefix prefix_ = {};
+  std::atomic<bool> tx_switched_{false};
+  std::atomic<bool> rx_switched_{false};
+  std::atomic<bool> owed_{false};
 };
 
 }  // namespace rsock
