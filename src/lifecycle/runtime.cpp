@@ -257,14 +257,15 @@ void flush_stats(FlushAt when) {
   // may both get here.
   static std::atomic<bool> written{false};
   if (when == FlushAt::kExit && written.exchange(true)) return;
-  uint64_t open_sent = 0, open_received = 0;
+  uint64_t open_sent = 0, open_received = 0, open_before = 0;
   for (ConnectionState* c : open_connections()) {
     open_sent += c->stream().bytes_sent();
     open_received += c->stream().bytes_received();
+    open_before += c->stream().tcp_bytes_sent() + c->stream().tcp_bytes_received();
   }
   char line[2048];
   int n = stats_format(line, sizeof line, static_cast<int>(getpid()), g_runtime->program, open_sent,
-                       open_received);
+                       open_received, open_before);
   stats_append(g_runtime->config.stats_path.c_str(), line, n);
 }
 

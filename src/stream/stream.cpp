@@ -224,6 +224,8 @@ void Stream::after_fork_child() {
   tx_origin_.fetch_add(bytes_sent_.exchange(0, std::memory_order_relaxed),
                        std::memory_order_relaxed);
   bytes_received_.store(0, std::memory_order_relaxed);
+  tcp_sent_.store(0, std::memory_order_relaxed);
+  tcp_received_.store(0, std::memory_order_relaxed);
   channel_->after_fork_child();
 }
 

@@ -351,7 +351,7 @@ TEST(WireLayout, MagicSpellsTheProtocolName) {
   const uint64_t magic = kRegionMagic;
   memcpy(text, &magic, 8);  // little-endian host
   EXPECT_STREQ(text, "rrsockr1");
-  EXPECT_EQ(kProtocolVersion, 4u);
+  EXPECT_EQ(kProtocolVersion, 5u);
 }
 
 TEST(WireLayout, EndpointLinesAreAppendedOnTheirOwnCacheLines) {
