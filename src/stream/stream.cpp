@@ -238,7 +238,9 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
   // Still on the kernel socket, until the peer's receive path reads the
   // region: the kernel's TCP does everything, errors included.
-  if (tx_tcp_.load(std::memory_order_acquire) && !switch_tx_locked()) return send_tcp(iov, iovcnt);
+  if (tx_tcp_.load(std::memory_order_acquire) && !reset_.load(std::memory_order_acquire) &&
+      !switch_tx_locked())
+    return send_tcp(iov, iovcnt);
   // A peer that died without a word: the kernel would know by now.
   maybe_probe();
   const PeerState s = poll_peer();
@@ -301,7 +303,7 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
   const int entered = channel_->enter();
   if (entered < 0) return entered;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
-  if (rx_tcp_.load(std::memory_order_acquire)) {
+  if (rx_tcp_.load(std::memory_order_acquire) && !reset_.load(std::memory_order_acquire)) {
     const ssize_t n = recv_tcp(iov, iovcnt, peek);
     if (n != kOnRing) return n;
   }
@@ -475,6 +477,8 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
     // The peer may have switched with nothing more before its count (its
     // doorbell not here yet).
     if (e == EAGAIN && rx_prefix_done_locked()) return kOnRing;
+    // shutdown(SHUT_RD): what is queued is still read, then EOF.
+    if (e == EAGAIN && shut_rd_.load(std::memory_order_relaxed)) return 0;
     return -e;
   }
   // Loaded after the read: a count stored before the bytes we read is
