@@ -65,12 +65,7 @@ struct ShmPair {
 // A region whose two ends have both switched before any byte and read
 // the region (docs/protocol.md section 10): every byte on the rings, the
 // socket for doorbells only. The tests of the ring paths start there.
-void start_on_ring(void* map) {
-  for (EndpointControl& e : static_cast<RegionHeader*>(map)->end) {
-    e.switch_at.store(0);
-    e.attached.store(1);
-  }
-}
+void start_on_ring(void* map) { shm_region_start_on_ring(map); }
 
 // keep_memfd: each channel keeps a dup of the region's memfd, as a paired
 // end does (giving pages back needs it). on_ring: start_on_ring; else both

@@ -465,6 +465,8 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kResources);
       return;
     }
+    // No byte has passed yet: the fds' data calls wait for this pairing.
+    shm_region_start_on_ring(map_);
     OfferMsg offer = {};
     offer.type = static_cast<uint32_t>(MsgType::kOffer);
     offer.version = kHandshakeVersion;

@@ -63,6 +63,13 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
   return fd;
 }
 
+void shm_region_start_on_ring(void* map) {
+  for (EndpointControl& e : static_cast<RegionHeader*>(map)->end) {
+    e.switch_at.store(0, std::memory_order_relaxed);
+    e.attached.store(1, std::memory_order_relaxed);
+  }
+}
+
 int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,
                       void** map) {
   // The header is checked twice over: the sizes before anything is mapped,
