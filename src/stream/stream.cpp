@@ -79,13 +79,19 @@ void Stream::observe(uint32_t flags) {
   } else if ((fresh & kPeerClosed) && !reset_.load(std::memory_order_relaxed)) {
     // The channel loads the peer's flags before its totals, so what the
     // peer read is final by now.
-    const uint64_t read = channel_->peer_read_total();
+    uint64_t read = channel_->peer_read_total();
     // Once both FINs were exchanged the peer's socket has left the
     // connection (TIME_WAIT): its close sends nothing, unread bytes or not.
     const bool finished =
         fin_rcvd_.load(std::memory_order_relaxed) && shut_wr_.load(std::memory_order_relaxed);
-    const uint64_t sent =
+    uint64_t sent =
         tx_origin_.load(std::memory_order_relaxed) + bytes_sent_.load(std::memory_order_acquire);
+    if (prefix_ != nullptr) {
+      // And what went on the socket before the switch (docs/protocol.md
+      // section 10): the peer read it, or left it unread.
+      sent += prefix_->tcp_sent->load(std::memory_order_acquire);
+      read += prefix_->peer_tcp_read->load(std::memory_order_acquire);
+    }
     if (!finished && ((flags & kPeerReset) || sent > read)) {
       const bool close_wait =
           fin_rcvd_.load(std::memory_order_relaxed) && !shut_wr_.load(std::memory_order_relaxed);
@@ -474,6 +480,15 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
       real().recvmsg(channel_->kernel_socket(), &mh, MSG_DONTWAIT | (peek ? MSG_PEEK : 0));
   if (n < 0) {
     const int e = errno == EWOULDBLOCK ? EAGAIN : errno;
+    if (e == ECONNRESET && !peek) {
+      // The peer's kernel reset: for our unread data (a reset), or its
+      // unread doorbells of ours, or after it closed having read all (a
+      // FIN, as kernel TCP would have sent). The region tells.
+      channel_->tcp_closed();
+      observe(poll_peer().flags);
+      if (const int err = take_pending(false)) return -err;
+      return 0;
+    }
     // The peer may have switched with nothing more before its count (its
     // doorbell not here yet).
     if (e == EAGAIN && rx_prefix_done_locked()) return kOnRing;

@@ -80,6 +80,7 @@ struct TcpPrefix {
   std::atomic<uint64_t>* switch_at;  // ours: kNotSwitched until our sender switched
   const std::atomic<uint64_t>* peer_switch_at;
   const std::atomic<uint32_t>* peer_attached;
+  const std::atomic<uint64_t>* peer_tcp_read;  // the peer's tcp_read: our prefix it has read
 };
 
 class ExecSink;             // transport/handoff.h
@@ -204,6 +205,11 @@ class Channel {
   // socket from now on is a doorbell. `taken`: bytes past the prefix that
   // the stream's last read of the socket took (doorbells, drained).
   virtual void switch_rx(uint64_t /*taken*/) {}
+  // Our receiver, still on the socket, read its end there (EOF or a reset):
+  // the peer's end is gone (kPeerClosed from now on), and the stream decides
+  // between a FIN and a reset by what each side read, as it does on the
+  // ring (a reset can be the peer's kernel's answer to our unread doorbells).
+  virtual void tcp_closed() {}
 
   // The private dup of the connection's kernel TCP socket, or -1.
   virtual int kernel_socket() const { return -1; }

@@ -1019,11 +1019,22 @@ struct TcpFirst {
   std::unique_ptr<Stream> server, client;
 };
 
-TcpFirst make_tcp_first(size_t ring = 1 << 16) {
+// over_tcp: a loopback TCP connection instead of a socketpair (for what
+// only TCP does: a reset when a socket closes with bytes unread).
+TcpFirst make_tcp_first(size_t ring = 1 << 16, bool over_tcp = false) {
   TcpFirst t;
   ShmPair p = make_shm_pair(ring, kNonce, false, false);
   EXPECT_TRUE(p.server && p.client);
   if (!p.server || !p.client) return t;
+  if (over_tcp) {
+    int tcp[2];
+    tcp_pair(tcp);
+    // The channels keep their numbers; the socket behind them changes.
+    EXPECT_EQ(dup3(tcp[0], p.server->kernel_socket(), O_CLOEXEC), p.server->kernel_socket());
+    EXPECT_EQ(dup3(tcp[1], p.client->kernel_socket(), O_CLOEXEC), p.client->kernel_socket());
+    close(tcp[0]);
+    close(tcp[1]);
+  }
   t.region = p.region;
   t.server_fd = p.server->kernel_socket();
   t.client_fd = p.client->kernel_socket();
@@ -1256,6 +1267,47 @@ TEST(ShmSwitch, AReadThatRacesTheSwitchKeepsOnlyTheBytesBeforeTheCount) {
     ASSERT_EQ(got, "abcdef") << "iteration " << i;
   }
   RecordProperty("raced", std::to_string(raced));
+}
+
+// The peer closes while its bytes still go on the socket, leaving our
+// announcing doorbell unread: its kernel resets, where kernel TCP would
+// have sent a FIN (it read every byte of ours). The region tells them apart.
+TEST(ShmSwitch, APeersResetForOurUnreadDoorbellIsAFin) {
+  TcpFirst t = make_tcp_first(1 << 16, true);
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.server, "bye"), 3);  // on the socket: nobody attached
+  t.server->attach();
+  t.client->attach();  // second: switches at 0, one doorbell to the server
+  EXPECT_FALSE(t.client->tx_on_tcp());
+  EXPECT_TRUE(t.server->tx_on_tcp());
+  t.server->close();
+  t.server.reset();  // its socket closes with the doorbell unread: a reset
+  EXPECT_EQ(recv_str(*t.client, 100), "bye");
+  std::string end;
+  for (int i = 0; i < 200; ++i) {
+    end = recv_str(*t.client, 100);
+    if (end != "<-11>") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(end, "");  // EOF, not <-104> (ECONNRESET)
+}
+
+// The same close with a byte of ours unread is a reset, as on TCP.
+TEST(ShmSwitch, APeerThatLeftOurBytesUnreadResets) {
+  TcpFirst t = make_tcp_first(1 << 16, true);
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.client, "unread"), 6);  // on the socket
+  t.server->attach();
+  t.client->attach();
+  t.server->close();
+  t.server.reset();
+  std::string end;
+  for (int i = 0; i < 200; ++i) {
+    end = recv_str(*t.client, 100);
+    if (end != "<-11>") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(end, "<-104>");
 }
 
 // Both ends attach at random moments while a stream runs each way.

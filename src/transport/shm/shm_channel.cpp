@@ -178,7 +178,8 @@ void ShmChannel::init(void* map, bool is_server) {
   peer_ = &h->end[is_server ? 1 : 0];
   // Only the peer writes our receive ring: in this process it is read-only.
   mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
-  prefix_ = {&me_->tcp_sent, &me_->tcp_read, &me_->switch_at, &peer_->switch_at, &peer_->attached};
+  prefix_ = {&me_->tcp_sent,    &me_->tcp_read,   &me_->switch_at,
+             &peer_->switch_at, &peer_->attached, &peer_->tcp_read};
   // Where the end stands (a fresh one: nothing switched; an exec'd image
   // or a fork's child: where its holders left it).
   if (tx_open()) doorbells_only();
