@@ -539,19 +539,31 @@ bool Stream::tcp_overlay(StreamEvents* ev) {
   if (!rx_tcp && !tx_tcp) return false;
   pollfd p = {channel_->kernel_socket(), POLLIN | POLLOUT | POLLRDHUP, 0};
   if (real().poll(&p, 1, 0) < 0) p.revents = 0;
-  const short r = p.revents;
-  // A kernel error or hangup is the connection's, whichever direction.
-  ev->error = ev->error || (r & POLLERR) != 0;
-  ev->hup = ev->hup || (r & POLLHUP) != 0;
+  short r = p.revents;
+  if (r & (POLLERR | POLLHUP)) {
+    // The peer's kernel reset (or both FINs went): its end is gone. Whether
+    // the application sees a FIN or a reset the region tells, as recv_tcp
+    // decides; the ring's state below says which.
+    channel_->tcp_closed();
+    observe(poll_peer().flags);
+    const bool reset = reset_.load(std::memory_order_acquire);
+    const bool fin = fin_rcvd_.load(std::memory_order_acquire);
+    const bool snd_shut = shut_wr_.load(std::memory_order_relaxed) || reset;
+    ev->error = sk_err_.load(std::memory_order_acquire) != 0;
+    ev->hup = reset || (fin && snd_shut);
+    r = static_cast<short>((r & ~(POLLERR | POLLHUP)) | POLLIN | POLLRDHUP | POLLOUT);
+  }
   if (rx_tcp) {
-    ev->rdhup = (r & (POLLRDHUP | POLLHUP)) != 0;
-    ev->readable = (r & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    ev->rdhup = ev->rdhup || (r & POLLRDHUP) != 0;
+    ev->readable = ev->readable || (r & (POLLIN | POLLRDHUP)) != 0;
     int inq = 0;
     if (ev->readable && real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0) inq = 0;
     ev->rx_gen = prefix_->tcp_read->load(std::memory_order_relaxed) + static_cast<uint64_t>(inq);
   }
   if (tx_tcp) {
-    ev->writable = (r & (POLLOUT | POLLHUP | POLLERR)) != 0;
+    // The ring's room is not ours yet: the socket's, or a send that fails.
+    ev->writable = (r & POLLOUT) != 0 || ev->error || reset_.load(std::memory_order_acquire) ||
+                   shut_wr_.load(std::memory_order_relaxed);
     ev->tx_gen = prefix_->tcp_sent->load(std::memory_order_relaxed);
   }
   return true;
