@@ -257,15 +257,16 @@ void flush_stats(FlushAt when) {
   // may both get here.
   static std::atomic<bool> written{false};
   if (when == FlushAt::kExit && written.exchange(true)) return;
-  uint64_t open_sent = 0, open_received = 0, open_before = 0;
+  uint64_t open_sent = 0, open_received = 0, before_sent = 0, before_received = 0;
   for (ConnectionState* c : open_connections()) {
     open_sent += c->stream().bytes_sent();
     open_received += c->stream().bytes_received();
-    open_before += c->stream().tcp_bytes_sent() + c->stream().tcp_bytes_received();
+    before_sent += c->stream().tcp_bytes_sent();
+    before_received += c->stream().tcp_bytes_received();
   }
   char line[2048];
   int n = stats_format(line, sizeof line, static_cast<int>(getpid()), g_runtime->program, open_sent,
-                       open_received, open_before);
+                       open_received, before_sent, before_received);
   stats_append(g_runtime->config.stats_path.c_str(), line, n);
 }
 

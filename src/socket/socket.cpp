@@ -147,7 +147,7 @@ void ConnectionState::on_last_close() {
   }
   stream_.close(abort);
   stats_bytes(stream_.bytes_sent(), stream_.bytes_received());
-  stats_before_switch(stream_.tcp_bytes_sent() + stream_.tcp_bytes_received());
+  stats_before_switch(stream_.tcp_bytes_sent(), stream_.tcp_bytes_received());
 }
 
 namespace {

@@ -24,7 +24,7 @@ std::atomic<uint64_t> g_received{0};
 std::atomic<uint64_t> g_wakeups[2];  // [0] spared, [1] sent
 std::atomic<uint64_t> g_trims{0};
 std::atomic<uint64_t> g_trimmed{0};  // bytes
-std::atomic<uint64_t> g_before_switch{0};  // bytes both ways on TCP before a switch
+std::atomic<uint64_t> g_before_switch[2];  // bytes received [0] / sent [1] on TCP before a switch
 
 const char* const kFallbackNames[] = {
     "peer_not_accelerated", "not_same_host",  "negative_cache",     "pair_timeout",
@@ -76,10 +76,11 @@ void stats_bytes(uint64_t sent, uint64_t received) {
   g_sent.fetch_add(sent, std::memory_order_relaxed);
   g_received.fetch_add(received, std::memory_order_relaxed);
 }
-void stats_before_switch(uint64_t bytes) {
-  g_before_switch.fetch_add(bytes, std::memory_order_relaxed);
+void stats_before_switch(uint64_t sent, uint64_t received) {
+  g_before_switch[1].fetch_add(sent, std::memory_order_relaxed);
+  g_before_switch[0].fetch_add(received, std::memory_order_relaxed);
 }
-uint64_t stats_before_switch_bytes() { return g_before_switch.load(); }
+uint64_t stats_before_switch_bytes(bool sent) { return g_before_switch[sent ? 1 : 0].load(); }
 void stats_wakeup(bool sent) { g_wakeups[sent ? 1 : 0].fetch_add(1, std::memory_order_relaxed); }
 uint64_t stats_wakeups(bool sent) { return g_wakeups[sent ? 1 : 0].load(); }
 void stats_trimmed(uint64_t bytes) {
@@ -103,11 +104,11 @@ void stats_reset() {
   for (auto& c : g_wakeups) c.store(0);
   g_trims.store(0);
   g_trimmed.store(0);
-  g_before_switch.store(0);
+  for (auto& c : g_before_switch) c.store(0);
 }
 
 int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open_sent,
-                 uint64_t open_received, uint64_t open_before_switch) {
+                 uint64_t open_received, uint64_t open_before_sent, uint64_t open_before_received) {
   // Program names come from argv[0]: escape what JSON requires.
   char prog[256];
   int p = 0;
@@ -143,8 +144,10 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
                   static_cast<unsigned long long>(stats_trims()),
                   static_cast<unsigned long long>(stats_trimmed_bytes()));
   if (n < cap)
-    n += snprintf(buf + n, cap - n, ", \"before_switch_bytes\": %llu",
-                  static_cast<unsigned long long>(g_before_switch.load() + open_before_switch));
+    n +=
+        snprintf(buf + n, cap - n, ", \"before_switch\": {\"sent\": %llu, \"received\": %llu}",
+                 static_cast<unsigned long long>(g_before_switch[1].load() + open_before_sent),
+                 static_cast<unsigned long long>(g_before_switch[0].load() + open_before_received));
   if (n < cap)
     n += snprintf(buf + n, cap - n, ", \"bytes_sent\": %llu, \"bytes_received\": %llu}",
                   static_cast<unsigned long long>(g_sent.load() + open_sent),

@@ -64,10 +64,10 @@ void stats_fallback(Fallback f);
 void stats_reset_connection(Reset r);
 void stats_reject(Reject r);
 void stats_bytes(uint64_t sent, uint64_t received);  // from a closed accelerated connection
-// Bytes (both ways) a closed accelerated connection carried on the kernel
-// socket before it switched to its rings (docs/protocol.md section 10).
-void stats_before_switch(uint64_t bytes);
-uint64_t stats_before_switch_bytes();
+// Bytes a closed accelerated connection carried on the kernel socket
+// before each direction switched to its ring (docs/protocol.md section 10).
+void stats_before_switch(uint64_t sent, uint64_t received);
+uint64_t stats_before_switch_bytes(bool sent);
 // A doorbell rung for a sleeping peer (sent), or not rung because this
 // thread had just rung the same sleep (spared; ring/sleepers.h).
 void stats_wakeup(bool sent);
@@ -82,10 +82,11 @@ uint64_t stats_resets(Reset r);
 uint64_t stats_rejects(Reject r);
 
 // Formats the JSON object (without newline) into buf; returns its length.
-// open_sent/open_received (and open_before_switch) add the bytes of
+// open_sent/open_received (and open_before_sent/received) add the bytes of
 // connections still open.
 int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open_sent,
-                 uint64_t open_received, uint64_t open_before_switch = 0);
+                 uint64_t open_received, uint64_t open_before_sent = 0,
+                 uint64_t open_before_received = 0);
 // Appends one line to path (O_APPEND, one write), opened with
 // open_append_file (no symbolic link, only a regular file of ours). A path
 // that cannot be used gives one warning line on stderr per process, naming

@@ -339,8 +339,10 @@ struct Stats {
   uint64_t wakeups_spared = 0;                  // not rung: the same sleep had just been rung
   uint64_t trimmed_rings = 0;                   // idle rings whose pages were given back
   uint64_t trimmed_bytes = 0;
-  uint64_t bytes_sent = 0;
+  uint64_t bytes_sent = 0;  // through the rings
   uint64_t bytes_received = 0;
+  uint64_t before_sent = 0;  // on the kernel socket before the switch (protocol.md section 10)
+  uint64_t before_received = 0;
 
   uint64_t conn(const std::string& path) const {
     auto it = connections.find(path);
@@ -462,6 +464,14 @@ inline std::optional<Stats> parse_stats_line(const std::string& line, std::strin
     return std::nullopt;
   if (!uint_field(*j, "bytes_sent", &s.bytes_sent) ||
       !uint_field(*j, "bytes_received", &s.bytes_received))
+    return std::nullopt;
+  const Json* before = j->get("before_switch");
+  if (!before || before->type != Json::Type::kObject) {
+    *error = "field 'before_switch' missing: " + line;
+    return std::nullopt;
+  }
+  if (!uint_field(*before, "sent", &s.before_sent) ||
+      !uint_field(*before, "received", &s.before_received))
     return std::nullopt;
   return s;
 }

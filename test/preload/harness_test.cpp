@@ -12,7 +12,8 @@ const char* kLine =
     "{\"pid\": 10578, \"program\": \"echo_srv\", \"connections\": {\"shm\": 1, \"rdma\": 0, "
     "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"resets\": "
     "{\"kernel_bytes\": 1}, \"rejected\": {\"unproven\": 4}, \"wakeups\": {\"sent\": 7, "
-    "\"spared\": 9}, \"trimmed\": {\"rings\": 2, \"bytes\": 81920}, \"bytes_sent\": 35, "
+    "\"spared\": 9}, \"trimmed\": {\"rings\": 2, \"bytes\": 81920}, \"before_switch\": "
+    "{\"sent\": 12, \"received\": 5}, \"bytes_sent\": 35, "
     "\"bytes_received\": 18446744073709551615}";
 
 TEST(StatsParser, ParsesTheDocumentedLine) {
@@ -34,6 +35,8 @@ TEST(StatsParser, ParsesTheDocumentedLine) {
   EXPECT_EQ(s->trimmed_bytes, 81920u);
   EXPECT_EQ(s->bytes_sent, 35u);
   EXPECT_EQ(s->bytes_received, UINT64_MAX);
+  EXPECT_EQ(s->before_sent, 12u);
+  EXPECT_EQ(s->before_received, 5u);
 }
 
 TEST(StatsParser, RejectsMalformedLines) {

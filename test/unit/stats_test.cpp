@@ -231,8 +231,10 @@ TEST_F(Stats, FreshCountersFormatAsZeros) {
   EXPECT_EQ(m["trimmed.bytes"], "0");
   EXPECT_EQ(m["bytes_sent"], "0");
   EXPECT_EQ(m["bytes_received"], "0");
-  EXPECT_EQ(m["before_switch_bytes"], "0");
-  EXPECT_EQ(m.size(), 19u);  // nothing else, in particular no reason entries
+  EXPECT_EQ(m["before_switch"], "{}");
+  EXPECT_EQ(m["before_switch.sent"], "0");
+  EXPECT_EQ(m["before_switch.received"], "0");
+  EXPECT_EQ(m.size(), 21u);  // nothing else, in particular no reason entries
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
@@ -251,7 +253,7 @@ TEST_F(Stats, CountersAppearInTheLine) {
   stats_wakeup(false);
   stats_trimmed(65536);
   stats_trimmed(8192);
-  stats_before_switch(40);
+  stats_before_switch(40, 2);
   EXPECT_EQ(stats_connections(Path::kShm), 2u);
   EXPECT_EQ(stats_connections(Path::kRdma), 0u);
   EXPECT_EQ(stats_connections(Path::kTcp), 1u);
@@ -271,8 +273,9 @@ TEST_F(Stats, CountersAppearInTheLine) {
   EXPECT_EQ(m["wakeups.spared"], "2");
   EXPECT_EQ(m["trimmed.rings"], "2");
   EXPECT_EQ(m["trimmed.bytes"], "73728");
-  EXPECT_EQ(m["before_switch_bytes"], "40");
-  EXPECT_EQ(m.size(), 21u);
+  EXPECT_EQ(m["before_switch.sent"], "40");
+  EXPECT_EQ(m["before_switch.received"], "2");
+  EXPECT_EQ(m.size(), 23u);
 }
 
 TEST_F(Stats, ResetsAndRejectsAppearByName) {
@@ -284,7 +287,7 @@ TEST_F(Stats, ResetsAndRejectsAppearByName) {
   auto m = parse_or_fail(format(7, "p"));
   EXPECT_EQ(m["resets.kernel_bytes"], "2");
   EXPECT_EQ(m["rejected.unproven"], "1");
-  EXPECT_EQ(m.size(), 21u);
+  EXPECT_EQ(m.size(), 23u);
 }
 
 TEST_F(Stats, LargeCountersFormatInFull) {
@@ -301,7 +304,7 @@ TEST_F(Stats, EveryFallbackReasonIsAKeyWithItsName) {
     for (int k = 0; k <= i; ++k) stats_fallback(f);
     auto m = parse_or_fail(format(1, "p"));
     EXPECT_EQ(m["fallbacks." + std::string(fallback_name(f))], std::to_string(i + 1));
-    EXPECT_EQ(m.size(), 20u) << fallback_name(f);
+    EXPECT_EQ(m.size(), 22u) << fallback_name(f);
   }
 }
 
