@@ -125,8 +125,8 @@ TEST_F(AttackTest, ForeignUserCannotHijackTheClientRendezvous) {
   expect_fallbacks(*ss, {}, "server");
   EXPECT_GE(cs->rejects("unproven"), 1u) << "the forged hellos were not counted";
   EXPECT_LE(cs->rejects("unproven"), to_u64(r["connects"]));
-  EXPECT_EQ(cs->bytes_sent, 1000000u);
-  EXPECT_EQ(cs->bytes_received, 1000000u);
+  EXPECT_EQ(cs->total_sent(), 1000000u);
+  EXPECT_EQ(cs->total_received(), 1000000u);
 }
 
 // Another user binds the name a client's pairing needs before the client

@@ -63,8 +63,8 @@ class FallbackTest : public PreloadTest {
     ASSERT_TRUE(st);
     expect_paths(*st, shm ? 1 : 0, shm ? 0 : 1, p.name);
     expect_fallbacks(*st, fallbacks, p.name);
-    EXPECT_EQ(st->bytes_sent, shm ? kBytes : 0) << p.name;
-    EXPECT_EQ(st->bytes_received, shm ? kBytes : 0) << p.name;
+    EXPECT_EQ(st->total_sent(), shm ? kBytes : 0) << p.name;
+    EXPECT_EQ(st->total_received(), shm ? kBytes : 0) << p.name;
   }
 
   Proc* server_ = nullptr;

@@ -343,6 +343,10 @@ struct Stats {
   uint64_t bytes_received = 0;
   uint64_t before_sent = 0;  // on the kernel socket before the switch (protocol.md section 10)
   uint64_t before_received = 0;
+  // What accelerated connections moved in all: through the rings, and on
+  // their sockets before each direction switched.
+  uint64_t total_sent() const { return bytes_sent + before_sent; }
+  uint64_t total_received() const { return bytes_received + before_received; }
 
   uint64_t conn(const std::string& path) const {
     auto it = connections.find(path);

@@ -65,10 +65,10 @@ class IntegrityTest : public PreloadTest {
     expect_paths(*ss, 1, 0, "server");
     expect_fallbacks(*cs, {}, "client");
     expect_fallbacks(*ss, {}, "server");
-    EXPECT_EQ(cs->bytes_sent, t.bytes_each_way);
-    EXPECT_EQ(cs->bytes_received, t.bytes_each_way);
-    EXPECT_EQ(ss->bytes_sent, t.bytes_each_way);
-    EXPECT_EQ(ss->bytes_received, t.bytes_each_way);
+    EXPECT_EQ(cs->total_sent(), t.bytes_each_way);
+    EXPECT_EQ(cs->total_received(), t.bytes_each_way);
+    EXPECT_EQ(ss->total_sent(), t.bytes_each_way);
+    EXPECT_EQ(ss->total_received(), t.bytes_each_way);
     EXPECT_EQ(cs->program, "rs_stream");
   }
 };

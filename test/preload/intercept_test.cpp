@@ -95,9 +95,9 @@ class XferTest : public PreloadTest, public ::testing::WithParamInterface<const 
       expect_fallbacks(*ss, {}, "server");
       auto c = parse_result(out->client_out, "CLIENT");
       if (std::string(GetParam()) == "splice_out") {
-        EXPECT_EQ(cs->bytes_received, to_u64(c["total"]));
+        EXPECT_EQ(cs->total_received(), to_u64(c["total"]));
       } else if (std::string(GetParam()) != "sendfile_epipe") {
-        EXPECT_EQ(cs->bytes_sent, to_u64(c["total"]));
+        EXPECT_EQ(cs->total_sent(), to_u64(c["total"]));
       }
     }
   }
@@ -182,8 +182,8 @@ TEST_P(ExecTest, InheritedConnectionKeepsWorking) {
   expect_paths(stage2[0], 1, 1, "new image");
   expect_fallbacks(stage2[0], {}, "new image");
   EXPECT_TRUE(stage2[0].resets.empty()) << "new image: resets";
-  EXPECT_EQ(stage2[0].bytes_received, 199000u + 300000u);
-  EXPECT_EQ(stage2[0].bytes_sent, 100000u);
+  EXPECT_EQ(stage2[0].total_received(), 199000u + 300000u);
+  EXPECT_EQ(stage2[0].total_sent(), 100000u);
   // The old image (or, for posix_spawn, the parent): the connection on shm,
   // the first 1000 bytes of S1 in and C1 out.
   const auto stage1 = stats_named(all, "rs_exec");
@@ -194,12 +194,12 @@ TEST_P(ExecTest, InheritedConnectionKeepsWorking) {
   }
   ASSERT_TRUE(old && srv) << read_file(stats_path());
   expect_paths(*old, 1, 0, "old image");
-  EXPECT_EQ(old->bytes_received, 1000u);
-  EXPECT_EQ(old->bytes_sent, 150000u);
+  EXPECT_EQ(old->total_received(), 1000u);
+  EXPECT_EQ(old->total_sent(), 150000u);
   expect_paths(*srv, 1, 1, "server");
   expect_fallbacks(*srv, {}, "server");
-  EXPECT_EQ(srv->bytes_sent, 200000u + 300000u);
-  EXPECT_EQ(srv->bytes_received, 250000u);
+  EXPECT_EQ(srv->total_sent(), 200000u + 300000u);
+  EXPECT_EQ(srv->total_received(), 250000u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Forms, ExecTest,
@@ -266,13 +266,13 @@ TEST_F(InetdTest, ExecdServiceEchoesOverSharedMemory) {
   ASSERT_EQ(echo.size(), 1u) << read_file(stats_path());
   expect_paths(echo[0], 1, 0, "echo");
   expect_fallbacks(echo[0], {}, "echo");
-  EXPECT_EQ(echo[0].bytes_received, 3145728u);
-  EXPECT_EQ(echo[0].bytes_sent, 3145728u);
+  EXPECT_EQ(echo[0].total_received(), 3145728u);
+  EXPECT_EQ(echo[0].total_sent(), 3145728u);
   auto cs = stats_of(client);
   ASSERT_TRUE(cs);
   expect_paths(*cs, 1, 0, "client");
-  EXPECT_EQ(cs->bytes_sent, 3145728u);
-  EXPECT_EQ(cs->bytes_received, 3145728u);
+  EXPECT_EQ(cs->total_sent(), 3145728u);
+  EXPECT_EQ(cs->total_received(), 3145728u);
 }
 
 // A fork's child that execs must not take its parent's sleepers with it:

@@ -91,10 +91,10 @@ TEST_P(SemanticsTest, OnSharedMemory) {
     expect_paths(*ss, 1, 1, "server");
     expect_fallbacks(*cs, {}, "client");
     expect_fallbacks(*ss, {}, "server");
-    EXPECT_EQ(cs->bytes_sent, to_u64(ct["sent"]));
-    EXPECT_EQ(cs->bytes_received, to_u64(ct["received"]));
-    EXPECT_EQ(ss->bytes_sent, to_u64(st["sent"]));
-    EXPECT_EQ(ss->bytes_received, to_u64(st["received"]));
+    EXPECT_EQ(cs->total_sent(), to_u64(ct["sent"]));
+    EXPECT_EQ(cs->total_received(), to_u64(ct["received"]));
+    EXPECT_EQ(ss->total_sent(), to_u64(st["sent"]));
+    EXPECT_EQ(ss->total_received(), to_u64(st["received"]));
   }
 }
 
