@@ -468,11 +468,9 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
     }
     return rx_prefix_done_locked() ? kOnRing : -EAGAIN;
   }
-  size_t want = 0;
-  for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
-  if (want == 0) return 0;
   iovec part[kMaxTcpIov];
-  const int cnt = clip_iov(iov, iovcnt, at == kNotSwitched ? want : at - read, part);
+  const int cnt = clip_iov(iov, iovcnt, at == kNotSwitched ? SIZE_MAX : at - read, part);
+  if (cnt == 0) return 0;  // nothing asked for (at > read here)
   msghdr mh = {};
   mh.msg_iov = part;
   mh.msg_iovlen = static_cast<size_t>(cnt);
@@ -524,8 +522,8 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
 }
 
 // The directions still on the kernel socket take its readiness (one may
-// have switched already, and shows the ring's). Returns whether any did.
-bool Stream::tcp_overlay(StreamEvents* ev) {
+// have switched already, and shows the ring's).
+void Stream::tcp_overlay(StreamEvents* ev) {
   {
     std::unique_lock<std::mutex> lock(rx_mu_, std::try_to_lock);
     if (lock.owns_lock() && rx_tcp_.load(std::memory_order_acquire)) (void)rx_prefix_done_locked();
@@ -536,7 +534,7 @@ bool Stream::tcp_overlay(StreamEvents* ev) {
   }
   const bool rx_tcp = rx_tcp_.load(std::memory_order_acquire);
   const bool tx_tcp = tx_tcp_.load(std::memory_order_acquire);
-  if (!rx_tcp && !tx_tcp) return false;
+  if (!rx_tcp && !tx_tcp) return;
   pollfd p = {channel_->kernel_socket(), POLLIN | POLLOUT | POLLRDHUP, 0};
   if (real().poll(&p, 1, 0) < 0) p.revents = 0;
   short r = p.revents;
@@ -566,7 +564,6 @@ bool Stream::tcp_overlay(StreamEvents* ev) {
                    shut_wr_.load(std::memory_order_relaxed);
     ev->tx_gen = prefix_->tcp_sent->load(std::memory_order_relaxed);
   }
-  return true;
 }
 
 uint64_t Stream::tcp_bytes_sent() const { return tcp_sent_.load(std::memory_order_relaxed); }
@@ -679,7 +676,7 @@ StreamEvents Stream::events(bool look) {
   if (take_over() == -EAGAIN) return ev;
   ev = ring_events(look);
   if (tx_tcp_.load(std::memory_order_acquire) || rx_tcp_.load(std::memory_order_acquire))
-    (void)tcp_overlay(&ev);
+    tcp_overlay(&ev);
   return ev;
 }
 

@@ -197,7 +197,7 @@ class Stream {
   ssize_t recv_tcp(const struct iovec* iov, int iovcnt, bool peek);
   // Whether our receiver has read the whole prefix (switches it if so).
   bool rx_prefix_done_locked();
-  bool tcp_overlay(StreamEvents* ev);
+  void tcp_overlay(StreamEvents* ev);
   StreamEvents ring_events(bool look);
 
   std::unique_ptr<Channel> channel_;

@@ -1269,6 +1269,18 @@ TEST(ShmSwitch, AReadThatRacesTheSwitchKeepsOnlyTheBytesBeforeTheCount) {
   RecordProperty("raced", std::to_string(raced));
 }
 
+// The first answer of a read that is not EAGAIN (the peer's reset takes a
+// moment to reach our socket), as recv_str gives it.
+std::string recv_until_not_eagain(Stream& s) {
+  std::string got;
+  for (int i = 0; i < 200; ++i) {
+    got = recv_str(s, 100);
+    if (got != "<-11>") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return got;
+}
+
 // The peer closes while its bytes still go on the socket, leaving our
 // announcing doorbell unread: its kernel resets, where kernel TCP would
 // have sent a FIN (it read every byte of ours). The region tells them apart.
@@ -1283,12 +1295,7 @@ TEST(ShmSwitch, APeersResetForOurUnreadDoorbellIsAFin) {
   t.server->close();
   t.server.reset();  // its socket closes with the doorbell unread: a reset
   EXPECT_EQ(recv_str(*t.client, 100), "bye");
-  std::string end;
-  for (int i = 0; i < 200; ++i) {
-    end = recv_str(*t.client, 100);
-    if (end != "<-11>") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  const std::string end = recv_until_not_eagain(*t.client);
   EXPECT_EQ(end, "");  // EOF, not <-104> (ECONNRESET)
 }
 
@@ -1301,12 +1308,7 @@ TEST(ShmSwitch, APeerThatLeftOurBytesUnreadResets) {
   t.client->attach();
   t.server->close();
   t.server.reset();
-  std::string end;
-  for (int i = 0; i < 200; ++i) {
-    end = recv_str(*t.client, 100);
-    if (end != "<-11>") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  const std::string end = recv_until_not_eagain(*t.client);
   EXPECT_EQ(end, "<-104>");
 }
 

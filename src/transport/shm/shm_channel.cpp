@@ -226,12 +226,7 @@ void ShmChannel::switch_tx(uint64_t at) {
   if (!first && !owed_.load(std::memory_order_acquire)) return;
   if (first) doorbells_only();
   owed_.store(false, std::memory_order_relaxed);
-  static const char kByte = 1;
-  me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
-  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
-    stats_wakeup(true);
-  else
-    me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
+  (void)ring_doorbell();
 }
 
 void ShmChannel::switch_rx(uint64_t taken) {
