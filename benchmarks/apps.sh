@@ -17,7 +17,9 @@
 #   conns-block        benchmarks/connrate.cpp: 2000 x (connect, 1 byte each
 #                      way, close), one after the other, against a blocking
 #                      accept loop: connections/s, p50 and p99 of one
-#                      connection (socket() to the byte back)
+#                      connection (socket() to the byte back), and the CPU
+#                      time (user and system) each process spent per
+#                      connection
 #   conns-epoll        the same with nonblocking connects, 8 in flight, from
 #                      an epoll loop to an epoll server
 #   stream-SIZE        benchmarks/stream.cpp: one connection streaming
@@ -324,6 +326,8 @@ run_conns() { # PATH MODE
   R[rate]=$(sed -n 's/.* rate=\([0-9.]*\).*/\1/p' <<<"$line")
   R[p50]=$(sed -n 's/.* p50_us=\([0-9.]*\).*/\1/p' <<<"$line")
   R[p99]=$(sed -n 's/.* p99_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  R[cli_cpu]=$(sed -n 's/.* cpu_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  R[srv_cpu]=$(sed -n 's/^SERVED .* cpu_us=\([0-9.]*\).*/\1/p' "$WORK/$tag.srv.out")
   [[ $line == *" ok=$CONNS "* ]] || {
     R_OK=0 R_NOTE+="connrate: ${line:-no RESULT line}; "
   }
@@ -481,7 +485,7 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
           ;;
         conns-*)
           run_conns "$path" "${row#conns-}"
-          record "$row" "$path" rate p50 p99
+          record "$row" "$path" rate p50 p99 cli_cpu srv_cpu
           ;;
         stream-*)
           run_stream "$path" "${row#stream-}"
@@ -570,6 +574,8 @@ report=$WORK/apps.md
         row_line "$row" rate "connections/s" rate
         row_line "$row" p50 "p50 us of a connection" lat
         row_line "$row" p99 "p99 us of a connection" lat
+        row_line "$row" cli_cpu "client CPU us per connection" lat
+        row_line "$row" srv_cpu "server CPU us per connection" lat
         ;;
       stream-*)
         row_line "$row" mbs "MB/s received" rate

@@ -6,15 +6,18 @@
 //       block: accept, read 1 byte, write it back, close, one connection
 //       after the other. epoll: a nonblocking listener and connections in
 //       one edge-triggered epoll loop, the same exchange. Prints READY and
-//       serves until SIGTERM or SIGINT, then exits 0 (so that librsock
-//       writes its stats line).
+//       serves until SIGTERM or SIGINT, then prints "SERVED conns=N
+//       cpu_us=C" (its CPU time, user and system, per connection it served)
+//       and exits 0 (so that librsock writes its stats line).
 //   connrate client PORT N block|epoll [INFLIGHT]
 //       N connections to 127.0.0.1:PORT, each: socket, connect, write 1
 //       byte, read it back, close. block: one after the other. epoll:
 //       nonblocking connects, INFLIGHT (default 8) at a time, in one epoll
-//       loop. Prints "RESULT conns=N seconds=S rate=R p50_us=P p99_us=Q",
+//       loop. Prints "RESULT conns=N seconds=S rate=R p50_us=P p99_us=Q
+//       cpu_us=C",
 //       where the percentiles are of one connection's time from socket() to
-//       the byte read back. Exit status 0 when all N carried their byte.
+//       the byte read back, and cpu_us the process's CPU time (user and
+//       system) per connection. Exit status 0 when all N carried their byte.
 //   connrate sink PORT K BYTES [IDLE_MS]
 //       a server for hold: accepts K connections in an epoll loop, reads
 //       BYTES from each and answers one byte; once all K have, prints its
@@ -34,6 +37,7 @@
 //       IDLE_MS, "IDLE fds=..." (the same fields, no seconds) after sleeping
 //       that long.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -43,11 +47,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <dirent.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -70,6 +73,15 @@ sockaddr_in loopback(int port) {
 }
 
 volatile sig_atomic_t g_stop = 0;
+long g_served = 0;  // connections the server closed after its exchange
+
+// This process's CPU time (user + system) so far, in microseconds.
+double cpu_us() {
+  rusage ru = {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 
 int serve_blocking(int l) {
   while (!g_stop) {
@@ -82,6 +94,7 @@ int serve_blocking(int l) {
     char b;
     if (read(c, &b, 1) == 1) (void)!write(c, &b, 1);
     close(c);
+    ++g_served;
   }
   return 0;
 }
@@ -110,7 +123,10 @@ int serve_epoll(int l) {
       char b;
       ssize_t r = read(fd, &b, 1);
       if (r == 1) (void)!write(fd, &b, 1);
-      if (r == 1 || r == 0 || (r < 0 && errno != EAGAIN)) close(fd);  // one exchange each
+      if (r == 1 || r == 0 || (r < 0 && errno != EAGAIN)) {
+        close(fd);  // one exchange each
+        ++g_served;
+      }
     }
   }
   return 0;
@@ -146,17 +162,22 @@ int server(int port, bool epoll) {
   stop_on_signals();
   printf("READY\n");
   fflush(stdout);
-  return epoll ? serve_epoll(l) : serve_blocking(l);
+  const double cpu0 = cpu_us();
+  const int rc = epoll ? serve_epoll(l) : serve_blocking(l);
+  if (g_served > 0)
+    printf("SERVED conns=%ld cpu_us=%.1f\n", g_served,
+           (cpu_us() - cpu0) / static_cast<double>(g_served));
+  return rc;
 }
 
-void report(int n, int ok, int64_t t0, std::vector<int64_t>& lat) {
+void report(int n, int ok, int64_t t0, double cpu0, std::vector<int64_t>& lat) {
   const double secs = static_cast<double>(now_ns() - t0) / 1e9;
   std::sort(lat.begin(), lat.end());
   auto pct = [&](double p) {
     return lat.empty() ? 0.0 : static_cast<double>(lat[static_cast<size_t>(p * (lat.size() - 1))]) / 1e3;
   };
-  printf("RESULT conns=%d ok=%d seconds=%.3f rate=%.0f p50_us=%.1f p99_us=%.1f\n", n, ok, secs,
-         ok / secs, pct(0.5), pct(0.99));
+  printf("RESULT conns=%d ok=%d seconds=%.3f rate=%.0f p50_us=%.1f p99_us=%.1f cpu_us=%.1f\n", n,
+         ok, secs, ok / secs, pct(0.5), pct(0.99), (cpu_us() - cpu0) / (n > 0 ? n : 1));
 }
 
 int client_blocking(int port, int n) {
@@ -165,6 +186,7 @@ int client_blocking(int port, int n) {
   lat.reserve(n);
   int ok = 0;
   const int64_t t0 = now_ns();
+  const double cpu0 = cpu_us();
   for (int i = 0; i < n; ++i) {
     const int64_t s = now_ns();
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -176,7 +198,7 @@ int client_blocking(int port, int n) {
     }
     close(fd);
   }
-  report(n, ok, t0, lat);
+  report(n, ok, t0, cpu0, lat);
   return ok == n ? 0 : 1;
 }
 
@@ -193,6 +215,7 @@ int client_epoll(int port, int n, int inflight) {
   lat.reserve(n);
   int started = 0, done = 0, ok = 0, live = 0;
   const int64_t t0 = now_ns();
+  const double cpu0 = cpu_us();
   auto start_one = [&] {
     const int64_t s = now_ns();
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
@@ -265,7 +288,7 @@ int client_epoll(int port, int n, int inflight) {
       }
     }
   }
-  report(n, ok, t0, lat);
+  report(n, ok, t0, cpu0, lat);
   return ok == n ? 0 : 1;
 }
 
