@@ -239,6 +239,7 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   // A failed move resets the stream (take_over), reported below as any reset.
   if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(tx_mu_);
+  if (sealed_.load(std::memory_order_acquire)) return kForwarded;
   const int entered = channel_->enter();
   if (entered < 0) return entered;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
@@ -306,6 +307,7 @@ void Stream::refresh_rx(const PeerState& s) {
 ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved, bool look) {
   if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(rx_mu_);
+  if (sealed_.load(std::memory_order_acquire)) return kForwarded;
   const int entered = channel_->enter();
   if (entered < 0) return entered;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
@@ -482,7 +484,7 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
       // The peer's kernel reset: for our unread data (a reset), or its
       // unread doorbells of ours, or after it closed having read all (a
       // FIN, as kernel TCP would have sent). The region tells.
-      channel_->tcp_closed();
+      channel_->tcp_closed(true);
       observe(poll_peer().flags);
       if (const int err = take_pending(false)) return -err;
       return 0;
@@ -542,7 +544,7 @@ void Stream::tcp_overlay(StreamEvents* ev) {
     // The peer's kernel reset (or both FINs went): its end is gone. Whether
     // the application sees a FIN or a reset the region tells, as recv_tcp
     // decides; the ring's state below says which.
-    channel_->tcp_closed();
+    channel_->tcp_closed((r & POLLERR) != 0);
     observe(poll_peer().flags);
     const bool reset = reset_.load(std::memory_order_acquire);
     const bool fin = fin_rcvd_.load(std::memory_order_acquire);
@@ -564,6 +566,14 @@ void Stream::tcp_overlay(StreamEvents* ev) {
                    shut_wr_.load(std::memory_order_relaxed);
     ev->tx_gen = prefix_->tcp_sent->load(std::memory_order_relaxed);
   }
+}
+
+void Stream::continue_from(uint64_t sent, uint64_t read) {
+  if (prefix_ == nullptr) return;
+  prefix_->tcp_sent->store(sent, std::memory_order_release);
+  prefix_->tcp_read->store(read, std::memory_order_release);
+  tcp_sent_.store(sent, std::memory_order_relaxed);
+  tcp_received_.store(read, std::memory_order_relaxed);
 }
 
 uint64_t Stream::tcp_bytes_sent() const { return tcp_sent_.load(std::memory_order_relaxed); }
@@ -670,6 +680,11 @@ bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_g
 
 StreamEvents Stream::events(bool look) {
   StreamEvents ev;
+  if (sealed_.load(std::memory_order_acquire)) {
+    // A waiter wakes, calls again and is forwarded to the successor.
+    ev.readable = ev.writable = true;
+    return ev;
+  }
   // Moving here: nothing to report yet (the channel's wait_fd wakes the
   // caller when the move can go on). A failed move reset the stream, which
   // shows below as any reset.

@@ -13,6 +13,7 @@
 // on another, so one thread may send while another receives.
 #pragma once
 
+#include <errno.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -164,6 +165,28 @@ class Stream {
   uint64_t tcp_bytes_sent() const;
   uint64_t tcp_bytes_received() const;
 
+  // A stream that carried its first bytes before its connection paired
+  // (its channel a PrefixChannel: every byte on the socket, counted) is
+  // sealed when the pairing ends: under both of its locks, so that no call
+  // is inside it, f(sent, read) receives the bytes that went on the socket
+  // each way (for the successor's continue_from), and from then on send()
+  // and recv() return kForwarded without touching anything: the caller
+  // goes on with the successor. events() then reports readable and
+  // writable, so that a waiter wakes and finds the successor.
+  static constexpr ssize_t kForwarded = -ECHRNG;
+  template <class F>
+  void seal(F f) {
+    std::scoped_lock lock(tx_mu_, rx_mu_);
+    f(prefix_ ? prefix_->tcp_sent->load(std::memory_order_acquire) : 0,
+      prefix_ ? prefix_->tcp_read->load(std::memory_order_acquire) : 0);
+    sealed_.store(true, std::memory_order_release);
+  }
+  bool sealed() const { return sealed_.load(std::memory_order_acquire); }
+  // The successor of a sealed stream: the bytes its predecessor moved on the
+  // socket were this stream's first (its prefix, in the channel's words and
+  // the stats). Before attach() and before the stream is shared.
+  void continue_from(uint64_t sent, uint64_t read);
+
   Channel& channel() { return *channel_; }
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
@@ -202,6 +225,7 @@ class Stream {
 
   std::unique_ptr<Channel> channel_;
   TcpPrefix* prefix_;  // the channel's, or nullptr: every byte on the ring
+  std::atomic<bool> sealed_{false};  // seal(): every call goes to the successor
   std::atomic<bool> tx_tcp_{false};
   std::atomic<bool> rx_tcp_{false};
   std::mutex tx_mu_;

@@ -209,7 +209,9 @@ class Channel {
   // the peer's end is gone (kPeerClosed from now on), and the stream decides
   // between a FIN and a reset by what each side read, as it does on the
   // ring (a reset can be the peer's kernel's answer to our unread doorbells).
-  virtual void tcp_closed() {}
+  // kernel_reset: the kernel reported a reset (ECONNRESET, POLLERR), which
+  // a channel without a region (PrefixChannel) takes as the verdict.
+  virtual void tcp_closed(bool /*kernel_reset*/) {}
 
   // The private dup of the connection's kernel TCP socket, or -1.
   virtual int kernel_socket() const { return -1; }

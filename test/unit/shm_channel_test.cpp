@@ -7,6 +7,7 @@
 // 256 MiB between two threads with random sizes and verified content.
 
 #include "transport/shm/shm_channel.h"
+#include "transport/prefix/prefix_channel.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1357,6 +1358,117 @@ TEST_P(ShmSwitchThreaded, StreamsArriveIntactAcrossTheSwitch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, ShmSwitchThreaded, ::testing::Range(1, 9));
+
+
+// ---- before the pairing (PrefixChannel, Stream::seal) --------------------
+
+// A stream whose connection has not paired: both directions on the kernel
+// socket, every byte counted, and the end of the connection the kernel's.
+TEST(ShmPrefix, AStreamBeforeThePairingMovesItsBytesOnTheSocketCounted) {
+  int tcp[2];
+  tcp_pair(tcp);
+  auto server = std::make_unique<Stream>(
+      std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0)));
+  Stream client(std::make_unique<PrefixChannel>(fcntl(tcp[1], F_DUPFD_CLOEXEC, 0)));
+  EXPECT_TRUE(client.tx_on_tcp() && client.rx_on_tcp());
+  // No peer ever attaches: attaching ours changes nothing.
+  client.attach();
+  server->attach();
+  ASSERT_EQ(send_str(client, "hello"), 5);
+  EXPECT_EQ(queued_bytes(tcp[0]), 5);
+  EXPECT_TRUE(server->events().readable);
+  EXPECT_EQ(server->readable_bytes(), 5u);
+  EXPECT_EQ(recv_str(*server, 3), "hel");
+  EXPECT_EQ(recv_str(*server, 100), "lo");
+  EXPECT_EQ(recv_str(*server, 100), "<-11>");  // -EAGAIN: nothing more
+  ASSERT_EQ(send_str(*server, "pong"), 4);
+  EXPECT_EQ(recv_str(client, 100), "pong");
+  EXPECT_TRUE(client.tx_on_tcp() && client.rx_on_tcp() && server->tx_on_tcp());
+  EXPECT_EQ(client.tcp_bytes_sent(), 5u);
+  EXPECT_EQ(client.tcp_bytes_received(), 4u);
+  EXPECT_EQ(server->tcp_bytes_sent(), 4u);
+  EXPECT_EQ(server->tcp_bytes_received(), 5u);
+  EXPECT_EQ(static_cast<PrefixChannel&>(client.channel()).sent(), 5u);
+  EXPECT_EQ(static_cast<PrefixChannel&>(server->channel()).read(), 5u);
+  // A clean close is the socket's EOF, not a reset (the peer's read count
+  // is not known here, and not asked).
+  ASSERT_EQ(send_str(*server, "x"), 1);
+  close(tcp[0]);
+  server->close();
+  server.reset();  // its channel's socket closes with it
+  EXPECT_EQ(recv_str(client, 100), "x");
+  EXPECT_EQ(recv_str(client, 100), "");
+  EXPECT_FALSE(client.events().error);
+  close(tcp[1]);
+}
+
+TEST(ShmPrefix, AKernelResetIsAReset) {
+  int tcp[2];
+  tcp_pair(tcp);
+  auto server = std::make_unique<Stream>(
+      std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0)));
+  Stream client(std::make_unique<PrefixChannel>(fcntl(tcp[1], F_DUPFD_CLOEXEC, 0)));
+  ASSERT_EQ(send_str(client, "unread"), 6);
+  // The server closes with our bytes unread: its kernel resets.
+  for (int i = 0; i < 200 && queued_bytes(tcp[0]) < 6; ++i) usleep(1000);
+  server->close();
+  server.reset();
+  close(tcp[0]);
+  pollfd p = {tcp[1], POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 2000), 1);
+  const StreamEvents ev = client.events();
+  EXPECT_TRUE(ev.readable && ev.hup) << "readable " << ev.readable << " hup " << ev.hup;
+  EXPECT_EQ(recv_str(client, 100), "<-104>");  // ECONNRESET
+  close(tcp[1]);
+}
+
+// The pairing ended while the connection had carried bytes: the sealed
+// stream hands its counts to a paired one, which reads the rest of the
+// peer's socket bytes before the ring, and calls on the sealed one are
+// forwarded.
+TEST(ShmPrefix, ASealedStreamForwardsAndItsSuccessorGoesOnFromItsCounts) {
+  ShmPair p = make_shm_pair(1 << 16, kNonce, false, /*on_ring=*/false);
+  ASSERT_TRUE(p.server && p.client);
+  const int sfd = p.server->kernel_socket(), cfd = p.client->kernel_socket();
+  auto server0 = std::make_unique<Stream>(std::make_unique<PrefixChannel>(dup(sfd)));
+  auto client0 = std::make_unique<Stream>(std::make_unique<PrefixChannel>(dup(cfd)));
+  ASSERT_EQ(send_str(*client0, "ab"), 2);
+  EXPECT_EQ(recv_str(*server0, 1), "a");
+  ASSERT_EQ(send_str(*server0, "xyz"), 3);
+  Stream server(std::move(p.server));
+  Stream client(std::move(p.client));
+  server0->seal([&](uint64_t sent, uint64_t read) {
+    EXPECT_EQ(sent, 3u);
+    EXPECT_EQ(read, 1u);
+    server.continue_from(sent, read);
+  });
+  client0->seal([&](uint64_t sent, uint64_t read) {
+    EXPECT_EQ(sent, 2u);
+    EXPECT_EQ(read, 0u);
+    client.continue_from(sent, read);
+  });
+  EXPECT_TRUE(server0->sealed());
+  EXPECT_EQ(send_str(*client0, "!"), Stream::kForwarded);
+  EXPECT_EQ(recv_str(*server0, 10), "<" + std::to_string(Stream::kForwarded) + ">");
+  const StreamEvents sealed = client0->events();
+  EXPECT_TRUE(sealed.readable && sealed.writable);
+  server.attach();
+  client.attach();
+  // Each sender switches at what it had sent on the socket; each receiver
+  // reads the rest of the peer's prefix, then the ring.
+  ASSERT_EQ(send_str(client, "c"), 1);
+  ASSERT_EQ(send_str(server, "w"), 1);
+  EXPECT_FALSE(client.tx_on_tcp());
+  EXPECT_EQ(recv_str(server, 100), "b");
+  EXPECT_EQ(recv_str(server, 100), "c");
+  EXPECT_EQ(recv_str(client, 100), "xyz");
+  EXPECT_EQ(recv_str(client, 100), "w");
+  EXPECT_FALSE(server.rx_on_tcp() || client.rx_on_tcp());
+  EXPECT_EQ(server.tcp_bytes_received(), 2u);
+  EXPECT_EQ(client.tcp_bytes_sent(), 2u);
+  EXPECT_EQ(server.channel().poll().flags & kKernelBytes, 0u);
+  EXPECT_EQ(client.channel().poll().flags & kKernelBytes, 0u);
+}
 
 }  // namespace
 }  // namespace rsock

@@ -111,7 +111,7 @@ class ShmChannel final : public Channel {
   void switch_tx(uint64_t at) override;
   bool doorbell_owed() const override { return owed_.load(std::memory_order_acquire); }
   void switch_rx(uint64_t taken) override;
-  void tcp_closed() override { peer_gone(kPeerClosed); }
+  void tcp_closed(bool) override { peer_gone(kPeerClosed); }
   void own_fds(std::vector<int>* out) override {
     if (memfd_ >= 0) out->push_back(memfd_);
   }

@@ -1,0 +1,70 @@
+// PrefixChannel: the channel of a stream that has not paired yet
+// (docs/design.md, "Connection setup"). It has no ring and no region: its
+// switch words (TcpPrefix) are private and no peer ever attaches, so both
+// directions of the stream stay on the kernel socket, with every byte
+// counted, which is exactly what Stream's prefix path does before a switch.
+// When the pairing ends, the stream is sealed and a paired stream goes on
+// from its counts (Stream::seal, Stream::continue_from); when it never
+// pairs, the connection is plain TCP through this channel to its end, and
+// its end is the kernel socket's: a reset only when the kernel reports
+// one. Thread-safety: as Channel; the words are atomics, the rest is
+// immutable.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "transport/channel.h"
+
+namespace rsock {
+
+class PrefixChannel final : public Channel {
+ public:
+  // socket_fd: a private dup of the connection's kernel socket (owned).
+  explicit PrefixChannel(int socket_fd);
+  ~PrefixChannel() override;
+
+  const char* name() const override { return "tcp"; }
+  size_t ring_bytes() const override { return kRingBytes; }
+  const uint8_t* rx_ring() const override;
+  // No ring: a stream on its prefix path never calls these; one that did
+  // would reset (an error, not bytes in the wrong place).
+  int write(size_t, const void*, size_t) override { return -EPROTO; }
+  int publish(uint64_t) override { return -EPROTO; }
+  int grant(uint64_t) override { return -EPROTO; }
+  void signal(uint32_t) override {}
+  PeerState poll() override;
+  bool arm(uint32_t, uint64_t) override { return false; }
+  void disarm(uint32_t) override {}
+  int wait_fd() const override { return socket_fd_; }
+  bool drain_wakeups() override { return false; }  // the socket holds data, never doorbells
+  // What the peer read of ours is not known here, and not needed: whether
+  // its end was a FIN or a reset is the kernel's word (tcp_closed).
+  uint64_t peer_read_total() override { return UINT64_MAX / 2; }
+  TcpPrefix* tcp_prefix() override { return &prefix_; }
+  void tcp_closed(bool kernel_reset) override;
+  int kernel_socket() const override { return socket_fd_; }
+  void own_fds(std::vector<int>* out) override { out->push_back(socket_fd_); }
+  // No bracket: nothing here is shared with another process but the socket.
+  int enter() override { return 1; }
+
+  // The bytes that went on the socket each way (what a successor goes on
+  // from: Stream::continue_from).
+  uint64_t sent() const { return tcp_sent_.load(std::memory_order_acquire); }
+  uint64_t read() const { return tcp_read_.load(std::memory_order_acquire); }
+
+ private:
+  static constexpr size_t kRingBytes = 4096;  // the smallest ring; never used
+
+  const int socket_fd_;
+  std::atomic<uint64_t> tcp_sent_{0};
+  std::atomic<uint64_t> tcp_read_{0};
+  std::atomic<uint64_t> switch_at_;       // kNotSwitched, always
+  std::atomic<uint64_t> peer_switch_at_;  // kNotSwitched, always
+  std::atomic<uint32_t> peer_attached_{0};
+  std::atomic<uint64_t> peer_tcp_read_{0};
+  std::atomic<uint32_t> flags_{0};  // PeerFlag: the socket's end, once seen
+  TcpPrefix prefix_;
+};
+
+}  // namespace rsock
