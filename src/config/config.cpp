@@ -68,7 +68,16 @@ std::string size_text(size_t bytes) {
 
 // The knobs that can be set both from the environment and with `set` in the
 // rule file; one table keeps the two spellings and the validation together.
-enum class Knob { kRingSize, kSpinUs, kConnectTimeoutMs, kLogLevel, kLogFile, kStats };
+enum class Knob {
+  kRingSize,
+  kSpinUs,
+  kConnectTimeoutMs,
+  kTcpFirst,
+  kPairDelayMs,
+  kLogLevel,
+  kLogFile,
+  kStats
+};
 
 struct KnobName {
   Knob knob;
@@ -77,10 +86,12 @@ struct KnobName {
   bool is_path;  // paths are taken verbatim; other values are trimmed
 };
 
-constexpr std::array<KnobName, 6> kKnobs = {{
+constexpr std::array<KnobName, 8> kKnobs = {{
     {Knob::kRingSize, "RSOCK_RING_SIZE", "ring_size", false},
     {Knob::kSpinUs, "RSOCK_SPIN_US", "spin_us", false},
     {Knob::kConnectTimeoutMs, "RSOCK_CONNECT_TIMEOUT_MS", "connect_timeout_ms", false},
+    {Knob::kTcpFirst, "RSOCK_TCP_FIRST", "tcp_first", false},
+    {Knob::kPairDelayMs, "RSOCK_PAIR_DELAY_MS", "pair_delay_ms", false},
     {Knob::kLogLevel, "RSOCK_LOG_LEVEL", "log_level", false},
     {Knob::kLogFile, "RSOCK_LOG_FILE", "log_file", true},
     {Knob::kStats, "RSOCK_STATS", "stats", true},
@@ -128,6 +139,23 @@ bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* 
         return false;
       }
       config->connect_timeout_ms = static_cast<uint32_t>(v);
+      return true;
+    }
+    case Knob::kTcpFirst:
+      if (value != "0" && value != "1") {
+        *error = quoted(value) + " is not valid; expected 0 or 1";
+        return false;
+      }
+      config->tcp_first = value == "1";
+      return true;
+    case Knob::kPairDelayMs: {
+      uint64_t v = 0;
+      if (!parse_uint(value, kMaxPairDelayMs, &v)) {
+        *error = quoted(value) + " is not valid; expected an integer from 0 to " +
+                 std::to_string(kMaxPairDelayMs) + " (milliseconds)";
+        return false;
+      }
+      config->pair_delay_ms = static_cast<uint32_t>(v);
       return true;
     }
     case Knob::kLogLevel: {
@@ -279,7 +307,8 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
       if (found == nullptr) {
         errors->push_back({source(), "unknown knob " + quoted(words[1]) +
                                          "; expected ring_size, spin_us, connect_timeout_ms, "
-                                         "log_level, log_file or stats"});
+                                         "tcp_first, pair_delay_ms, log_level, log_file "
+                                         "or stats"});
         continue;
       }
       if (!apply_knob(found->knob, words[2], config, &error)) {

@@ -45,6 +45,8 @@ inline constexpr uint32_t kMaxSpinUs = 1000000;
 inline constexpr uint32_t kDefaultConnectTimeoutMs = 1000;   // RSOCK_CONNECT_TIMEOUT_MS
 inline constexpr uint32_t kMaxConnectTimeoutMs = 600000;
 inline constexpr int kDefaultLogLevel = 1;                   // RSOCK_LOG_LEVEL = warn
+inline constexpr uint32_t kDefaultPairDelayMs = 5;           // RSOCK_PAIR_DELAY_MS
+inline constexpr uint32_t kMaxPairDelayMs = 60000;
 
 // Messages about configuration (and the files it names) echo values from
 // the environment and the rule file, which may be hostile: a value is cut to
@@ -66,6 +68,12 @@ struct Config {
   size_t ring_bytes = kDefaultRingBytes;
   uint32_t spin_us = kDefaultSpinUs;
   uint32_t connect_timeout_ms = kDefaultConnectTimeoutMs;
+  // RSOCK_TCP_FIRST=1 (experimental): a shared-memory candidate starts on
+  // TCP and pairs in the background; the server's side starts its pairing
+  // pair_delay_ms after accept(), and never for a connection that ended
+  // first (docs/design.md, "Connection setup").
+  bool tcp_first = false;
+  uint32_t pair_delay_ms = kDefaultPairDelayMs;
   std::vector<PeerRule> rules;  // RSOCK_PEERS rules first, then the rule file's, in order
 };
 

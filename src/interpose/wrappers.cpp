@@ -70,6 +70,15 @@ FdRef conn_ref(int fd) {
   return conn_of(r) ? std::move(r) : FdRef();
 }
 
+// conn_ref, or the connection a socket still pairing uses meanwhile
+// (RSOCK_TCP_FIRST): for the options it keeps a copy of (O_NONBLOCK, the
+// timeouts), which the kernel socket has as well.
+FdRef opt_ref(int fd) {
+  if (!fd_table().has(fd)) return FdRef();
+  FdRef r = pending_live(pending_settle(fd, fd_table().get(fd)));
+  return conn_of(r) ? std::move(r) : FdRef();
+}
+
 // Which of the socket's timeouts governs a call that waits: it decides how
 // the call answers a signal handler (socket/interruptible.h).
 enum class Waits { kReceive, kSend, kNever };
@@ -91,10 +100,16 @@ OnSignal pending_on_signal(int fd, Waits waits) {
 // socket still pairing, a nonblocking data call (O_NONBLOCK or
 // MSG_DONTWAIT) sets *err = -EAGAIN, as on a socket still connecting; a
 // blocking one waits for the outcome, and *err = -EINTR when a signal
-// handler ends that wait.
-FdRef io_ref(int fd, int flags, int* err, Waits waits) {
+// handler ends that wait. A socket pairing while its bytes go on TCP
+// (RSOCK_TCP_FIRST) gives that connection to a data call that can go on
+// with the paired one should the pairing end midway (send and receive
+// calls: live); the others (shutdown, sendfile, splice) wait as above.
+FdRef io_ref(int fd, int flags, int* err, Waits waits, bool live = true) {
   if (!fd_table().has(fd)) return FdRef();
   FdRef r = pending_settle(fd, fd_table().get(fd));
+  if (live && waits != Waits::kNever && r && r.get()->kind() == FdState::Kind::kPending &&
+      r.as<PendingState>()->live())
+    return pending_live(std::move(r));
   if (r && r.get()->kind() == FdState::Kind::kPending) {
     int fl = real().fcntl(fd, F_GETFL);
     if (waits != Waits::kNever && ((flags & MSG_DONTWAIT) || (fl >= 0 && (fl & O_NONBLOCK)))) {
@@ -138,7 +153,12 @@ void forget_fd(int fd) {
   }
   {
     FdRef r = fd_table().get(fd);
-    if (handover || (r && r.get()->epoll_refs.load() > 0)) epoll_forget(fd);
+    // A socket still pairing whose bytes go on TCP (RSOCK_TCP_FIRST) is
+    // in epoll sets as that connection.
+    FdRef live = r ? pending_live(fd_table().get(fd)) : FdRef();
+    if (handover || (r && r.get()->epoll_refs.load() > 0) ||
+        (live && live.get()->epoll_refs.load() > 0))
+      epoll_forget(fd);
   }
   fd_table().clear(fd);
 }
@@ -528,7 +548,7 @@ EXPORT ssize_t pwritev64v2(int fd, const struct iovec* iov, int iovcnt, off64_t 
 
 EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   int again = 0;
-  FdRef r = io_ref(out_fd, 0, &again, Waits::kSend);
+  FdRef r = io_ref(out_fd, 0, &again, Waits::kSend, false);
   if (!r) {
     if (again) return finish<ssize_t>(again);
     return real().sendfile(out_fd, in_fd, offset, count);
@@ -573,7 +593,7 @@ EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, si
   if ((to_socket && off_in) || (!to_socket && off_out)) return finish<ssize_t>(-ESPIPE);
   if ((to_socket && off_out) || (!to_socket && off_in)) return finish<ssize_t>(-EINVAL);
   const int sock = to_socket ? fd_out : fd_in;
-  r = io_ref(sock, 0, &again, to_socket ? Waits::kSend : Waits::kReceive);
+  r = io_ref(sock, 0, &again, to_socket ? Waits::kSend : Waits::kReceive, false);
   if (!r) {
     if (again) return finish<ssize_t>(again);
     return real().splice(fd_in, off_in, fd_out, off_out, len, flags);
@@ -771,7 +791,7 @@ static int fcntl_common(bool is64, int fd, int cmd, long arg) {
   int r = fn(fd, cmd, arg);
   if (r < 0 || !fd_table().has(fd)) return r;
   if (cmd == F_SETFL) {
-    if (FdRef c = conn_ref(fd)) conn_of(c)->nonblocking.store((arg & O_NONBLOCK) != 0);
+    if (FdRef c = opt_ref(fd)) conn_of(c)->nonblocking.store((arg & O_NONBLOCK) != 0);
   } else if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
     share_state(fd, r);
   }
@@ -799,6 +819,13 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
   va_start(ap, req);
   void* arg = va_arg(ap, void*);
   va_end(ap);
+  if (req == FIONBIO) {
+    if (FdRef r = opt_ref(fd); r && conn_of(r)->prefix_only()) {
+      const int rc = real().ioctl(fd, req, arg);
+      if (rc == 0 && arg) conn_of(r)->nonblocking.store(*static_cast<int*>(arg) != 0);
+      return rc;
+    }
+  }
   if (FdRef r = conn_ref(fd)) {
     ConnectionState* c = conn_of(r);
     if (req == FIONREAD) {
@@ -855,7 +882,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t le
   int r = real().setsockopt(fd, level, name, val, len);
   if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && val &&
       len >= sizeof(timeval)) {
-    if (FdRef c = conn_ref(fd)) {
+    if (FdRef c = opt_ref(fd)) {
       auto* tv = static_cast<const timeval*>(val);
       int64_t us = int64_t{tv->tv_sec} * 1000000 + tv->tv_usec;
       (name == SO_RCVTIMEO ? conn_of(c)->rcv_timeout_us : conn_of(c)->snd_timeout_us).store(us);

@@ -682,7 +682,9 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     any = false;
     for (nfds_t i = 0; i < n; ++i) {
       if (fds[i].fd < 0) continue;
-      FdRef r = pending_settle(fds[i].fd, fd_table().get(fds[i].fd));
+      // A socket pairing with its bytes on TCP meanwhile (RSOCK_TCP_FIRST)
+      // shows that connection's readiness.
+      FdRef r = pending_live(pending_settle(fds[i].fd, fd_table().get(fds[i].fd)));
       if (as_conn(r)) {
         refs[i] = std::move(r);
         any = true;
@@ -829,7 +831,7 @@ int poll_with_pending(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t*
       held[i].reset();
       if (fds[i].fd < 0 || !fd_table().has(fds[i].fd)) continue;
       FdRef r = pending_settle(fds[i].fd, fd_table().get(fds[i].fd));
-      if (r && r.get()->kind() == FdState::Kind::kPending) {
+      if (r && r.get()->kind() == FdState::Kind::kPending && !r.as<PendingState>()->live()) {
         v[i] = {r.as<PendingState>()->event_fd(), POLLIN, 0};
         swapped[i] = any = true;
         held[i] = std::move(r);
@@ -1149,7 +1151,8 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   EpollState* s = set.get();
   if (!s) return -EINVAL;
   // A pending member is added under g_sets_mu, which its resolution takes
-  // too: it is either converted by it or sees it done.
+  // too: it is either converted by it or sees it done. One whose bytes go
+  // on TCP meanwhile (RSOCK_TCP_FIRST) is that connection's member.
   std::unique_lock<std::mutex> sets_lock(g_sets_mu, std::defer_lock);
   if (pending) {
     sets_lock.lock();
@@ -1157,6 +1160,7 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
       sets_lock.unlock();
       return rs_epoll_ctl(epfd, op, fd, ev);  // now the outcome's
     }
+    st = pending_live(std::move(st));
   }
   std::lock_guard<std::mutex> lock(s->mu);
   auto it = s->members.find(fd);
@@ -1209,6 +1213,33 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
     auto it = s->members.find(fd);
     if (it == s->members.end() || it->second.st.get() != pending) continue;
     EpollMember& m = it->second;
+    if (m.conn()) {
+      // The connection the fd used meanwhile (RSOCK_TCP_FIRST): its arms
+      // go, and its wakeup fd (a dup of the socket, whose file stays open)
+      // leaves the kernel's set.
+      disarm_member(m);
+      real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+      if (outcome) {
+        epoll_event kev = {};
+        kev.data.u64 = kTag | static_cast<uint32_t>(fd);
+        outcome->ref();
+        m.st = FdRef(outcome);
+        kev.events = m.kernel_mask = kernel_events(m);
+        outcome->epoll_refs.fetch_add(1);
+        real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev);
+        m.last_mask = 0;
+        m.last_rx = m.last_tx = ~0ull;
+      } else {
+        epoll_event kev = {};
+        kev.events = m.disabled ? 0 : m.events;
+        kev.data = m.data;
+        real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
+        unlink_awake(it->second);
+        s->members.erase(it);
+      }
+      pending->epoll_refs.fetch_sub(1);
+      continue;
+    }
     if (outcome) {
       // Watch the channel from now on; the pairing's eventfd stays until a
       // wait sees it fire, so that a thread asleep in epoll_wait wakes up.

@@ -69,6 +69,9 @@ struct Work {
   bool started = false;
   bool tcp_waiting = false;
   int64_t tcp_deadline_ms = 0;
+  // RSOCK_TCP_FIRST, the server's side: the pairing starts no earlier
+  // (a connection that ends first is never paired).
+  int64_t not_before_ms = 0;
 };
 
 std::atomic<int> g_handovers{0};  // hand_over calls between resolve and the epoll conversion
@@ -77,9 +80,16 @@ std::atomic<int> g_handovers{0};  // hand_over calls between resolve and the epo
 // converts the epoll members, then hands every fd over.
 void hand_over(Work& w, ConnectionState* c) {
   PendingState* p = w.pending;
+  ConnectionState* live = p->live();
+  if (c && live) {
+    // The bytes so far went on the socket: c goes on from them, and a call
+    // that meets the old stream goes on with c.
+    c->ref();
+    live->seal_to(c);
+  }
   g_handovers.fetch_add(1, std::memory_order_seq_cst);
   p->resolve(c);
-  epoll_pending_resolved(p->fd(), p, c);
+  epoll_pending_resolved(p->fd(), live ? static_cast<FdState*>(live) : p, c);
   g_handovers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::vector<int> fds;
@@ -105,22 +115,26 @@ void discard(std::unique_ptr<Channel> ch) {
 
 // accept(): the server side's pairing is over (ran: it finished; else the
 // application closed the fd first): the hand-over.
-void server_done(Work& w, bool ran) {
+void server_done(Work& w, bool ran, bool ended_early = false) {
   PendingState* p = w.pending;
   Fallback why = Fallback::kPairFailed;
   std::unique_ptr<Channel> ch;
   if (ran) ch = ListenSetup::result(*w.job.pairing, w.sock, w.job.path, &why);
   w.job.pairing.reset();
-  const bool counted = !p->cancelled();
+  // A connection that carried its bytes on TCP and ended (the peer's FIN
+  // or the fd's close) before its pairing: counted, with its reason.
+  const bool early = p->live() && !ch && (ended_early || p->cancelled());
+  if (early) why = Fallback::kClosedEarly;
+  const bool counted = !p->cancelled() || early;
   ConnectionState* c = nullptr;
-  if (ch && counted)
+  if (ch && !p->cancelled())
     c = new_connection(w.sock, std::move(ch), w.job.path);
   else
     discard(std::move(ch));
   // Counted before the hand-over: from then on the application may finish
   // with the connection and exit, writing its stats, before this thread
   // runs again.
-  if (counted) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
+  if (counted && p->claim_count()) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
   hand_over(w, c);
   p->finish();
 }
@@ -147,8 +161,13 @@ void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counte
     discard(std::move(ch));
     counted = false;
   }
+  if (!c && p->live() && p->cancelled()) {
+    // Its bytes went on TCP, and it ended before the pairing did.
+    why = Fallback::kClosedEarly;
+    counted = true;
+  }
   // Before the hand-over, as in server_done.
-  if (counted) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
+  if (counted && p->claim_count()) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
   hand_over(w, c);
   p->finish();
 }
@@ -245,10 +264,40 @@ std::vector<Work*>* g_driver_queue;  // jobs it has not taken yet; under g_fligh
 bool g_driver_running = false;       // under g_flight_mu
 int g_driver_efd = -1;               // under g_flight_mu
 
+// A fork or exec waits for the pairings in flight: the server's delay
+// (RSOCK_TCP_FIRST) is waived meanwhile.
+std::atomic<bool> g_hurry{false};
+
+// RSOCK_TCP_FIRST: the peer has shut its sending side (its FIN is in): a
+// connection on its way out, not worth a pairing.
+bool peer_finished(int sock) {
+  pollfd p = {sock, POLLRDHUP, 0};
+  return real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// RSOCK_TCP_FIRST: a job whose connection ended (the fd closed, or the
+// peer's FIN) before its pairing finished is dropped, the fd left on TCP,
+// which it never left: true when it was (the hand-over ran).
+bool abandon(Work& w) {
+  if (!w.pending->live() || (!w.pending->cancelled() && !peer_finished(w.sock))) return false;
+  if (w.job.server) {
+    w.job.pairing.reset();  // closes its rendezvous connection, if any
+    server_done(w, false, true);
+  } else {
+    w.pairing.reset();
+    w.job.client.reset();
+    client_done(w, nullptr, Fallback::kClosedEarly, true);
+  }
+  return true;
+}
+
 // Advances a driven job without waiting: true when it is done (the
 // hand-over ran).
 bool advance(Work& w, int64_t now) {
+  if (abandon(w)) return true;
   if (w.job.server) {
+    if (!w.started && now < w.not_before_ms && !g_hurry.load(std::memory_order_relaxed))
+      return false;
     if (!w.started) {
       w.started = true;
       w.job.pairing->rebind(w.sock);  // the application may close its fd meanwhile
@@ -313,7 +362,12 @@ void* driver_main(void*) {
     for (size_t i = 0; i < jobs.size(); ++i) {
       first[i] = pfds.size();
       Work& w = *jobs[i];
-      if (!w.started) {
+      const bool delayed = !w.started && w.not_before_ms > now && !g_hurry.load();
+      // A connection on TCP meanwhile: its end (the peer's FIN) drops the job.
+      if (w.pending->live()) pfds.push_back({w.sock, POLLRDHUP, 0});
+      if (delayed) {
+        wake = std::min(wake, w.not_before_ms);
+      } else if (!w.started) {
         wake = now;
       } else if (w.tcp_waiting) {
         pfds.push_back({w.sock, POLLOUT, 0});
@@ -338,9 +392,11 @@ void* driver_main(void*) {
     int done = 0;
     for (size_t i = 0; i < jobs.size(); ++i) {
       Work& w = *jobs[i];
-      bool fired = !w.started;
+      bool fired = !w.started && (w.not_before_ms <= now || g_hurry.load());
       for (size_t k = first[i]; k < first[i + 1] && !fired; ++k) fired = pfds[k].revents != 0;
-      if (!fired) {
+      // A live job whose fd was closed (PendingState::on_last_close wakes us).
+      if (!fired) fired = w.pending->live() && w.pending->cancelled();
+      if (!fired && w.started) {
         Pairing* p = w.job.server ? w.job.pairing.get() : w.pairing.get();
         fired = now >= (w.tcp_waiting || !p ? w.tcp_deadline_ms : p->wake_at_ms());
       }
@@ -401,17 +457,43 @@ int drive(Work* w) {
 
 }  // namespace
 
-PendingState::PendingState(int fd, int event_fd)
-    : FdState(Kind::kPending), fd_(fd), event_fd_(event_fd) {}
+PendingState::PendingState(int fd, int event_fd, ConnectionState* live)
+    : FdState(Kind::kPending), fd_(fd), event_fd_(event_fd), live_(live) {}
 
 PendingState::~PendingState() {
   if (outcome_) outcome_->unref();
+  if (live_) live_->unref();
   real().close(event_fd_);
 }
 
 void PendingState::on_last_close() {
-  std::lock_guard<std::mutex> lock(mu_);
-  cancelled_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+  }
+  if (live_) {
+    // The connection ran on TCP and ends before its outcome: counted now,
+    // before the process may exit (and write its stats) ahead of the
+    // driver. Its pairing is dropped at once (the driver holds a dup of
+    // the socket, whose FIN waits for it).
+    if (!resolved() && claim_count()) {
+      stats_fallback(Fallback::kClosedEarly);
+      stats_connection(Path::kTcp);
+    }
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    if (g_driver_efd >= 0) {
+      const uint64_t one = 1;
+      (void)!real().write(g_driver_efd, &one, sizeof one);
+    }
+  }
+}
+
+FdRef pending_live(FdRef r) {
+  if (!r || r.get()->kind() != FdState::Kind::kPending) return r;
+  ConnectionState* live = r.as<PendingState>()->live();
+  if (!live) return r;
+  live->ref();
+  return FdRef(live);
 }
 
 bool PendingState::cancelled() {
@@ -468,15 +550,18 @@ int pending_start(PairJob& job, const Config& cfg) {
     real().close(efd);
     return -err;
   }
-  auto* p = new PendingState(fd, efd);
+  const bool driven = job.server ? job.pairing->driven() : job.client->driven();
+  // RSOCK_TCP_FIRST: the fd carries its bytes on TCP until the outcome.
+  ConnectionState* live = job.live && driven ? new_prefix_connection(fd, job.path) : nullptr;
+  auto* p = new PendingState(fd, efd, live);
   auto* w = new Work;
   w->pending = p;
   w->job = std::move(job);
   w->cfg = &cfg;
   w->sock = sock;
+  if (live && w->job.server) w->not_before_ms = monotonic_ms() + cfg.pair_delay_ms;
   p->ref();  // the worker's
   fd_table().set(fd, p);
-  const bool driven = w->job.server ? w->job.pairing->driven() : w->job.client->driven();
   if (driven) {
     const int rc = drive(w);
     if (rc == 0) {
@@ -553,8 +638,15 @@ void wait_in_flight(std::unique_lock<std::mutex>& lock) {
   // take that long.
   const auto bound =
       std::chrono::milliseconds(4 * rt->config.connect_timeout_ms + 2 * kPeerDecisionMs + 10000);
+  // Delayed pairings (RSOCK_TCP_FIRST) start now.
+  g_hurry.store(true);
+  if (g_driver_efd >= 0) {
+    const uint64_t one = 1;
+    (void)!real().write(g_driver_efd, &one, sizeof one);
+  }
   if (!flight_cv().wait_for(lock, bound, [] { return g_in_flight == 0; }))
     LOG_WARN("fork: %d pairing(s) still in flight; the child sees them as plain TCP", g_in_flight);
+  g_hurry.store(false);
 }
 
 }  // namespace

@@ -41,9 +41,14 @@ struct Config;
 class ClientSetup;
 class Pairing;
 
+class ConnectionState;
+
 class PendingState final : public FdState {
  public:
-  PendingState(int fd, int event_fd);
+  // live: RSOCK_TCP_FIRST, the connection before its pairing (one
+  // reference, taken over), which the fd's data calls and readiness use
+  // meanwhile; the outcome seals it into the paired connection.
+  PendingState(int fd, int event_fd, ConnectionState* live = nullptr);
   ~PendingState() override;
   // The application closed every fd: the outcome will be discarded.
   void on_last_close() override;
@@ -51,6 +56,11 @@ class PendingState final : public FdState {
   int fd() const { return fd_; }              // the application's fd at connect()
   int event_fd() const { return event_fd_; }  // readable once the outcome is in
   bool cancelled();
+  // RSOCK_TCP_FIRST: the connection the fd uses until the outcome, or null.
+  ConnectionState* live() const { return live_; }
+  // The stats count a connection once: whoever claims it first (the
+  // outcome, or a close that comes first) counts it.
+  bool claim_count() { return !counted_.exchange(true); }
 
   // Waits for the outcome (*out: the connection, or empty for plain TCP)
   // and returns 0; or -EINTR when a signal handler ends the wait, as it
@@ -68,6 +78,8 @@ class PendingState final : public FdState {
  private:
   const int fd_;
   const int event_fd_;
+  ConnectionState* const live_;
+  std::atomic<bool> counted_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   bool cancelled_ = false;      // under mu_
@@ -88,7 +100,14 @@ struct PairJob {
   // accept():
   FdRef listener;                    // the ListenerState (alive while its pairing runs)
   std::unique_ptr<Pairing> pairing;  // started by accept(), continued in the background
+  // RSOCK_TCP_FIRST: the fd carries its bytes on TCP meanwhile (a driven
+  // pairing only); the server's side starts pairing cfg.pair_delay_ms later.
+  bool live = false;
 };
+
+// RSOCK_TCP_FIRST: the connection a socket still pairing uses meanwhile
+// (PendingState::live), for the data calls and readiness; else `r`.
+FdRef pending_live(FdRef r);
 
 // Attaches a PendingState to job.fd and starts its pairing, taking the job
 // over. Returns 0, or a negative errno when no thread could be started

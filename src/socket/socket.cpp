@@ -15,12 +15,14 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "common/sleep_token.h"
 #include "lifecycle/runtime.h"
 #include "policy/policy.h"
 #include "socket/pending.h"
 #include "transport/pairing.h"
+#include "transport/prefix/prefix_channel.h"
 #include "transport/setup.h"
 
 namespace rsock {
@@ -134,7 +136,28 @@ void record_client_outcome(int fd, const sockaddr* addr, bool accelerated, Path 
 ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, int /*fd*/)
     : FdState(Kind::kConnection), stream_(std::move(channel)), path_(path) {}
 
-ConnectionState::~ConnectionState() = default;
+ConnectionState::~ConnectionState() {
+  if (ConnectionState* n = next_.load(std::memory_order_acquire)) n->unref();
+}
+
+ConnectionState* new_prefix_connection(int sock_fd, Path path) {
+  const int dup = dup_high(sock_fd);
+  if (dup < 0) return nullptr;
+  auto* c = new ConnectionState(std::make_unique<PrefixChannel>(dup), path, sock_fd);
+  c->prefix_only_ = true;
+  connection_options_from(sock_fd, c);
+  c->peer_len = sizeof c->peer_addr;
+  if (real().getpeername(sock_fd, reinterpret_cast<sockaddr*>(&c->peer_addr), &c->peer_len) != 0)
+    c->peer_len = 0;
+  return c;
+}
+
+void ConnectionState::seal_to(ConnectionState* next) {
+  stream_.seal([&](uint64_t sent, uint64_t read) {
+    next->stream().continue_from(sent, read);
+    next_.store(next, std::memory_order_release);
+  });
+}
 
 void ConnectionState::on_last_close() {
   // SO_LINGER {1, 0}: the application asks for a reset, not a FIN.
@@ -146,6 +169,7 @@ void ConnectionState::on_last_close() {
         real().getsockopt(ks, SOL_SOCKET, SO_LINGER, &l, &len) == 0 && l.l_onoff && l.l_linger == 0;
   }
   stream_.close(abort);
+  if (prefix_only_) return;  // its successor, if any, counts its bytes
   stats_bytes(stream_.bytes_sent(), stream_.bytes_received());
   stats_before_switch(stream_.tcp_bytes_sent(), stream_.tcp_bytes_received());
 }
@@ -281,12 +305,21 @@ OnSignal on_signal_for(int64_t deadline, size_t done) {
 ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
   const size_t total = iov_total(iov, iovcnt);
-  if (total == 0) return c.stream().send(iov, iovcnt);
+  if (total == 0) {
+    const ssize_t n = c.stream().send(iov, iovcnt);
+    return n == Stream::kForwarded ? conn_send(*c.next(), iov, iovcnt, flags) : n;
+  }
   int64_t deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
     ssize_t n = c.stream().send(cur.data(), cur.count(), done > 0);
+    if (n == Stream::kForwarded) {
+      // Paired meanwhile (RSOCK_TCP_FIRST): the rest goes on the successor.
+      const ssize_t r = conn_send(*c.next(), cur.data(), cur.count(), flags);
+      if (r < 0) return done ? static_cast<ssize_t>(done) : r;
+      return static_cast<ssize_t>(done) + r;
+    }
     if (n > 0) {
       done += static_cast<size_t>(n);
       if (done == total || nonblock) return static_cast<ssize_t>(done);
@@ -320,6 +353,13 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   for (;;) {
     // A blocking call sleeps next, which sees a dead peer by itself.
     ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0, nonblock);
+    if (n == Stream::kForwarded) {
+      // Paired meanwhile (RSOCK_TCP_FIRST): the successor has the rest.
+      if (done > 0 && !waitall) return static_cast<ssize_t>(done);
+      const ssize_t r = conn_recv(*c.next(), cur.data(), cur.count(), flags);
+      if (r < 0) return done ? static_cast<ssize_t>(done) : r;
+      return static_cast<ssize_t>(done) + r;
+    }
     if (n > 0) {
       done += static_cast<size_t>(n);
       if (!waitall || done == total) return static_cast<ssize_t>(done);
@@ -395,21 +435,32 @@ int wait_connected(int fd, const Config& cfg) {
 // pairs in the background (pending.h).
 int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& cfg,
                      std::unique_ptr<ClientSetup> setup) {
+  // RSOCK_TCP_FIRST: the connection runs on TCP from here on, and pairs in
+  // the background (pending.h).
+  const bool live = cfg.tcp_first && setup->driven();
+  auto background = [&](int rc) {
+    PairJob job;
+    job.fd = fd;
+    job.server = false;
+    job.addr_len = std::min<socklen_t>(len, sizeof job.addr);
+    memcpy(&job.addr, addr, job.addr_len);
+    job.path = setup->path();
+    job.client = std::move(setup);
+    job.live = live;
+    if (pending_start(job, cfg) == 0) return true;
+    setup = std::move(job.client);  // not started: ours again
+    (void)rc;
+    return false;
+  };
   if (real().connect(fd, addr, len) != 0) {
     int r = -errno;
     if (r == -EINPROGRESS) {
-      PairJob job;
-      job.fd = fd;
-      job.server = false;
-      job.addr_len = std::min<socklen_t>(len, sizeof job.addr);
-      memcpy(&job.addr, addr, job.addr_len);
-      job.path = setup->path();
-      job.client = std::move(setup);
-      if (pending_start(job, cfg) == 0) return -EINPROGRESS;
-      setup = std::move(job.client);  // not started: ours again
+      if (background(r)) return -EINPROGRESS;
       r = wait_connected(fd, cfg);
     }
     if (r != 0) return r;  // the setup goes with it
+  } else if (live && background(0)) {
+    return 0;
   }
   const Path path = setup->path();
   std::unique_ptr<Pairing> p = setup->pairing(fd, cfg);
@@ -485,11 +536,15 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool backgr
   // waiting behind it, and a pairing whose peer has not finished in that
   // time, go on in the background (pending.h), so that a peer that stalls
   // never holds up the accept() of other connections.
-  if (p && (background || !p->run(monotonic_ns() / 1000000 + kAcceptInlineMs))) {
+  // RSOCK_TCP_FIRST: the connection runs on TCP from here on, and pairs in
+  // the background a little later (pending.h).
+  const bool live = p && rt.config.tcp_first && p->driven();
+  if (p && (live || background || !p->run(monotonic_ns() / 1000000 + kAcceptInlineMs))) {
     PairJob job;
     job.fd = newfd;
     job.server = true;
     job.path = path;
+    job.live = live;
     job.pairing = std::move(p);
     l->ref();
     job.listener = FdRef(l);  // the pairing may use the listener's rdma_cm id

@@ -68,9 +68,22 @@ class ConnectionState final : public FdState {
   // consumes reaches all of them (wake_hub.h).
   WakeHub wake;
 
+  // RSOCK_TCP_FIRST: a connection before its pairing, over a PrefixChannel
+  // (new_prefix_connection). It counts nothing in the stats (its successor
+  // does, from its counts on).
+  bool prefix_only() const { return prefix_only_; }
+  // The pairing ended: the stream is sealed and `next` (one reference,
+  // taken over) goes on from its counts. A call that meets the sealed
+  // stream goes on with next() (conn_send, conn_recv).
+  void seal_to(ConnectionState* next);
+  ConnectionState* next() const { return next_.load(std::memory_order_acquire); }
+
  private:
+  friend ConnectionState* new_prefix_connection(int sock_fd, Path path);
   Stream stream_;
   Path path_;
+  bool prefix_only_ = false;
+  std::atomic<ConnectionState*> next_{nullptr};
 };
 
 // I/O on accelerated connections. Each returns the libc result or a
@@ -106,6 +119,10 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool backgr
 // timeouts of the kernel socket sock_fd; connection_options_from copies
 // them again.
 ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path);
+// RSOCK_TCP_FIRST: a connection for the time before its pairing, its bytes
+// on a private dup of sock_fd (PrefixChannel), not counted in the stats.
+// nullptr when no descriptor is left for the dup.
+ConnectionState* new_prefix_connection(int sock_fd, Path path);
 void connection_options_from(int sock_fd, ConnectionState* c);
 // A client pairing's outcome: log; on fallback, stats and negative cache.
 void record_client_outcome(int fd, const struct sockaddr* addr, bool accelerated, Path path,

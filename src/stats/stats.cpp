@@ -29,7 +29,8 @@ std::atomic<uint64_t> g_before_switch[2];  // bytes received [0] / sent [1] on T
 const char* const kFallbackNames[] = {
     "peer_not_accelerated", "not_same_host",  "negative_cache",     "pair_timeout",
     "pair_failed",          "resources",      "transport_disabled", "unsupported_socket",
-    "no_rdma_device",       "rdma_after_fork", "rendezvous_taken",   "peer_unproven"};
+    "no_rdma_device",       "rdma_after_fork", "rendezvous_taken",   "peer_unproven",
+    "closed_before_pairing"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 

@@ -29,6 +29,8 @@ enum class Fallback : int {
                         // connection's pairing needs (docs/security.md)
   kPeerUnproven,        // "peer_unproven": the other side of the pairing could not prove that it
                         // holds the other end of the TCP connection
+  kClosedEarly,         // "closed_before_pairing": RSOCK_TCP_FIRST=1: the connection ended (the
+                        // peer's FIN, or the fd's close) before its pairing began or finished
   kCount
 };
 const char* fallback_name(Fallback f);

@@ -376,7 +376,8 @@ inline const std::vector<std::string>& known_fallbacks() {
   static const std::vector<std::string> k = {
       "peer_not_accelerated", "not_same_host", "negative_cache",     "pair_timeout",
       "pair_failed",          "resources",     "transport_disabled", "unsupported_socket",
-      "no_rdma_device",       "rdma_after_fork", "rendezvous_taken",   "peer_unproven"};
+      "no_rdma_device",       "rdma_after_fork", "rendezvous_taken",   "peer_unproven",
+      "closed_before_pairing"};
   return k;
 }
 
@@ -698,9 +699,14 @@ class PreloadTest : public ::testing::Test {
   }
 
   // The environment of a librsock process: LD_PRELOAD plus RSOCK_STATS.
+  // RSOCK_TCP_FIRST and RSOCK_PAIR_DELAY_MS of the test's own environment
+  // reach the programs (a run of the tier in that mode), unless the test
+  // sets them.
   Env preloaded(Env extra = {}) const {
     extra["LD_PRELOAD"] = lib_;
     if (!extra.count("RSOCK_STATS")) extra["RSOCK_STATS"] = stats_path_;
+    for (const char* var : {"RSOCK_TCP_FIRST", "RSOCK_PAIR_DELAY_MS"})
+      if (const char* v = getenv(var); v && !extra.count(var)) extra[var] = v;
     return extra;
   }
 

@@ -321,11 +321,12 @@ TEST(StatsNames, FallbackNamesAreStable) {
   EXPECT_STREQ(fallback_name(Fallback::kRdmaAfterFork), "rdma_after_fork");
   EXPECT_STREQ(fallback_name(Fallback::kRendezvousTaken), "rendezvous_taken");
   EXPECT_STREQ(fallback_name(Fallback::kPeerUnproven), "peer_unproven");
-  EXPECT_EQ(static_cast<int>(Fallback::kCount), 12);
+  EXPECT_STREQ(fallback_name(Fallback::kClosedEarly), "closed_before_pairing");
+  EXPECT_EQ(static_cast<int>(Fallback::kCount), 13);
   std::set<std::string> names;
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     names.insert(fallback_name(static_cast<Fallback>(i)));
-  EXPECT_EQ(names.size(), 12u);
+  EXPECT_EQ(names.size(), 13u);
 }
 
 TEST(StatsNames, ResetAndRejectNamesAreStable) {

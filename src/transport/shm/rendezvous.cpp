@@ -154,6 +154,12 @@ Fallback when_peer_left(ssize_t rc) {
 // outlives the application's own fd numbering (dup2, close of one of two).
 int private_dup(int fd) { return dup_high(fd); }
 
+// How long either side gives a pairing: the server's side of one that runs
+// on TCP meanwhile (RSOCK_TCP_FIRST) starts pair_delay_ms after accept().
+int64_t pairing_bound_ms(const Config& cfg) {
+  return int64_t{cfg.connect_timeout_ms} + (cfg.tcp_first ? cfg.pair_delay_ms : 0);
+}
+
 std::mutex g_cache_mu;
 struct CacheEntry {
   WireAddr addr;
@@ -266,7 +272,8 @@ class ShmServerPairing final : public Pairing {
   ShmServerPairing(int tcp_fd, const Config& cfg)
       : tcp_fd_(tcp_fd),
         ring_bytes_(cfg.ring_bytes),
-        deadline_(monotonic_ms() + cfg.connect_timeout_ms) {}
+        tcp_first_(cfg.tcp_first),
+        deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {}
   ~ShmServerPairing() override {
     if (conn_ >= 0) real().close(conn_);
     if (memfd_ >= 0) real().close(memfd_);
@@ -465,8 +472,10 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kResources);
       return;
     }
-    // No byte has passed yet: the fds' data calls wait for this pairing.
-    shm_region_start_on_ring(map_);
+    // Unless the connection runs on TCP meanwhile (RSOCK_TCP_FIRST), no
+    // byte of ours has passed yet: the fd's data calls wait for this
+    // pairing, and our end starts on the ring. The client marks its own.
+    if (!tcp_first_) shm_region_end_on_ring(map_, true);
     OfferMsg offer = {};
     offer.type = static_cast<uint32_t>(MsgType::kOffer);
     offer.version = kHandshakeVersion;
@@ -503,6 +512,7 @@ class ShmServerPairing final : public Pairing {
 
   int tcp_fd_;
   const size_t ring_bytes_;
+  const bool tcp_first_;
   const int64_t deadline_;
   WireAddr ends_[2] = {};  // the connection's local and peer address
   bool have_ends_ = false;
@@ -532,7 +542,8 @@ class ShmClientPairing final : public Pairing {
   ShmClientPairing(int tcp_fd, int rendezvous_fd, const Config& cfg)
       : tcp_fd_(tcp_fd),
         listener_(rendezvous_fd),
-        deadline_(monotonic_ms() + cfg.connect_timeout_ms) {}
+        tcp_first_(cfg.tcp_first),
+        deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {}
   ~ShmClientPairing() override {
     close_listener();
     release_all();
@@ -768,6 +779,9 @@ class ShmClientPairing final : public Pairing {
       return;
     }
     int doorbell = private_dup(tcp_fd_);
+    // As the server's (on_proof): our end starts on the ring unless the
+    // connection runs on TCP meanwhile.
+    if (!tcp_first_) shm_region_end_on_ring(map, false);
     AnswerMsg ans = {static_cast<uint32_t>(MsgType::kAnswer),
                      static_cast<uint32_t>(AnswerCode::kAccept), offer.nonce};
     if (doorbell >= 0 && send_msg(server_, &ans, sizeof ans, nullptr, 0) == 0) {
@@ -792,6 +806,7 @@ class ShmClientPairing final : public Pairing {
 
   int tcp_fd_;
   int listener_;
+  const bool tcp_first_;
   const int64_t deadline_;
   WireAddr ends_[2] = {};  // the connection's local and peer address
   bool have_ends_ = false;

@@ -64,10 +64,14 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
 }
 
 void shm_region_start_on_ring(void* map) {
-  for (EndpointControl& e : static_cast<RegionHeader*>(map)->end) {
-    e.switch_at.store(0, std::memory_order_relaxed);
-    e.attached.store(1, std::memory_order_relaxed);
-  }
+  shm_region_end_on_ring(map, true);
+  shm_region_end_on_ring(map, false);
+}
+
+void shm_region_end_on_ring(void* map, bool server) {
+  EndpointControl& e = static_cast<RegionHeader*>(map)->end[server ? 0 : 1];
+  e.switch_at.store(0, std::memory_order_relaxed);
+  e.attached.store(1, std::memory_order_release);
 }
 
 int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,

@@ -28,11 +28,13 @@ namespace rsock {
 // *map_len receive the mapping.
 int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map_len);
 // Both ends of a region created as above start with their directions on the
-// kernel socket (docs/protocol.md section 10). A pairing that runs before
-// the connection's first byte (today's every pairing: the fd's data calls
-// wait for it) marks both ends as switched at 0 and attached instead:
-// every byte goes on the rings, as before version 5.
+// kernel socket (docs/protocol.md section 10). An end whose pairing runs
+// before the connection's first byte (its fd's data calls wait for it; all
+// but RSOCK_TCP_FIRST=1) is marked switched at 0 and attached by its own
+// side, before it commits: every byte of that end goes on the rings, as
+// before version 5. shm_region_start_on_ring marks both (tests).
 void shm_region_start_on_ring(void* map);
+void shm_region_end_on_ring(void* map, bool server);
 
 // Maps a region received from the peer and checks it against the handshake
 // (size, magic, version, nonce, ring size). Returns 0 or a negative errno.
