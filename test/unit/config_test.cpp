@@ -495,6 +495,23 @@ TEST(ConfigEnv, ConnectTimeout) {
   }
 }
 
+TEST(ConfigEnv, TcpFirstAndPairDelay) {
+  std::vector<ConfigError> errors;
+  Config c = parse_env({}, &errors);
+  EXPECT_FALSE(c.tcp_first);
+  EXPECT_EQ(c.pair_delay_ms, kDefaultPairDelayMs);
+  c = parse_env({{"RSOCK_TCP_FIRST", "1"}, {"RSOCK_PAIR_DELAY_MS", "0"}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_TRUE(c.tcp_first);
+  EXPECT_EQ(c.pair_delay_ms, 0u);
+  c = parse_env({{"RSOCK_TCP_FIRST", "0"}, {"RSOCK_PAIR_DELAY_MS", "60000"}}, &errors);
+  EXPECT_FALSE(c.tcp_first);
+  EXPECT_EQ(c.pair_delay_ms, kMaxPairDelayMs);
+  for (const char* bad : {"2", "yes", "-1"}) expect_rejected("RSOCK_TCP_FIRST", bad, "0 or 1");
+  for (const char* bad : {"60001", "x", "-5", "5ms"})
+    expect_rejected("RSOCK_PAIR_DELAY_MS", bad, "integer from 0 to 60000");
+}
+
 TEST(ConfigEnv, EmptyValueMeansUnset) {
   std::vector<ConfigError> errors;
   const Config c = parse_env({{"RSOCK_RING_SIZE", ""},
