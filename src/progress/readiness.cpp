@@ -714,6 +714,13 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
   bool trim_due = true;
   for (int iter = 1;; ++iter) {
     int ready = 0;
+    // A connection that paired while we looked (RSOCK_TCP_FIRST): its
+    // successor's readiness from now on, not the sealed stream's.
+    for (nfds_t i = 0; i < n; ++i)
+      if (ConnectionState* c = as_conn(refs[i]); c && c->next()) {
+        c->next()->ref();
+        refs[i] = FdRef(c->next());
+      }
     for (nfds_t i = 0; i < n; ++i) {
       fds[i].revents = 0;
       if (ConnectionState* c = as_conn(refs[i])) {

@@ -492,6 +492,8 @@ FdRef pending_live(FdRef r) {
   if (!r || r.get()->kind() != FdState::Kind::kPending) return r;
   ConnectionState* live = r.as<PendingState>()->live();
   if (!live) return r;
+  // Sealed already (the outcome is on its way to the fd): its successor.
+  if (ConnectionState* next = live->next()) live = next;
   live->ref();
   return FdRef(live);
 }
