@@ -25,6 +25,7 @@
 #include "progress/readiness.h"
 #include "socket/socket.h"
 #include "transport/pairing.h"
+#include "transport/prefix/prefix_channel.h"
 #include "transport/setup.h"
 
 namespace rsock {
@@ -62,15 +63,15 @@ struct Work {
   PendingState* pending = nullptr;  // one reference, released at the end
   PairJob job;
   const Config* cfg = nullptr;
-  int sock = -1;  // a private dup of the application's socket
+  int sock = -1;  // a private dup of the application's socket (a live one's: from its start)
   // Driven jobs (the driver thread, below): the client's pairing, made once
   // its TCP handshake is done, and that handshake's wait.
   std::unique_ptr<Pairing> pairing;
   bool started = false;
   bool tcp_waiting = false;
   int64_t tcp_deadline_ms = 0;
-  // RSOCK_TCP_FIRST, the server's side: the pairing starts no earlier
-  // (a connection that ends first is never paired).
+  // RSOCK_TCP_FIRST: the pairing starts no earlier (a connection that ends
+  // first is never paired, and costs the driver nothing but this job).
   int64_t not_before_ms = 0;
 };
 
@@ -206,7 +207,7 @@ void run_client(Work& w) {
 }
 
 void end_job(Work* w) {
-  real().close(w->sock);
+  if (w->sock >= 0) real().close(w->sock);
   w->pending->unref();
   delete w;
 }
@@ -263,6 +264,9 @@ void* worker_main(void* arg) {
 std::vector<Work*>* g_driver_queue;  // jobs it has not taken yet; under g_flight_mu
 bool g_driver_running = false;       // under g_flight_mu
 int g_driver_efd = -1;               // under g_flight_mu
+// When the driver looks at its queue next: a job that may wait until then
+// does not wake it (0: it is awake, and looks only after its next poll).
+int64_t g_driver_next_ms = 0;  // under g_flight_mu
 
 // A fork or exec waits for the pairings in flight: the server's delay
 // (RSOCK_TCP_FIRST) is waived meanwhile.
@@ -279,7 +283,8 @@ bool peer_finished(int sock) {
 // peer's FIN) before its pairing finished is dropped, the fd left on TCP,
 // which it never left: true when it was (the hand-over ran).
 bool abandon(Work& w) {
-  if (!w.pending->live() || (!w.pending->cancelled() && !peer_finished(w.sock))) return false;
+  if (!w.pending->live()) return false;
+  if (!w.pending->cancelled() && (w.sock < 0 || !peer_finished(w.sock))) return false;
   if (w.job.server) {
     w.job.pairing.reset();  // closes its rendezvous connection, if any
     server_done(w, false, true);
@@ -294,10 +299,28 @@ bool abandon(Work& w) {
 // Advances a driven job without waiting: true when it is done (the
 // hand-over ran).
 bool advance(Work& w, int64_t now) {
+  const bool delayed = !w.started && now < w.not_before_ms && !g_hurry.load();
+  if (delayed && !w.pending->cancelled()) return false;
+  if (w.sock < 0) {
+    // A live job begins: the socket, unless the fd was closed first.
+    const int sock = w.pending->take_socket();
+    if (sock == -ECANCELED) return abandon(w);
+    if (sock < 0) {
+      LOG_WARN("fd %d: no descriptor to pair with (%s): it stays on TCP", w.pending->fd(),
+               strerror(-sock));
+      if (w.job.server) {
+        w.job.pairing.reset();
+        server_done(w, false);
+      } else {
+        w.job.client.reset();
+        client_done(w, nullptr, Fallback::kResources, true);
+      }
+      return true;
+    }
+    w.sock = sock;
+  }
   if (abandon(w)) return true;
   if (w.job.server) {
-    if (!w.started && now < w.not_before_ms && !g_hurry.load(std::memory_order_relaxed))
-      return false;
     if (!w.started) {
       w.started = true;
       w.job.pairing->rebind(w.sock);  // the application may close its fd meanwhile
@@ -347,6 +370,7 @@ void* driver_main(void*) {
       std::lock_guard<std::mutex> lock(g_flight_mu);
       jobs.insert(jobs.end(), g_driver_queue->begin(), g_driver_queue->end());
       g_driver_queue->clear();
+      g_driver_next_ms = 0;  // awake: a new job must wake the coming poll
       if (jobs.empty() && monotonic_ms() - idle_since >= kIdleMs) {
         g_driver_running = false;
         return nullptr;
@@ -363,8 +387,10 @@ void* driver_main(void*) {
       first[i] = pfds.size();
       Work& w = *jobs[i];
       const bool delayed = !w.started && w.not_before_ms > now && !g_hurry.load();
-      // A connection on TCP meanwhile: its end (the peer's FIN) drops the job.
-      if (w.pending->live()) pfds.push_back({w.sock, POLLRDHUP, 0});
+      // A connection on TCP meanwhile: its end (the peer's FIN) drops the
+      // job. One still delayed is looked at when its time comes (or at any
+      // wakeup, once its fd is closed), with no wakeup of its own.
+      if (w.pending->live() && !delayed) pfds.push_back({w.sock, POLLRDHUP, 0});
       if (delayed) {
         wake = std::min(wake, w.not_before_ms);
       } else if (!w.started) {
@@ -381,7 +407,12 @@ void* driver_main(void*) {
       }
     }
     first[jobs.size()] = pfds.size();
-    const int64_t left = wake <= now ? 0 : std::min<int64_t>(wake - now, kIdleMs);
+    // (Every job's wake is finite: a delay's end, a deadline.)
+    const int64_t left = wake <= now ? 0 : std::min<int64_t>(wake - now, INT32_MAX);
+    {
+      std::lock_guard<std::mutex> lock(g_flight_mu);
+      g_driver_next_ms = now + left;
+    }
     const int rc = real().poll(pfds.data(), pfds.size(), static_cast<int>(left));
     if (rc > 0 && pfds[0].revents) {
       uint64_t v;
@@ -443,8 +474,13 @@ int drive(Work* w) {
   }
   g_driver_queue->push_back(w);
   if (g_driver_running) {
-    const uint64_t one = 1;
-    (void)!real().write(g_driver_efd, &one, sizeof one);
+    // A delayed job (RSOCK_TCP_FIRST) waits for the driver's next look
+    // when that comes soon enough: a burst of short connections then costs
+    // the driver one wakeup per delay, not one per connection.
+    if (w->not_before_ms == 0 || w->not_before_ms < g_driver_next_ms) {
+      const uint64_t one = 1;
+      (void)!real().write(g_driver_efd, &one, sizeof one);
+    }
   } else if (const int rc = spawn(driver_main, nullptr); rc != 0) {
     g_driver_queue->pop_back();
     return rc;
@@ -463,29 +499,47 @@ PendingState::PendingState(int fd, int event_fd, ConnectionState* live)
 PendingState::~PendingState() {
   if (outcome_) outcome_->unref();
   if (live_) live_->unref();
-  real().close(event_fd_);
+  if (event_fd_ >= 0) real().close(event_fd_);
 }
 
 void PendingState::on_last_close() {
+  bool started;
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
+    started = started_;
   }
-  if (live_) {
-    // The connection ran on TCP and ends before its outcome: counted now,
-    // before the process may exit (and write its stats) ahead of the
-    // driver. Its pairing is dropped at once (the driver holds a dup of
-    // the socket, whose FIN waits for it).
-    if (!resolved() && claim_count()) {
-      stats_fallback(Fallback::kClosedEarly);
-      stats_connection(Path::kTcp);
-    }
-    std::lock_guard<std::mutex> lock(g_flight_mu);
-    if (g_driver_efd >= 0) {
-      const uint64_t one = 1;
-      (void)!real().write(g_driver_efd, &one, sizeof one);
-    }
+  if (!live_) return;
+  // The connection ran on TCP and ends before its outcome: counted now,
+  // before the process may exit (and write its stats) ahead of the
+  // driver.
+  if (!resolved() && claim_count()) {
+    stats_fallback(Fallback::kClosedEarly);
+    stats_connection(Path::kTcp);
   }
+  if (!started) {
+    // No pairing holds the socket: it ends now, as the application's close
+    // would have ended it (the live stream's dup was the last holder), and
+    // the driver drops the job at its next look, without a wakeup.
+    live_->retire_prefix_socket();
+    return;
+  }
+  // Its pairing is dropped at once (the driver holds a dup of the socket,
+  // whose FIN waits for it).
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  if (g_driver_efd >= 0) {
+    const uint64_t one = 1;
+    (void)!real().write(g_driver_efd, &one, sizeof one);
+  }
+}
+
+int PendingState::take_socket() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) return -ECANCELED;
+  const int sock = dup_high(live_->stream().channel().kernel_socket());
+  if (sock < 0) return -errno;
+  started_ = true;
+  return sock;
 }
 
 FdRef pending_live(FdRef r) {
@@ -512,12 +566,22 @@ FdRef PendingState::outcome() {
 int PendingState::wait(OnSignal on_signal, FdRef* out) {
   // The eventfd turns readable at finish() and stays so (nobody reads it).
   for (;;) {
+    int efd;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       if (done_) break;
+      if (event_fd_ < 0) {
+        event_fd_ = lift_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+        if (event_fd_ < 0) {
+          // No eventfd: the condition variable, without a signal's end.
+          cv_.wait(lock, [this] { return done_; });
+          break;
+        }
+      }
+      efd = event_fd_;
     }
     // -ERESTART: the call starts over, which here means waiting on.
-    if (sleep_on_fd(event_fd_, -1, on_signal) == -EINTR) return -EINTR;
+    if (sleep_on_fd(efd, -1, on_signal) == -EINTR) return -EINTR;
   }
   *out = outcome();
   return 0;
@@ -533,35 +597,42 @@ void PendingState::resolve(FdState* outcome) {
 }
 
 void PendingState::finish() {
+  int efd;
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
+    efd = event_fd_;
   }
   cv_.notify_all();
   uint64_t one = 1;
-  (void)!real().write(event_fd_, &one, sizeof one);
+  if (efd >= 0) (void)!real().write(efd, &one, sizeof one);
 }
 
 int pending_start(PairJob& job, const Config& cfg) {
   const int fd = job.fd;
-  int efd = lift_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (efd < 0) return -errno;
-  int sock = dup_high(fd);
-  if (sock < 0) {
-    int err = errno;
-    real().close(efd);
-    return -err;
-  }
   const bool driven = job.server ? job.pairing->driven() : job.client->driven();
-  // RSOCK_TCP_FIRST: the fd carries its bytes on TCP until the outcome.
+  // RSOCK_TCP_FIRST: the fd carries its bytes on TCP until the outcome,
+  // and its pairing takes the socket only when it begins (take_socket).
   ConnectionState* live = job.live && driven ? new_prefix_connection(fd, job.path) : nullptr;
+  int efd = -1;
+  int sock = -1;
+  if (!live) {
+    efd = lift_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (efd < 0) return -errno;
+    sock = dup_high(fd);
+    if (sock < 0) {
+      int err = errno;
+      real().close(efd);
+      return -err;
+    }
+  }
   auto* p = new PendingState(fd, efd, live);
   auto* w = new Work;
   w->pending = p;
   w->job = std::move(job);
   w->cfg = &cfg;
   w->sock = sock;
-  if (live && w->job.server) w->not_before_ms = monotonic_ms() + cfg.pair_delay_ms;
+  if (live) w->not_before_ms = monotonic_ms() + cfg.pair_delay_ms;
   p->ref();  // the worker's
   fd_table().set(fd, p);
   if (driven) {
@@ -572,38 +643,40 @@ int pending_start(PairJob& job, const Config& cfg) {
     }
     LOG_WARN("pairing thread: %s; a thread of its own for fd %d", strerror(rc), fd);
   }
-  {
-    // An idle worker takes it.
-    std::lock_guard<std::mutex> lock(g_flight_mu);
-    if (g_queue == nullptr) g_queue = new std::vector<Work*>;  // never freed, as the cvs
-    if (g_idle > static_cast<int>(g_queue->size())) {
-      g_queue->push_back(w);
+  int rc = 0;
+  if (w->sock < 0 && (w->sock = p->take_socket()) < 0) {
+    rc = -w->sock;  // a live job on a thread of its own begins at once
+  } else {
+    {
+      // An idle worker takes it.
+      std::lock_guard<std::mutex> lock(g_flight_mu);
+      if (g_queue == nullptr) g_queue = new std::vector<Work*>;  // never freed, as the cvs
+      if (g_idle > static_cast<int>(g_queue->size())) {
+        g_queue->push_back(w);
+        ++g_in_flight;
+        work_cv().notify_one();
+        p->unref();  // the table's reference remains
+        return 0;
+      }
+    }
+    // A new worker. It takes no signal of the application's, and needs no
+    // joining.
+    {
+      std::lock_guard<std::mutex> lock(g_flight_mu);
       ++g_in_flight;
-      work_cv().notify_one();
+    }
+    rc = spawn(worker_main, w);
+    if (rc == 0) {
       p->unref();  // the table's reference remains
       return 0;
     }
-  }
-
-  // A new worker. It takes no signal of the application's, and needs no
-  // joining.
-  {
-    std::lock_guard<std::mutex> lock(g_flight_mu);
-    ++g_in_flight;
-  }
-  const int rc = spawn(worker_main, w);
-  if (rc == 0) {
-    p->unref();  // the table's reference remains
-    return 0;
-  }
-  {
     std::lock_guard<std::mutex> lock(g_flight_mu);
     --g_in_flight;
   }
   fd_table().replace(fd, p, nullptr);
   p->unref();  // the worker's
   p->unref();  // ours
-  real().close(sock);
+  if (w->sock >= 0) real().close(w->sock);
   job = std::move(w->job);  // back to the caller, untouched
   delete w;
   LOG_WARN("connect fd %d: no pairing thread (%s); pairing in connect()", fd, strerror(rc));
@@ -611,8 +684,11 @@ int pending_start(PairJob& job, const Config& cfg) {
 }
 
 void pending_own_fds(std::vector<int>* out) {
-  std::lock_guard<std::mutex> lock(g_flight_mu);
-  if (g_driver_efd >= 0) out->push_back(g_driver_efd);
+  {
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    if (g_driver_efd >= 0) out->push_back(g_driver_efd);
+  }
+  if (const int dead = prefix_dead_socket(false); dead >= 0) out->push_back(dead);
 }
 
 bool pending_handover_in_flight() { return g_handovers.load(std::memory_order_seq_cst) != 0; }

@@ -47,15 +47,23 @@ class PendingState final : public FdState {
  public:
   // live: RSOCK_TCP_FIRST, the connection before its pairing (one
   // reference, taken over), which the fd's data calls and readiness use
-  // meanwhile; the outcome seals it into the paired connection.
+  // meanwhile; the outcome seals it into the paired connection. Its
+  // event_fd is -1: made when a call first waits for the outcome.
   PendingState(int fd, int event_fd, ConnectionState* live = nullptr);
   ~PendingState() override;
   // The application closed every fd: the outcome will be discarded.
   void on_last_close() override;
 
   int fd() const { return fd_; }              // the application's fd at connect()
-  int event_fd() const { return event_fd_; }  // readable once the outcome is in
+  // Readable once the outcome is in (-1 for a live one: wait() makes it).
+  int event_fd() const { return event_fd_; }
   bool cancelled();
+  // RSOCK_TCP_FIRST, the driver, when the delayed pairing of a live one
+  // begins: a private dup of its socket, or -ECANCELED when the application
+  // closed the fd first (nothing may begin then), or another negative
+  // errno. Until then no pairing holds the socket, so that a close before
+  // it (on_last_close) ends the connection at once, with no thread woken.
+  int take_socket();
   // RSOCK_TCP_FIRST: the connection the fd uses until the outcome, or null.
   ConnectionState* live() const { return live_; }
   // The stats count a connection once: whoever claims it first (the
@@ -77,12 +85,13 @@ class PendingState final : public FdState {
 
  private:
   const int fd_;
-  const int event_fd_;
+  int event_fd_;  // under mu_ while -1 (made by wait())
   ConnectionState* const live_;
   std::atomic<bool> counted_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   bool cancelled_ = false;      // under mu_
+  bool started_ = false;        // under mu_: take_socket() gave the socket
   FdState* outcome_ = nullptr;  // holds a reference; under mu_
   bool done_ = false;  // under mu_: finish() ran
   std::atomic<bool> resolved_{false};

@@ -152,6 +152,10 @@ ConnectionState* new_prefix_connection(int sock_fd, Path path) {
   return c;
 }
 
+void ConnectionState::retire_prefix_socket() {
+  if (prefix_only_) static_cast<PrefixChannel&>(stream_.channel()).retire_socket();
+}
+
 void ConnectionState::seal_to(ConnectionState* next) {
   stream_.seal([&](uint64_t sent, uint64_t read) {
     next->stream().continue_from(sent, read);
@@ -483,7 +487,7 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
   if (!is_tcp_stream(fd)) return plain(false);
 
   Fallback why;
-  if (std::unique_ptr<ClientSetup> setup = client_setup(fd, addr, d.transport, &why))
+  if (std::unique_ptr<ClientSetup> setup = client_setup(fd, addr, d.transport, cfg.tcp_first, &why))
     return connect_and_pair(fd, addr, len, cfg, std::move(setup));
   stats_fallback(why);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));

@@ -77,6 +77,9 @@ class ConnectionState final : public FdState {
   // stream goes on with next() (conn_send, conn_recv).
   void seal_to(ConnectionState* next);
   ConnectionState* next() const { return next_.load(std::memory_order_acquire); }
+  // A prefix-only connection whose fd was closed before its pairing began:
+  // its socket ends now (PrefixChannel::retire_socket).
+  void retire_prefix_socket();
 
  private:
   friend ConnectionState* new_prefix_connection(int sock_fd, Path path);

@@ -14,22 +14,72 @@ namespace rsock {
 
 namespace {
 
+// A pairing decided before it began: it finishes at once, on TCP, with why.
+class DecidedPairing final : public Pairing {
+ public:
+  explicit DecidedPairing(Fallback why) : why_(why) {}
+  bool run(int64_t) override { return true; }
+  bool driven() const override { return true; }
+  bool step() override { return true; }
+  void rebind(int) override {}
+  std::unique_ptr<Channel> take_channel() override { return nullptr; }
+  Fallback why() const override { return why_; }
+
+ private:
+  const Fallback why_;
+};
+
+// The rendezvous socket of a same-host client, or -1 with *why.
+int shm_rendezvous(int fd, const sockaddr* addr, Fallback* why) {
+  if (!shm_server_advertised(addr)) {
+    *why = Fallback::kPeerNotAccelerated;
+    return -1;
+  }
+  const int rfd = shm_client_prepare(fd, addr);
+  if (rfd >= 0) return rfd;
+  if (rfd == -EADDRINUSE) {
+    // Another process holds our rendezvous name: whoever it is, it gets
+    // nothing; this connection stays on TCP.
+    LOG_INFO("connect fd %d: the rendezvous name is taken by another process", fd);
+    *why = Fallback::kRendezvousTaken;
+  } else {
+    LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
+    *why = Fallback::kResources;
+  }
+  return -1;
+}
+
+// The client's rendezvous is made before its connect(), or (lazy, for a
+// connection that runs on TCP until its pairing) only when the pairing
+// begins: a connection that ends first costs no rendezvous at all, and the
+// server looks for it until its deadline (docs/protocol.md section 2).
 class ShmClientSetup final : public ClientSetup {
  public:
   explicit ShmClientSetup(int rendezvous_fd) : fd_(rendezvous_fd) {}
+  explicit ShmClientSetup(const sockaddr* addr) : lazy_(true) {
+    memcpy(&addr_, addr, addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  }
   ~ShmClientSetup() override {
     if (fd_ >= 0) real().close(fd_);
   }
   Path path() const override { return Path::kShm; }
   bool driven() const override { return true; }
   std::unique_ptr<Pairing> pairing(int sock, const Config& cfg) override {
+    if (lazy_) {
+      Fallback why;
+      const int rfd = shm_rendezvous(sock, reinterpret_cast<const sockaddr*>(&addr_), &why);
+      if (rfd < 0) return std::make_unique<DecidedPairing>(why);
+      return shm_client_pairing(sock, rfd, cfg);
+    }
     const int fd = fd_;
     fd_ = -1;  // the pairing's now
     return shm_client_pairing(sock, fd, cfg);
   }
 
  private:
-  int fd_;
+  int fd_ = -1;
+  bool lazy_ = false;
+  sockaddr_storage addr_ = {};
 };
 
 class RdmaClientSetup final : public ClientSetup {
@@ -62,7 +112,7 @@ sockaddr_storage host_key(const sockaddr* peer) {
 }  // namespace
 
 std::unique_ptr<ClientSetup> client_setup(int fd, const sockaddr* addr, TransportKind kind,
-                                          Fallback* why) {
+                                          bool lazy, Fallback* why) {
   // Same host: shared memory, unless the rule forces RDMA. Another host:
   // RDMA, unless the rule forces shared memory.
   const bool local = is_local_address(addr);
@@ -72,20 +122,10 @@ std::unique_ptr<ClientSetup> client_setup(int fd, const sockaddr* addr, Transpor
   } else if (use_shm) {
     if (!local) {
       *why = Fallback::kNotSameHost;
-    } else if (!shm_server_advertised(addr)) {
-      *why = Fallback::kPeerNotAccelerated;
-    } else {
-      const int rfd = shm_client_prepare(fd, addr);
-      if (rfd >= 0) return std::make_unique<ShmClientSetup>(rfd);
-      if (rfd == -EADDRINUSE) {
-        // Another process holds our rendezvous name: whoever it is, it
-        // gets nothing; this connection stays on TCP.
-        LOG_INFO("connect fd %d: the rendezvous name is taken by another process", fd);
-        *why = Fallback::kRendezvousTaken;
-      } else {
-        LOG_DEBUG("connect fd %d: rendezvous failed (%s)", fd, strerror(-rfd));
-        *why = Fallback::kResources;
-      }
+    } else if (lazy) {
+      return std::make_unique<ShmClientSetup>(addr);
+    } else if (const int rfd = shm_rendezvous(fd, addr, why); rfd >= 0) {
+      return std::make_unique<ShmClientSetup>(rfd);
     }
   } else if (!verbs_available()) {
     *why = Fallback::kNoRdmaDevice;

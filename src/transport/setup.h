@@ -37,9 +37,11 @@ class ClientSetup {
 
 // The transport for a candidate client connection on fd to addr, under the
 // rule's transport `kind`, set up before the real connect(); or nullptr
-// with *why, and the stream stays on TCP.
+// with *why, and the stream stays on TCP. lazy (RSOCK_TCP_FIRST): what a
+// driven pairing needs is set up when it begins (ClientSetup::pairing), so
+// a connection that ends before costs nothing but this object.
 std::unique_ptr<ClientSetup> client_setup(int fd, const sockaddr* addr, TransportKind kind,
-                                          Fallback* why);
+                                          bool lazy, Fallback* why);
 
 // A client pairing that fell back: a peer that did not answer, or does not
 // run librsock, is not asked again for a while (the negative cache).

@@ -1,6 +1,10 @@
 // The channel of a stream before its pairing (see prefix_channel.h).
 #include "transport/prefix/prefix_channel.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/wire.h"
 
@@ -13,6 +17,30 @@ PrefixChannel::PrefixChannel(int socket_fd)
 
 PrefixChannel::~PrefixChannel() {
   if (socket_fd_ >= 0) real().close(socket_fd_);
+}
+
+namespace {
+std::atomic<int> g_dead_socket{-1};
+}  // namespace
+
+int prefix_dead_socket(bool make) {
+  if (!make) return g_dead_socket.load(std::memory_order_acquire);
+  static const int fd = [] {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return -1;
+    real().close(sv[1]);
+    const int dead = lift_fd(sv[0]);
+    g_dead_socket.store(dead, std::memory_order_release);
+    return dead;
+  }();
+  return fd;
+}
+
+void PrefixChannel::retire_socket() {
+  if (retired_.exchange(true)) return;
+  const int dead = prefix_dead_socket();
+  // Without a placeholder the socket stays until the channel goes.
+  if (dead >= 0) real().dup3(dead, socket_fd_, O_CLOEXEC);
 }
 
 const uint8_t* PrefixChannel::rx_ring() const {

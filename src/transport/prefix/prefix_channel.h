@@ -18,6 +18,11 @@
 
 namespace rsock {
 
+// The placeholder of retired sockets (PrefixChannel::retire_socket): one end
+// of a socket pair whose other end is closed, made once per process (make:
+// now, if it was not); -1 when there is none.
+int prefix_dead_socket(bool make = true);
+
 class PrefixChannel final : public Channel {
  public:
   // socket_fd: a private dup of the connection's kernel socket (owned).
@@ -48,6 +53,14 @@ class PrefixChannel final : public Channel {
   // No bracket: nothing here is shared with another process but the socket.
   int enter() override { return 1; }
 
+  // The application closed its last fd before the pairing began: the
+  // socket's file goes now (its FIN, or the reset SO_LINGER asks for, as
+  // the application's close would have sent it), but the number stays the
+  // channel's: a dead socket takes its place, so that a thread still
+  // polling or calling on it meets an ended socket, never another file
+  // that took the number. Idempotent.
+  void retire_socket();
+
   // The bytes that went on the socket each way (what a successor goes on
   // from: Stream::continue_from).
   uint64_t sent() const { return tcp_sent_.load(std::memory_order_acquire); }
@@ -64,6 +77,7 @@ class PrefixChannel final : public Channel {
   std::atomic<uint32_t> peer_attached_{0};
   std::atomic<uint64_t> peer_tcp_read_{0};
   std::atomic<uint32_t> flags_{0};  // PeerFlag: the socket's end, once seen
+  std::atomic<bool> retired_{false};
   TcpPrefix prefix_;
 };
 

@@ -330,7 +330,7 @@ class ShmServerPairing final : public Pairing {
       if (stage_ == Stage::kConnect) {
         if (now < retry_at_) return false;
         if (!connect_step(now, false)) {
-          retry_at_ = now + 1;  // the rendezvous's backlog is full
+          retry_at_ = std::max(retry_at_, now + 1);  // a full backlog, or no rendezvous yet
           return false;
         }
         continue;
@@ -351,6 +351,7 @@ class ShmServerPairing final : public Pairing {
 
  private:
   enum class Stage { kConnect, kAwaitProof, kAwaitAnswer, kDone };
+  static constexpr int64_t kMaxRefusedPauseMs = 64;
 
   bool finish(Fallback why) {
     why_ = why;
@@ -375,8 +376,8 @@ class ShmServerPairing final : public Pairing {
   }
 
   // late: the deadline has passed; only find out whether the client waits.
-  // false: the rendezvous's backlog is full, try again (after a pause of up
-  // to a millisecond before `until`).
+  // false: the rendezvous's backlog is full, or (RSOCK_TCP_FIRST) it is not
+  // there yet: try again (after a pause before `until`; retry_at_ says when).
   bool connect_step(int64_t until, bool late) {
     if (!have_ends_ && !(have_ends_ = fd_addrs(tcp_fd_, &ends_[0], &ends_[1]))) {
       finish(Fallback::kPairFailed);
@@ -403,6 +404,17 @@ class ShmServerPairing final : public Pairing {
         // The rendezvous's backlog is full (a flood): its owner drains it.
         const int64_t left = until - monotonic_ms();
         if (left > 0) usleep(static_cast<useconds_t>(std::min<int64_t>(left, 1) * 1000));
+        return false;
+      }
+      // A client whose connection runs on TCP meanwhile makes its
+      // rendezvous only when its own delay has passed (it began before
+      // ours, but its driver may be late): looked for again, less and less
+      // often, until the deadline decides.
+      if (tcp_first_ && !late && (errno == ECONNREFUSED || errno == ENOENT)) {
+        refused_pause_ms_ = std::clamp<int64_t>(2 * refused_pause_ms_, 1, kMaxRefusedPauseMs);
+        retry_at_ = monotonic_ms() + refused_pause_ms_;
+        const int64_t pause = std::min(retry_at_, until) - monotonic_ms();
+        if (pause > 0) usleep(static_cast<useconds_t>(pause * 1000));
         return false;
       }
       // No rendezvous: a client without librsock (or one that gave up).
@@ -517,7 +529,8 @@ class ShmServerPairing final : public Pairing {
   WireAddr ends_[2] = {};  // the connection's local and peer address
   bool have_ends_ = false;
   Stage stage_ = Stage::kConnect;
-  int64_t retry_at_ = 0;  // step(): when a full rendezvous backlog is tried again
+  int64_t retry_at_ = 0;          // step(): when the rendezvous is tried again
+  int64_t refused_pause_ms_ = 0;  // RSOCK_TCP_FIRST: the last pause after a refusal
   int conn_ = -1;
   PeerSocket client_;  // the client's TCP socket, from sock_diag
   uint64_t nonce_ = 0;
