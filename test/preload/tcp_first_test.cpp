@@ -66,6 +66,54 @@ TEST_F(TcpFirstTest, AShortConnectionIsNeverPaired) {
   expect_fallbacks(r.server, {{"closed_before_pairing", 1}}, "server");
 }
 
+// Each side in turn reads until the other's close, while the closer stays
+// alive: the close of an fd whose pairing has not begun ends its
+// connection at once (its FIN does not wait for the pairing's delay of
+// 60 s, nor for any thread of librsock's), on either side.
+TEST_F(TcpFirstTest, ACloseBeforeThePairingEndsTheConnectionAtOnce) {
+  for (const std::string reader : {"server", "client"}) {
+    SCOPED_TRACE("reading until EOF: " + reader);
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
+               {"RSOCK_TCP_FIRST", "1"},
+               {"RSOCK_PAIR_DELAY_MS", "60000"}};
+    auto args = [&](const std::string& role) {
+      const bool server = role == "server";
+      std::vector<std::string> a = {"--role",    role,
+                                    "--port",    std::to_string(port),
+                                    "--send",    "100",
+                                    "--expect",  "100",
+                                    "--order",   "duplex",
+                                    "--tx-seed", server ? "11" : "22",
+                                    "--rx-seed", server ? "22" : "11"};
+      if (role == reader) {
+        a.push_back("--expect-eof");
+      } else {
+        a.insert(a.end(), {"--stay-ms", "60000"});
+      }
+      return a;
+    };
+    bool ready = false;
+    Proc& server =
+        start_server("server-" + reader, "rs_stream", args("server"), preloaded(env), &ready);
+    ASSERT_TRUE(ready) << "server: see its output below";
+    Proc& client = spawn("client-" + reader, "rs_stream", args("client"), preloaded(env));
+    Proc& r = reader == "server" ? server : client;
+    Proc& closer = reader == "server" ? client : server;
+    ASSERT_TRUE(wait_exit(r, 20000)) << "the reader did not see its peer's close";
+    ASSERT_TRUE(r.exited_ok()) << "reader: see its output below";
+    auto res = parse_result(r.out());
+    EXPECT_EQ(to_u64(res["received"]), 100u);
+    EXPECT_EQ(res["rx_end"], "eof");
+    auto st = stats_of(r);
+    ASSERT_TRUE(st);
+    expect_paths(*st, 0, 1, reader.c_str());
+    expect_fallbacks(*st, {{"closed_before_pairing", 1}}, reader.c_str());
+    kill_proc(closer);
+  }
+}
+
 // 64 MiB each way, pairing 5 ms after accept(): the first bytes go on TCP,
 // the rest on the ring, intact and in order (the readers check every
 // byte), and the stats account for both parts.

@@ -29,6 +29,7 @@
 //                          immediate" when connect() returned 0)
 //   --progress B           print "PROGRESS tx" / "PROGRESS rx" once B bytes moved
 //   --linger-ms T          sleep T ms before close()
+//   --stay-ms T            sleep T ms after close(), before exit
 // Output: one line "RESULT sent=.. received=.. tx_hash=.. rx_hash=.. tx_end=..
 // rx_end=.. tx_errors=.." on stdout. tx_end is "done" or the errno name that
 // ended sending; rx_end is "count" (M bytes read), "eof" or an errno name.
@@ -183,6 +184,7 @@ struct Options {
   bool nonblocking_connect = false;
   int64_t progress = 0;
   int linger_ms = 0;
+  int stay_ms = 0;
 };
 
 Options g_opt;
@@ -277,6 +279,8 @@ bool parse_args(int argc, char** argv) {
       g_opt.progress = strtoll(val(), nullptr, 10);
     else if (k == "--linger-ms")
       g_opt.linger_ms = atoi(val());
+    else if (k == "--stay-ms")
+      g_opt.stay_ms = atoi(val());
     else {
       fprintf(stderr, "rs_stream: unknown option %s\n", k.c_str());
       return false;
@@ -654,5 +658,6 @@ int main(int argc, char** argv) {
            rx.end.c_str(), tx.errors.empty() ? "-" : tx.errors.c_str());
   say(line);
   if (close(fd) != 0) fail("close: %s", strerror(errno));
+  if (g_opt.stay_ms > 0) usleep(static_cast<useconds_t>(g_opt.stay_ms) * 1000);
   return g_failed.load() ? 1 : 0;
 }

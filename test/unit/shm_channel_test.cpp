@@ -1402,6 +1402,38 @@ TEST(ShmPrefix, AStreamBeforeThePairingMovesItsBytesOnTheSocketCounted) {
   close(tcp[1]);
 }
 
+// The application closed its last fd before the pairing began: the socket
+// ends at once (the peer reads EOF), while the channel keeps its number, on
+// a dead placeholder: a thread still on it meets an ended socket, never
+// another file that took the number.
+TEST(ShmPrefix, ARetiredSocketEndsAtOnceAndKeepsItsNumber) {
+  int tcp[2];
+  tcp_pair(tcp);
+  const int dup = fcntl(tcp[0], F_DUPFD_CLOEXEC, 0);
+  Stream server(std::make_unique<PrefixChannel>(dup));
+  ASSERT_EQ(send_str(server, "bye"), 3);
+  close(tcp[0]);  // the application's close: the channel's dup holds the socket
+  char buf[8];
+  pollfd p = {tcp[1], POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 2000), 1);
+  ASSERT_EQ(read(tcp[1], buf, sizeof buf), 3);
+  EXPECT_EQ(poll(&p, 1, 50), 0) << "an EOF while the channel holds the socket";
+  auto& ch = static_cast<PrefixChannel&>(server.channel());
+  ch.retire_socket();
+  ASSERT_EQ(poll(&p, 1, 2000), 1);
+  EXPECT_EQ(read(tcp[1], buf, sizeof buf), 0);  // the FIN
+  // The number is still open, on an ended socket of another kind.
+  int domain = -1;
+  socklen_t len = sizeof domain;
+  ASSERT_EQ(getsockopt(dup, SOL_SOCKET, SO_DOMAIN, &domain, &len), 0) << strerror(errno);
+  EXPECT_EQ(domain, AF_UNIX);
+  EXPECT_EQ(read(dup, buf, sizeof buf), 0);
+  EXPECT_EQ(ch.kernel_socket(), dup);
+  ch.retire_socket();  // again: nothing changes
+  EXPECT_EQ(getsockopt(dup, SOL_SOCKET, SO_DOMAIN, &domain, &len), 0);
+  close(tcp[1]);
+}
+
 TEST(ShmPrefix, AKernelResetIsAReset) {
   int tcp[2];
   tcp_pair(tcp);
