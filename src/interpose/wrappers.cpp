@@ -41,6 +41,7 @@
 #include "socket/socket.h"
 #include "socket/transfer.h"
 #include "transport/channel.h"
+#include "transport/setup.h"
 
 using namespace rsock;
 
@@ -285,6 +286,7 @@ int close_span(unsigned first, unsigned last, int flags) {
   });
   wakers_own_fds(&keep);  // threads' and epoll sets'
   pending_own_fds(&keep);
+  transports_own_fds(&keep);
   std::sort(keep.begin(), keep.end());
   unsigned from = first;
   for (int k : keep) {

@@ -106,11 +106,17 @@ std::vector<FdRef> connection_refs() {
 
 void before_fork() {
   pending_fork_prepare();
+  transports_fork_prepare();
   for (const FdRef& c : connection_refs()) {
     Stream& s = c.as<ConnectionState>()->stream();
     s.channel().add_holder();
     s.quiesce();  // an operation that began before the count ends before the fork
   }
+}
+
+void after_fork_parent() {
+  transports_after_fork_parent();
+  pending_after_fork_parent();
 }
 
 void after_fork_child() {
@@ -186,7 +192,7 @@ void init() {
     return;
   }
   g_runtime = rt;
-  pthread_atfork(before_fork, pending_after_fork_parent, after_fork_child);
+  pthread_atfork(before_fork, after_fork_parent, after_fork_child);
   // So that a peer can give back an idle ring's pages while our sends stay
   // free of locked instructions (common/barrier.h); without it our sends
   // fence for real.
@@ -245,6 +251,7 @@ void release_at_exit() {
   // delivers what was posted; an owner that other processes still hold
   // hands the end to them (Channel::at_exit).
   for (const FdRef& r : connection_refs()) r.as<ConnectionState>()->stream().release_at_exit();
+  transports_at_exit();
 }
 
 void flush_stats(FlushAt when) {

@@ -31,7 +31,9 @@ void flush_stats(FlushAt when = FlushAt::kExit);
 // is released as close() would release it (Stream::release_at_exit): the
 // holder is dropped once, the last holder tells the peer. An RDMA end then
 // delivers what it has posted (bounded) and, when other processes hold it,
-// lets one of them take it over (Channel::at_exit). Not in a vfork child,
+// lets one of them take it over (Channel::at_exit). Then the exit waits,
+// bounded, for peers still reading what the process wrote on TCP before
+// its connections switched (transports_at_exit). Not in a vfork child,
 // whose connections are its parent's. Once per process.
 void release_at_exit();
 

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/real.h"
 #include "transport/shm/rendezvous.h"
+#include "transport/shm/shm_linger.h"
 #include "transport/verbs/verbs_setup.h"
 
 namespace rsock {
@@ -142,7 +143,18 @@ void client_fell_back(const sockaddr* addr, Fallback why) {
     negative_cache_add(addr);
 }
 
-void transports_after_fork_child() { verbs_after_fork_child(); }
+void transports_after_fork_child() {
+  verbs_after_fork_child();
+  shm_linger_after_fork_child();
+}
+
+void transports_fork_prepare() { shm_linger_fork_prepare(); }
+
+void transports_after_fork_parent() { shm_linger_after_fork_parent(); }
+
+void transports_own_fds(std::vector<int>* out) { shm_linger_own_fds(out); }
+
+void transports_at_exit() { shm_linger_at_exit(); }
 
 struct ListenSetup::Impl {
   int marker_fd = -1;              // the same-host advertisement (-1: none, or another

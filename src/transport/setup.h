@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 
 #include <memory>
+#include <vector>
 
 #include "config/config.h"
 #include "stats/stats.h"
@@ -51,6 +52,16 @@ void client_fell_back(const sockaddr* addr, Fallback why);
 // the parent for pairing (rdma_cm listeners, device contexts) stays the
 // parent's.
 void transports_after_fork_child();
+// Around fork(): what the transports keep beyond a connection's life (shm:
+// closed ends that wait for their peer, shm_linger.h) is held still.
+void transports_fork_prepare();
+void transports_after_fork_parent();
+// The descriptors the transports hold beyond any connection's (an
+// application's closefrom must leave them open).
+void transports_own_fds(std::vector<int>* out);
+// The process exits (after every connection was let go): what a peer still
+// needs of it is waited for, bounded.
+void transports_at_exit();
 
 // The transports' side of one candidate listener: an advertisement to
 // same-host clients, an rdma_cm listener at the same address (as the rule

@@ -246,9 +246,44 @@ void ShmChannel::switch_rx(uint64_t taken) {
 }
 
 ShmChannel::~ShmChannel() {
+  if (memfd_ >= 0) real().close(memfd_);
+  if (doorbell_fd_ >= 0 && must_linger()) {
+    shm_linger(linger_end(true));  // it closes the socket and unmaps
+    return;
+  }
   munmap(map_, map_len_);
   if (doorbell_fd_ >= 0) real().close(doorbell_fd_);
-  if (memfd_ >= 0) real().close(memfd_);
+}
+
+bool ShmChannel::must_linger() {
+  if (!closed_clean_.load(std::memory_order_acquire)) return false;
+  if (!shm_linger_needed(me_->tcp_sent.load(std::memory_order_acquire),
+                         peer_->tcp_read.load(std::memory_order_acquire)))
+    return false;
+  // A peer whose end is gone reads no more.
+  if ((rx_->producer_flags.load(std::memory_order_acquire) & kSendClosed) ||
+      (carrier_flags_.load(std::memory_order_acquire) & kPeerClosed))
+    return false;
+  // The peer's data left unread: kernel TCP resets at once, and so do we.
+  return rx_open() || carrier_unread(doorbell_fd_) == 0;
+}
+
+ShmLinger ShmChannel::linger_end(bool owned) const {
+  ShmLinger l;
+  l.socket_fd = doorbell_fd_;
+  l.map = map_;
+  l.map_len = map_len_;
+  l.owned = owned;
+  l.sent = me_->tcp_sent.load(std::memory_order_acquire);
+  l.peer_read = &peer_->tcp_read;
+  l.peer_flags = &rx_->producer_flags;
+  l.peer_switch_at = &peer_->switch_at;
+  l.read = &me_->tcp_read;
+  return l;
+}
+
+void ShmChannel::at_exit() {
+  if (doorbell_fd_ >= 0 && must_linger()) shm_linger(linger_end(false));
 }
 
 int ShmChannel::write(size_t offset, const void* src, size_t len) {
@@ -465,6 +500,8 @@ int ShmChannel::grant(uint64_t consumed) {
 }
 
 void ShmChannel::signal(uint32_t flags) {
+  if ((flags & kSendClosed) && !(flags & kSendReset))
+    closed_clean_.store(true, std::memory_order_release);
   tx_->producer_flags.fetch_or(flags, std::memory_order_seq_cst);
   if (flags & kSendClosed) rx_->consumer_flags.fetch_or(kSendClosed, std::memory_order_seq_cst);
   ring_doorbell();

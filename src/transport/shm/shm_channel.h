@@ -20,6 +20,7 @@
 #include "ring/wire.h"
 #include "transport/channel.h"
 #include "transport/handoff.h"
+#include "transport/shm/shm_linger.h"
 
 namespace rsock {
 
@@ -129,6 +130,9 @@ class ShmChannel final : public Channel {
   int enter() override;
   void leave() override;
   void after_fork_child() override;
+  // The process exits holding this end: one whose prefix the peer has not
+  // read all of holds up the exit a while (shm_linger.h).
+  void at_exit() override;
   // Exec hand-off: shm_handoff.cpp.
   void exec_prepare(ExecKind kind, bool inherited, ExecSink& sink) override;
   void exec_undo(ExecKind kind, uint32_t token) override;
@@ -173,6 +177,9 @@ class ShmChannel final : public Channel {
   void release_stale_trims();
   void kernel_bytes_seen();
   bool owns() const;
+  // Whether the socket must outlive our close, and the lingering end.
+  bool must_linger();
+  ShmLinger linger_end(bool owned) const;
 
   void* map_;
   size_t map_len_;
@@ -212,6 +219,9 @@ class ShmChannel final : public Channel {
   std::atomic<bool> tx_switched_{false};
   std::atomic<bool> rx_switched_{false};
   std::atomic<bool> owed_{false};
+  // This process closed the end as its last holder, not abortively: if the
+  // peer has not read all of our prefix, the socket lingers (shm_linger.h).
+  std::atomic<bool> closed_clean_{false};
 };
 
 }  // namespace rsock
