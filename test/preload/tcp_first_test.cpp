@@ -114,6 +114,64 @@ TEST_F(TcpFirstTest, ACloseBeforeThePairingEndsTheConnectionAtOnce) {
   }
 }
 
+// The server writes 1 MiB on TCP before the pairing (300 ms after
+// accept()), then switches and closes while most of it still waits in its
+// socket's send queue, the client reading nothing yet. The client then
+// shuts down its sending side, which puts a doorbell on the socket (its
+// switch, its FIN), and only then reads. Were the server's socket closed
+// with the application's close (or its exit), that byte would meet a
+// socket with no holder, and Linux would answer with a reset that throws
+// the queued bytes away (the client read EOF after 128 KiB of the 1 MiB).
+// It lingers until the client read them all: every byte arrives, then EOF,
+// whether the server's process stays, exits right after its close, or
+// exits without closing.
+TEST_F(TcpFirstTest, AClosedEndKeepsItsSocketUntilThePeerReadItsPrefix) {
+  const uint64_t bytes = 1u << 20;
+  for (const std::string how : {"exits", "stays", "exits-open"}) {
+    SCOPED_TRACE("the server " + how);
+    const bool server_exits = how != "stays";
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
+               {"RSOCK_TCP_FIRST", "1"},
+               {"RSOCK_PAIR_DELAY_MS", "300"}};
+    const std::string n = std::to_string(bytes);
+    bool ready = false;
+    std::vector<std::string> server_args = {"--role",      "server",
+                                            "--port",      std::to_string(port),
+                                            "--send",      n,
+                                            "--expect",    "0",
+                                            "--order",     "send-first",
+                                            "--tx-seed",   "31",
+                                            "--linger-ms", "800",
+                                            "--stay-ms",   server_exits ? "0" : "5000"};
+    if (how == "exits-open") server_args.push_back("--no-close");
+    Proc& server = start_server("server-" + how, "rs_stream", server_args, preloaded(env), &ready);
+    ASSERT_TRUE(ready) << "server: see its output below";
+    Proc& client = spawn(
+        "client-" + how, "rs_stream",
+        {"--role", "client", "--port", std::to_string(port), "--send", "0", "--shut-wr", "--expect",
+         n, "--expect-eof", "--order", "send-first", "--rx-seed", "31", "--pause-ms", "1500"},
+        preloaded(env));
+    ASSERT_TRUE(wait_exit(client, 60000)) << "client did not finish in time";
+    ASSERT_TRUE(client.exited_ok()) << "client: see its output below";
+    auto c = parse_result(client.out());
+    EXPECT_EQ(to_u64(c["received"]), bytes);
+    EXPECT_EQ(c["rx_end"], "eof");
+    ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server did not finish in time";
+    ASSERT_TRUE(server.exited_ok()) << "server: see its output below";
+    auto ss = stats_of(server);
+    auto cs = stats_of(client);
+    ASSERT_TRUE(ss && cs);
+    expect_paths(*ss, 1, 0, "server");
+    expect_paths(*cs, 1, 0, "client");
+    // The case at hand: far more on TCP than the client's socket buffer
+    // held when the reset came (the ring carried the rest, if any).
+    EXPECT_GE(ss->before_sent, bytes / 2);
+    EXPECT_EQ(cs->before_received, ss->before_sent);
+  }
+}
+
 // 64 MiB each way, pairing 5 ms after accept(): the first bytes go on TCP,
 // the rest on the ring, intact and in order (the readers check every
 // byte), and the stats account for both parts.

@@ -28,8 +28,10 @@
 //                          blocking; prints "CONNECT einprogress" (or "CONNECT
 //                          immediate" when connect() returned 0)
 //   --progress B           print "PROGRESS tx" / "PROGRESS rx" once B bytes moved
+//   --pause-ms T           sleep T ms once connected, before any read or write
 //   --linger-ms T          sleep T ms before close()
 //   --stay-ms T            sleep T ms after close(), before exit
+//   --no-close             exit with the connection open (no close())
 // Output: one line "RESULT sent=.. received=.. tx_hash=.. rx_hash=.. tx_end=..
 // rx_end=.. tx_errors=.." on stdout. tx_end is "done" or the errno name that
 // ended sending; rx_end is "count" (M bytes read), "eof" or an errno name.
@@ -183,8 +185,10 @@ struct Options {
   bool nodelay = false;
   bool nonblocking_connect = false;
   int64_t progress = 0;
+  int pause_ms = 0;
   int linger_ms = 0;
   int stay_ms = 0;
+  bool no_close = false;
 };
 
 Options g_opt;
@@ -277,10 +281,14 @@ bool parse_args(int argc, char** argv) {
       g_opt.nonblocking_connect = true;
     else if (k == "--progress")
       g_opt.progress = strtoll(val(), nullptr, 10);
+    else if (k == "--pause-ms")
+      g_opt.pause_ms = atoi(val());
     else if (k == "--linger-ms")
       g_opt.linger_ms = atoi(val());
     else if (k == "--stay-ms")
       g_opt.stay_ms = atoi(val());
+    else if (k == "--no-close")
+      g_opt.no_close = true;
     else {
       fprintf(stderr, "rs_stream: unknown option %s\n", k.c_str());
       return false;
@@ -633,6 +641,7 @@ int main(int argc, char** argv) {
       fail("TCP_NODELAY: %s", strerror(errno));
   }
 
+  if (g_opt.pause_ms > 0) usleep(static_cast<useconds_t>(g_opt.pause_ms) * 1000);
   TxResult tx;
   RxResult rx;
   const bool reads = g_opt.expect != 0 || g_opt.expect_eof;
@@ -657,7 +666,7 @@ int main(int argc, char** argv) {
            (unsigned long long)tx.hash.final(), (unsigned long long)rx.hash.final(), tx.end.c_str(),
            rx.end.c_str(), tx.errors.empty() ? "-" : tx.errors.c_str());
   say(line);
-  if (close(fd) != 0) fail("close: %s", strerror(errno));
+  if (!g_opt.no_close && close(fd) != 0) fail("close: %s", strerror(errno));
   if (g_opt.stay_ms > 0) usleep(static_cast<useconds_t>(g_opt.stay_ms) * 1000);
   return g_failed.load() ? 1 : 0;
 }
