@@ -41,6 +41,9 @@ namespace {
 // trivially destructible: nothing to fear at exit.)
 struct Work;
 std::mutex g_flight_mu;
+// A fork or exec waits for the pairings in flight: the delay of
+// RSOCK_TCP_FIRST is waived meanwhile.
+std::atomic<bool> g_hurry{false};
 int g_in_flight = 0;           // under g_flight_mu
 int g_idle = 0;                // workers waiting for a job; under g_flight_mu
 std::vector<Work*>* g_queue;   // jobs no worker has taken yet; under g_flight_mu
@@ -73,6 +76,8 @@ struct Work {
   // RSOCK_TCP_FIRST: the pairing starts no earlier (a connection that ends
   // first is never paired, and costs the driver nothing but this job).
   int64_t not_before_ms = 0;
+  // Not begun, and not to begin yet.
+  bool delayed(int64_t now) const { return !started && now < not_before_ms && !g_hurry.load(); }
 };
 
 std::atomic<int> g_handovers{0};  // hand_over calls between resolve and the epoll conversion
@@ -268,15 +273,25 @@ int g_driver_efd = -1;               // under g_flight_mu
 // does not wake it (0: it is awake, and looks only after its next poll).
 int64_t g_driver_next_ms = 0;  // under g_flight_mu
 
-// A fork or exec waits for the pairings in flight: the server's delay
-// (RSOCK_TCP_FIRST) is waived meanwhile.
-std::atomic<bool> g_hurry{false};
-
 // RSOCK_TCP_FIRST: the peer has shut its sending side (its FIN is in): a
 // connection on its way out, not worth a pairing.
 bool peer_finished(int sock) {
   pollfd p = {sock, POLLRDHUP, 0};
   return real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// RSOCK_TCP_FIRST: a live job ends with its fd on TCP, its pairing dropped:
+// the client's reason is `why`; the server's follows from how its
+// connection went (server_done).
+void end_on_tcp(Work& w, Fallback why) {
+  if (w.job.server) {
+    w.job.pairing.reset();  // closes its rendezvous connection, if any
+    server_done(w, false, why == Fallback::kClosedEarly);
+  } else {
+    w.pairing.reset();
+    w.job.client.reset();
+    client_done(w, nullptr, why, true);
+  }
 }
 
 // RSOCK_TCP_FIRST: a job whose connection ended (the fd closed, or the
@@ -285,22 +300,14 @@ bool peer_finished(int sock) {
 bool abandon(Work& w) {
   if (!w.pending->live()) return false;
   if (!w.pending->cancelled() && (w.sock < 0 || !peer_finished(w.sock))) return false;
-  if (w.job.server) {
-    w.job.pairing.reset();  // closes its rendezvous connection, if any
-    server_done(w, false, true);
-  } else {
-    w.pairing.reset();
-    w.job.client.reset();
-    client_done(w, nullptr, Fallback::kClosedEarly, true);
-  }
+  end_on_tcp(w, Fallback::kClosedEarly);
   return true;
 }
 
 // Advances a driven job without waiting: true when it is done (the
 // hand-over ran).
 bool advance(Work& w, int64_t now) {
-  const bool delayed = !w.started && now < w.not_before_ms && !g_hurry.load();
-  if (delayed && !w.pending->cancelled()) return false;
+  if (w.delayed(now) && !w.pending->cancelled()) return false;
   if (w.sock < 0) {
     // A live job begins: the socket, unless the fd was closed first.
     const int sock = w.pending->take_socket();
@@ -308,13 +315,7 @@ bool advance(Work& w, int64_t now) {
     if (sock < 0) {
       LOG_WARN("fd %d: no descriptor to pair with (%s): it stays on TCP", w.pending->fd(),
                strerror(-sock));
-      if (w.job.server) {
-        w.job.pairing.reset();
-        server_done(w, false);
-      } else {
-        w.job.client.reset();
-        client_done(w, nullptr, Fallback::kResources, true);
-      }
+      end_on_tcp(w, Fallback::kResources);
       return true;
     }
     w.sock = sock;
@@ -386,7 +387,7 @@ void* driver_main(void*) {
     for (size_t i = 0; i < jobs.size(); ++i) {
       first[i] = pfds.size();
       Work& w = *jobs[i];
-      const bool delayed = !w.started && w.not_before_ms > now && !g_hurry.load();
+      const bool delayed = w.delayed(now);
       // A connection on TCP meanwhile: its end (the peer's FIN) drops the
       // job. One still delayed is looked at when its time comes (or at any
       // wakeup, once its fd is closed), with no wakeup of its own.
@@ -423,7 +424,7 @@ void* driver_main(void*) {
     int done = 0;
     for (size_t i = 0; i < jobs.size(); ++i) {
       Work& w = *jobs[i];
-      bool fired = !w.started && (w.not_before_ms <= now || g_hurry.load());
+      bool fired = !w.started && !w.delayed(now);
       for (size_t k = first[i]; k < first[i + 1] && !fired; ++k) fired = pfds[k].revents != 0;
       // A live job whose fd was closed (PendingState::on_last_close wakes us).
       if (!fired) fired = w.pending->live() && w.pending->cancelled();
