@@ -73,7 +73,8 @@ FdRef conn_ref(int fd) {
 
 // conn_ref, or the connection a socket still pairing uses meanwhile
 // (RSOCK_TCP_FIRST): for the options it keeps a copy of (O_NONBLOCK, the
-// timeouts), which the kernel socket has as well.
+// timeouts), which the kernel socket has as well, and for the calls
+// refused on a connection (POSIX AIO), whose bytes it could not count.
 FdRef opt_ref(int fd) {
   if (!fd_table().has(fd)) return FdRef();
   FdRef r = pending_live(pending_settle(fd, fd_table().get(fd)));
@@ -614,7 +615,10 @@ EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, si
 // stream on an accelerated fd closes the fd the same way: drop its state,
 // or a later fd that reuses the number would inherit it. POSIX AIO on an
 // accelerated fd is refused (EOPNOTSUPP) instead of running on the kernel
-// socket, where its reads would return doorbell bytes.
+// socket, where its reads would return doorbell bytes; so is POSIX AIO on
+// one still pairing on TCP (RSOCK_TCP_FIRST), where its writes would be
+// bytes the switch does not count (the peer would read past our count and
+// reset).
 
 EXPORT int fclose(FILE* f) {
   const int fd = f ? fileno(f) : -1;
@@ -628,7 +632,7 @@ EXPORT int fclose(FILE* f) {
 }
 
 static bool aio_on_connection(const struct aiocb* cb) {
-  return cb && fd_table().has(cb->aio_fildes) && conn_ref(cb->aio_fildes);
+  return cb && fd_table().has(cb->aio_fildes) && opt_ref(cb->aio_fildes);
 }
 
 static int aio_refused(int fd) {
