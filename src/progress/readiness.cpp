@@ -1234,8 +1234,10 @@ void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
         kev.events = m.kernel_mask = kernel_events(m);
         outcome->epoll_refs.fetch_add(1);
         real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev);
-        m.last_mask = 0;
-        m.last_rx = m.last_tx = ~0ull;
+        // The successor goes on from the same counts (Stream::continue_from,
+        // and the generations count from the stream's first byte): an
+        // edge-triggered member reports what is new since its last report,
+        // not the switch.
       } else {
         epoll_event kev = {};
         kev.events = m.disabled ? 0 : m.events;

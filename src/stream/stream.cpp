@@ -525,7 +525,7 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
 
 // The directions still on the kernel socket take its readiness (one may
 // have switched already, and shows the ring's).
-void Stream::tcp_overlay(StreamEvents* ev) {
+void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx) {
   {
     std::unique_lock<std::mutex> lock(rx_mu_, std::try_to_lock);
     if (lock.owns_lock() && rx_tcp_.load(std::memory_order_acquire)) (void)rx_prefix_done_locked();
@@ -558,13 +558,16 @@ void Stream::tcp_overlay(StreamEvents* ev) {
     ev->readable = ev->readable || (r & (POLLIN | POLLRDHUP)) != 0;
     int inq = 0;
     if (ev->readable && real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0) inq = 0;
-    ev->rx_gen = prefix_->tcp_read->load(std::memory_order_relaxed) + static_cast<uint64_t>(inq);
+    // What arrived on the socket; past the peer's count it holds
+    // doorbells, which are no news.
+    *tcp_rx = prefix_->tcp_read->load(std::memory_order_relaxed) + static_cast<uint64_t>(inq);
+    const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
+    if (at != kNotSwitched) *tcp_rx = std::min(*tcp_rx, at);
   }
   if (tx_tcp) {
     // The ring's room is not ours yet: the socket's, or a send that fails.
     ev->writable = (r & POLLOUT) != 0 || ev->error || reset_.load(std::memory_order_acquire) ||
                    shut_wr_.load(std::memory_order_relaxed);
-    ev->tx_gen = prefix_->tcp_sent->load(std::memory_order_relaxed);
   }
 }
 
@@ -690,8 +693,18 @@ StreamEvents Stream::events(bool look) {
   // shows below as any reset.
   if (take_over() == -EAGAIN) return ev;
   ev = ring_events(look);
+  if (prefix_ == nullptr) return ev;
+  // The generations count from the stream's first byte, its prefix's
+  // included, so that they go on across the switch (and from a stream
+  // sealed to its successor, which goes on from its counts): a change is
+  // news, and nothing else is.
+  const uint64_t ring_rx = ev.rx_gen, ring_tx = ev.tx_gen;
+  uint64_t tcp_rx = prefix_->tcp_read->load(std::memory_order_acquire);
+  const uint64_t tcp_tx = prefix_->tcp_sent->load(std::memory_order_acquire);
   if (tx_tcp_.load(std::memory_order_acquire) || rx_tcp_.load(std::memory_order_acquire))
-    tcp_overlay(&ev);
+    tcp_overlay(&ev, &tcp_rx);
+  ev.rx_gen = tcp_rx + ring_rx;
+  ev.tx_gen = tcp_tx + ring_tx;
   return ev;
 }
 

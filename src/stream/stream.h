@@ -220,7 +220,9 @@ class Stream {
   ssize_t recv_tcp(const struct iovec* iov, int iovcnt, bool peek);
   // Whether our receiver has read the whole prefix (switches it if so).
   bool rx_prefix_done_locked();
-  void tcp_overlay(StreamEvents* ev);
+  // *tcp_rx: the bytes that arrived on the socket so far (a receiver
+  // still on it: what it read and what waits there).
+  void tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx);
   StreamEvents ring_events(bool look);
 
   std::unique_ptr<Channel> channel_;
