@@ -103,6 +103,10 @@ void hand_over(Work& w, ConnectionState* c) {
     if (s == p) fds.push_back(fd);
   });
   for (int fd : fds) fd_table().replace(fd, p, c);
+  // Threads asleep on the stream used meanwhile (a blocking call waiting on
+  // its socket, a poll, an epoll set) look again, and go on with c: the
+  // peer's wakeups now come through c's channel, which they do not watch.
+  if (c && live) live->wake.kick(false);
   if (c) {
     // Options the application set while we paired (F_SETFL, SO_RCVTIMEO).
     connection_options_from(w.sock, c);
