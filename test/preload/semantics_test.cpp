@@ -14,9 +14,16 @@
 namespace rsock_test {
 namespace {
 
-class SemanticsTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {};
+class SemanticsTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {
+ protected:
+  // tcp_first: RSOCK_TCP_FIRST=1, pairing at once in the background, so
+  // that the connection's switch from TCP to the ring falls inside the case.
+  void run_case(bool tcp_first);
+};
 
-TEST_P(SemanticsTest, OnSharedMemory) {
+TEST_P(SemanticsTest, OnSharedMemory) { run_case(false); }
+
+void SemanticsTest::run_case(bool tcp_first) {
   const int port = free_port();
   const int port2 = free_port_besides(port);
   ASSERT_GT(port, 0);
@@ -27,6 +34,10 @@ TEST_P(SemanticsTest, OnSharedMemory) {
   Env env =
       preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}, {"RSOCK_RING_SIZE", "64K"}});
   if (fallback) env["RSOCK_CONNECT_TIMEOUT_MS"] = "300";
+  if (tcp_first) {
+    env["RSOCK_TCP_FIRST"] = "1";
+    env["RSOCK_PAIR_DELAY_MS"] = "0";
+  }
   // Under a sanitizer the nb_* cases' accept delay grows (RS_TEST_SLOWDOWN,
   // rs_sem.cpp): the pairing timeout grows with it, so that the server's
   // late accept still comes well within it.
@@ -109,6 +120,28 @@ INSTANTIATE_TEST_SUITE_P(
                       "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready", "epoll_dormant",
                       "epoll_dup"),
     [](const auto& info) { return std::string(info.param); });
+
+// The cases that hold when the connection starts on TCP and switches while
+// they run (RSOCK_TCP_FIRST=1, experimental). Among them the wakeups of
+// threads asleep on the connection at its switch (mt_*, shut_*: they slept
+// on the stream used meanwhile and were not woken for bytes that came
+// through its successor) and edge-triggered epoll across the switch
+// (epoll_et: the switch itself was reported as an edge). The others expect
+// what the mode changes (a connection that pairs at connect, a ring's worth
+// of room, stats of a connection that never paired).
+class SemanticsTcpFirstTest : public SemanticsTest {};
+
+TEST_P(SemanticsTcpFirstTest, StartingOnTcp) { run_case(true); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTcpFirstTest,
+                         ::testing::Values("nonblock", "peek", "timeo", "addr", "dup", "poll",
+                                           "select", "epoll_lt", "epoll_et", "mt_poll", "mt_epoll",
+                                           "mt_recv_send", "mt_poll_send", "mt_epoll_send",
+                                           "mt_poll_poll", "mt_epoll_epoll", "mt_poll_epoll",
+                                           "mt_epoll_poll", "shut_recv", "shut_epoll", "shut_poll",
+                                           "shut_send", "epoll_add_asleep", "epoll_add_ready",
+                                           "epoll_mod_ready", "epoll_dormant"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace rsock_test
