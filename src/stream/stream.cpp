@@ -593,8 +593,11 @@ size_t Stream::readable_bytes() {
     if (real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0 || inq < 0) return 0;
     const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
     const uint64_t read = prefix_->tcp_read->load(std::memory_order_relaxed);
-    return at == kNotSwitched ? static_cast<size_t>(inq)
-                              : std::min<uint64_t>(static_cast<uint64_t>(inq), at - read);
+    if (at == kNotSwitched || static_cast<uint64_t>(inq) < at - read)
+      return static_cast<size_t>(inq);
+    // All of the prefix waits there; what the ring holds comes after it.
+    refresh_rx(poll_peer());
+    return static_cast<size_t>(at - read + window_.readable());
   }
   refresh_rx(poll_peer());
   return window_.readable();
