@@ -251,6 +251,7 @@ void release_at_exit() {
   // delivers what was posted; an owner that other processes still hold
   // hands the end to them (Channel::at_exit).
   for (const FdRef& r : connection_refs()) r.as<ConnectionState>()->stream().release_at_exit();
+  pending_count_at_exit();
   transports_at_exit();
 }
 

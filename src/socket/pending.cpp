@@ -688,6 +688,17 @@ int pending_start(PairJob& job, const Config& cfg) {
   return -rc;
 }
 
+void pending_count_at_exit() {
+  fd_table().for_each([](int, FdState* s) {
+    if (s->kind() != FdState::Kind::kPending) return;
+    auto* p = static_cast<PendingState*>(s);
+    if (p->live() && !p->resolved() && p->claim_count()) {
+      stats_fallback(Fallback::kClosedEarly);
+      stats_connection(Path::kTcp);
+    }
+  });
+}
+
 void pending_own_fds(std::vector<int>* out) {
   {
     std::lock_guard<std::mutex> lock(g_flight_mu);

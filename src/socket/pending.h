@@ -135,6 +135,11 @@ FdRef pending_settle(int fd, FdRef r);
 // it names another file.
 bool pending_handover_in_flight();
 
+// The process exits (RSOCK_TCP_FIRST): a connection that ran on TCP and is
+// still pairing ends with it, before its outcome, and is counted as one
+// that closed first (closed_before_pairing), as its close would count it.
+void pending_count_at_exit();
+
 // The descriptor librsock keeps for background pairing (the driver thread's
 // eventfd), which close_range and closefrom must leave open.
 void pending_own_fds(std::vector<int>* out);

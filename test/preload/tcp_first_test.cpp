@@ -174,6 +174,45 @@ TEST_F(TcpFirstTest, AClosedEndKeepsItsSocketUntilThePeerReadItsPrefix) {
   }
 }
 
+// A process that exits with a connection still on TCP, its pairing not yet
+// begun (60 s away), counts it as one that ended before its pairing, as
+// its close would have: every connection is in the stats line once.
+TEST_F(TcpFirstTest, AConnectionStillPairingAtExitIsCounted) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
+             {"RSOCK_TCP_FIRST", "1"},
+             {"RSOCK_PAIR_DELAY_MS", "60000"}};
+  auto args = [&](const std::string& role) {
+    const bool server = role == "server";
+    std::vector<std::string> a = {"--role",    role,
+                                  "--port",    std::to_string(port),
+                                  "--send",    "100",
+                                  "--expect",  "100",
+                                  "--order",   "duplex",
+                                  "--tx-seed", server ? "11" : "22",
+                                  "--rx-seed", server ? "22" : "11"};
+    if (server) a.push_back("--expect-eof");
+    if (!server) a.push_back("--no-close");
+    return a;
+  };
+  bool ready = false;
+  Proc& server = start_server("server", "rs_stream", args("server"), preloaded(env), &ready);
+  ASSERT_TRUE(ready) << "server: see its output below";
+  Proc& client = spawn("client", "rs_stream", args("client"), preloaded(env));
+  ASSERT_TRUE(wait_exit(client, 20000)) << "client did not finish in time";
+  ASSERT_TRUE(client.exited_ok()) << "client: see its output below";
+  ASSERT_TRUE(wait_exit(server, 20000)) << "the server did not see the client's end";
+  ASSERT_TRUE(server.exited_ok()) << "server: see its output below";
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  expect_paths(*cs, 0, 1, "client");
+  expect_fallbacks(*cs, {{"closed_before_pairing", 1}}, "client");
+  expect_paths(*ss, 0, 1, "server");
+  expect_fallbacks(*ss, {{"closed_before_pairing", 1}}, "server");
+}
+
 // POSIX AIO reaches the socket through glibc's internal write, which no
 // wrapper sees: on a connection still on TCP before its pairing, its bytes
 // would be missing from the count the switch announces, and the server,
