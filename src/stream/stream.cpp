@@ -460,14 +460,22 @@ bool Stream::rx_prefix_done_locked() {
   return true;
 }
 
+// We read more of the peer's prefix than its count says it sent: bytes
+// went on its socket behind its librsock (a raw write, stdio). As bytes
+// behind our back on the ring's socket: a loud reset on both ends.
+ssize_t Stream::foreign_prefix_bytes() {
+  channel_->foreign_bytes();
+  observe(poll_peer().flags);
+  if (!reset_.load(std::memory_order_acquire)) fail();  // a channel that cannot tell
+  const int e = take_pending(false);
+  return e ? -e : -ECONNRESET;
+}
+
 ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
   const uint64_t read = prefix_->tcp_read->load(std::memory_order_relaxed);
   const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
   if (at != kNotSwitched && read >= at) {
-    if (read > at) {  // the peer's count is behind what we read: a broken peer
-      fail();
-      return -ECONNRESET;
-    }
+    if (read > at) return foreign_prefix_bytes();
     return rx_prefix_done_locked() ? kOnRing : -EAGAIN;
   }
   iovec part[kMaxTcpIov];
@@ -507,10 +515,7 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
   }
   size_t keep = static_cast<size_t>(n);
   if (at2 != kNotSwitched) {
-    if (at2 < read) {
-      fail();
-      return -ECONNRESET;
-    }
+    if (at2 < read) return foreign_prefix_bytes();
     keep = std::min<uint64_t>(keep, at2 - read);
   }
   if (peek) return keep > 0 ? static_cast<ssize_t>(keep) : kOnRing;

@@ -223,6 +223,7 @@ class Stream {
   // *tcp_rx: the bytes that arrived on the socket so far (a receiver
   // still on it: what it read and what waits there).
   void tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx);
+  ssize_t foreign_prefix_bytes();  // under rx_mu_: the reset, and what recv returns
   StreamEvents ring_events(bool look);
 
   std::unique_ptr<Channel> channel_;

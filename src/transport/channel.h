@@ -205,6 +205,10 @@ class Channel {
   // socket from now on is a doorbell. `taken`: bytes past the prefix that
   // the stream's last read of the socket took (doorbells, drained).
   virtual void switch_rx(uint64_t /*taken*/) {}
+  // Our receiver read more of the peer's prefix than the peer's count says
+  // it sent: bytes reached the socket behind the peer's librsock (raw
+  // system calls, stdio), as kKernelBytes reports them once on the ring.
+  virtual void foreign_bytes() {}
   // Our receiver, still on the socket, read its end there (EOF or a reset):
   // the peer's end is gone (kPeerClosed from now on), and the stream decides
   // between a FIN and a reset by what each side read, as it does on the

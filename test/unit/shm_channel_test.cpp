@@ -1191,6 +1191,26 @@ TEST(ShmSwitch, AByteOnTheSocketPastTheCountIsForeign) {
   EXPECT_NE(t.server->channel().poll().flags & kKernelBytes, 0u);
 }
 
+// Bytes written behind librsock before the writer's switch are read as
+// prefix (nothing tells them apart yet); once the count comes, it is below
+// what the reader read: both ends reset loudly, as for bytes past the count
+// (kKernelBytes here, kSendKernelBytes told to the peer), never a stream
+// that goes on with bytes nobody counted.
+TEST(ShmSwitch, BytesBehindLibrsockBeforeTheCountResetBothEnds) {
+  TcpFirst t = make_tcp_first();
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.client, "hello"), 5);
+  ASSERT_EQ(::send(t.client_fd, "RAW", 3, MSG_NOSIGNAL), 3);  // behind librsock
+  EXPECT_EQ(recv_str(*t.server, 100), "helloRAW");
+  t.server->attach();
+  t.client->attach();  // second: switches at its count, 5
+  EXPECT_EQ(t.region->end[1].switch_at.load(), 5u);
+  EXPECT_EQ(recv_str(*t.server, 100), "<" + std::to_string(-ECONNRESET) + ">");
+  EXPECT_NE(t.server->channel().poll().flags & kKernelBytes, 0u);
+  EXPECT_NE(t.region->dir[kServerToClient].producer_flags.load() & kSendKernelBytes, 0u)
+      << "the peer is told";
+}
+
 TEST(ShmSwitch, EofBeforeTheSwitchIsTheSocketsEof) {
   TcpFirst t = make_tcp_first();
   ASSERT_TRUE(t.server && t.client);
