@@ -394,7 +394,13 @@ int collect(EpollState& s, epoll_event* out, int max) {
     // collect): probing each member once per clock tick cost a busy loop
     // two system calls per member and tick, all of its time with thousands
     // of idle members.
-    Stream& st = m.conn()->stream();
+    // A member whose stream was sealed a moment ago (RSOCK_TCP_FIRST: its
+    // pairing just ended, and its conversion comes next) reports its
+    // successor's readiness: the sealed stream's own says "call again" to
+    // every call, which would be a spurious event here.
+    ConnectionState* mc = m.conn();
+    if (ConnectionState* next = mc->next()) mc = next;
+    Stream& st = mc->stream();
     StreamEvents ev = st.events(!st.channel().wait_fd_shows_carrier());
     if (m.kernel_mask != EPOLLIN && !m.wait_shared) {
       // Both directions switched since: back to the level-triggered watch.
