@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/own_fd.h"
+#include "common/quiet_thread.h"
 #include "common/real.h"
 #include "config/config.h"
 #include "lifecycle/runtime.h"
@@ -453,21 +454,6 @@ void* driver_main(void*) {
   }
 }
 
-// Starts a detached thread that takes no signal of the application's.
-int spawn(void* (*fn)(void*), void* arg) {
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_t t;
-  const int rc = pthread_create(&t, &attr, fn, arg);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  pthread_attr_destroy(&attr);
-  return rc;
-}
-
 // Gives a driven job to the driver, started if it is not running. Returns
 // 0 (the job is the driver's, and counted in flight) or a positive errno.
 int drive(Work* w) {
@@ -486,7 +472,7 @@ int drive(Work* w) {
       const uint64_t one = 1;
       (void)!real().write(g_driver_efd, &one, sizeof one);
     }
-  } else if (const int rc = spawn(driver_main, nullptr); rc != 0) {
+  } else if (const int rc = spawn_quiet_thread(driver_main, nullptr); rc != 0) {
     g_driver_queue->pop_back();
     return rc;
   } else {
@@ -670,7 +656,7 @@ int pending_start(PairJob& job, const Config& cfg) {
       std::lock_guard<std::mutex> lock(g_flight_mu);
       ++g_in_flight;
     }
-    rc = spawn(worker_main, w);
+    rc = spawn_quiet_thread(worker_main, w);
     if (rc == 0) {
       p->unref();  // the table's reference remains
       return 0;

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "common/clock.h"
+#include "common/quiet_thread.h"
 #include "common/real.h"
 #include "ring/wire.h"
 #include "transport/channel.h"
@@ -102,17 +103,7 @@ void shm_linger(const ShmLinger& end) {
   if (g_ends == nullptr) g_ends = new std::vector<Entry>;  // never freed
   g_ends->push_back({end, monotonic_ms() + kLingerMs});
   if (g_running || !end.owned) return;
-  // A thread that takes no signal of the application's.
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_t t;
-  g_running = pthread_create(&t, &attr, linger_main, nullptr) == 0;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  pthread_attr_destroy(&attr);
+  g_running = spawn_quiet_thread(linger_main, nullptr) == 0;
   // Without a thread the end is looked at by the next one's, or at exit:
   // it still holds the socket, which is all the peer needs.
 }
