@@ -101,6 +101,13 @@ void* linger_main(void*) {
 void shm_linger(const ShmLinger& end) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_ends == nullptr) g_ends = new std::vector<Entry>;  // never freed
+  // A peer that never reads would otherwise make us hold a socket and a
+  // mapping per closed connection for a minute each: past the cap the
+  // oldest end closes now, as kernel TCP's own close would have.
+  if (g_ends->size() >= kShmLingerMaxEnds) {
+    finish(g_ends->front().end);
+    g_ends->erase(g_ends->begin());
+  }
   g_ends->push_back({end, monotonic_ms() + kLingerMs});
   if (g_running || !end.owned) return;
   g_running = spawn_quiet_thread(linger_main, nullptr) == 0;

@@ -11,7 +11,8 @@
 // wakeups). So a closed end whose peer has not read all of its prefix
 // keeps the socket open here, not read by anyone, until the peer has read
 // the prefix, or the peer's end closed, or its socket ended, or a bound
-// passed; then it closes the socket (a FIN: the doorbells that came are
+// passed, or more ends than kShmLingerMaxEnds linger (the oldest goes
+// first); then it closes the socket (a FIN: the doorbells that came are
 // drained first when every byte still coming is one). A thread of its own
 // looks every few milliseconds while an end lingers, and exits when none
 // does. Thread-safety: every call may come from any thread.
@@ -37,6 +38,10 @@ struct ShmLinger {
   const std::atomic<uint64_t>* peer_switch_at;  // the peer's prefix, once it switched
   const std::atomic<uint64_t>* read;            // of it, what we read
 };
+
+// The most ends that linger at once (each holds a descriptor and its
+// region's mapping); the oldest closes when one more comes.
+inline constexpr size_t kShmLingerMaxEnds = 256;
 
 // Whether an end that closed with `sent` prefix bytes, of which the peer
 // read `peer_read`, must linger.
