@@ -15,14 +15,29 @@ class TcpFirstTest : public PreloadTest {
   struct Run {
     Stats client, server;
   };
+  // The environment of a tcp-first run whose pairing waits `delay_ms`.
+  static Env tcp_first_env(int port, const std::string& delay_ms) {
+    return {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
+            {"RSOCK_TCP_FIRST", "1"},
+            {"RSOCK_PAIR_DELAY_MS", delay_ms}};
+  }
+  // rs_stream's arguments for 100 checked bytes each way, both at once.
+  static std::vector<std::string> hundred_each_way(const std::string& role, int port) {
+    const bool server = role == "server";
+    return {"--role",    role,
+            "--port",    std::to_string(port),
+            "--send",    "100",
+            "--expect",  "100",
+            "--order",   "duplex",
+            "--tx-seed", server ? "11" : "22",
+            "--rx-seed", server ? "22" : "11"};
+  }
   // rs_stream both ways at once, `bytes` each way, in random writes and
   // mixed reads; every byte checked by the reader and hashed.
   void exchange(uint64_t bytes, const std::string& delay_ms, Run* out) {
     const int port = free_port();
     ASSERT_GT(port, 0);
-    Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
-               {"RSOCK_TCP_FIRST", "1"},
-               {"RSOCK_PAIR_DELAY_MS", delay_ms}};
+    const Env env = tcp_first_env(port, delay_ms);
     const std::string n = std::to_string(bytes);
     auto args = [&](const char* role, const char* tx, const char* rx) {
       return std::vector<std::string>{
@@ -77,18 +92,9 @@ TEST_F(TcpFirstTest, ACloseBeforeThePairingEndsTheConnectionAtOnce) {
     SCOPED_TRACE("reading until EOF: " + reader);
     const int port = free_port();
     ASSERT_GT(port, 0);
-    Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
-               {"RSOCK_TCP_FIRST", "1"},
-               {"RSOCK_PAIR_DELAY_MS", "60000"}};
+    const Env env = tcp_first_env(port, "60000");
     auto args = [&](const std::string& role) {
-      const bool server = role == "server";
-      std::vector<std::string> a = {"--role",    role,
-                                    "--port",    std::to_string(port),
-                                    "--send",    "100",
-                                    "--expect",  "100",
-                                    "--order",   "duplex",
-                                    "--tx-seed", server ? "11" : "22",
-                                    "--rx-seed", server ? "22" : "11"};
+      std::vector<std::string> a = hundred_each_way(role, port);
       if (role == reader) {
         a.push_back("--expect-eof");
       } else {
@@ -134,9 +140,7 @@ TEST_F(TcpFirstTest, AClosedEndKeepsItsSocketUntilThePeerReadItsPrefix) {
     const bool server_exits = how != "stays";
     const int port = free_port();
     ASSERT_GT(port, 0);
-    Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
-               {"RSOCK_TCP_FIRST", "1"},
-               {"RSOCK_PAIR_DELAY_MS", "300"}};
+    const Env env = tcp_first_env(port, "300");
     const std::string n = std::to_string(bytes);
     bool ready = false;
     std::vector<std::string> server_args = {"--role",      "server",
@@ -180,18 +184,10 @@ TEST_F(TcpFirstTest, AClosedEndKeepsItsSocketUntilThePeerReadItsPrefix) {
 TEST_F(TcpFirstTest, AConnectionStillPairingAtExitIsCounted) {
   const int port = free_port();
   ASSERT_GT(port, 0);
-  Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
-             {"RSOCK_TCP_FIRST", "1"},
-             {"RSOCK_PAIR_DELAY_MS", "60000"}};
+  const Env env = tcp_first_env(port, "60000");
   auto args = [&](const std::string& role) {
     const bool server = role == "server";
-    std::vector<std::string> a = {"--role",    role,
-                                  "--port",    std::to_string(port),
-                                  "--send",    "100",
-                                  "--expect",  "100",
-                                  "--order",   "duplex",
-                                  "--tx-seed", server ? "11" : "22",
-                                  "--rx-seed", server ? "22" : "11"};
+    std::vector<std::string> a = hundred_each_way(role, port);
     if (server) a.push_back("--expect-eof");
     if (!server) a.push_back("--no-close");
     return a;
@@ -221,9 +217,7 @@ TEST_F(TcpFirstTest, AConnectionStillPairingAtExitIsCounted) {
 TEST_F(TcpFirstTest, PosixAioOnAConnectionStillOnTcpIsRefused) {
   const int port = free_port();
   ASSERT_GT(port, 0);
-  Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
-             {"RSOCK_TCP_FIRST", "1"},
-             {"RSOCK_PAIR_DELAY_MS", "100"}};
+  const Env env = tcp_first_env(port, "100");
   const std::string scratch = dir() + "/aio";
   ASSERT_EQ(mkdir(scratch.c_str(), 0755), 0);
   bool ready = false;
