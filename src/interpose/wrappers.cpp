@@ -797,7 +797,7 @@ static int fcntl_common(bool is64, int fd, int cmd, long arg) {
   int r = fn(fd, cmd, arg);
   if (r < 0 || !fd_table().has(fd)) return r;
   if (cmd == F_SETFL) {
-    if (FdRef c = opt_ref(fd)) conn_of(c)->nonblocking.store((arg & O_NONBLOCK) != 0);
+    if (FdRef c = opt_ref(fd)) conn_of(c)->set_nonblocking((arg & O_NONBLOCK) != 0);
   } else if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
     share_state(fd, r);
   }
@@ -828,7 +828,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
   if (req == FIONBIO) {
     if (FdRef r = opt_ref(fd); r && conn_of(r)->prefix_only()) {
       const int rc = real().ioctl(fd, req, arg);
-      if (rc == 0 && arg) conn_of(r)->nonblocking.store(*static_cast<int*>(arg) != 0);
+      if (rc == 0 && arg) conn_of(r)->set_nonblocking(*static_cast<int*>(arg) != 0);
       return rc;
     }
   }
@@ -841,7 +841,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
     }
     if (req == FIONBIO) {
       int rc = real().ioctl(fd, req, arg);
-      if (rc == 0 && arg) c->nonblocking.store(*static_cast<int*>(arg) != 0);
+      if (rc == 0 && arg) c->set_nonblocking(*static_cast<int*>(arg) != 0);
       return rc;
     }
   }
@@ -891,7 +891,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t le
     if (FdRef c = opt_ref(fd)) {
       auto* tv = static_cast<const timeval*>(val);
       int64_t us = int64_t{tv->tv_sec} * 1000000 + tv->tv_usec;
-      (name == SO_RCVTIMEO ? conn_of(c)->rcv_timeout_us : conn_of(c)->snd_timeout_us).store(us);
+      conn_of(c)->set_timeout_us(name, us);
     }
   }
   return r;

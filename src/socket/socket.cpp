@@ -28,17 +28,16 @@
 namespace rsock {
 namespace {
 
+// SO_PROTOCOL IPPROTO_TCP with SO_TYPE SOCK_STREAM is a TCP socket of
+// AF_INET or AF_INET6 (a raw socket of IPPROTO_TCP is SOCK_RAW; MPTCP
+// answers IPPROTO_MPTCP): the domain needs no third system call.
 bool is_tcp_stream(int fd) {
-  int type = 0, proto = 0, domain = 0;
-  socklen_t len = sizeof type;
-  if (real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+  int proto = 0, type = 0;
+  socklen_t len = sizeof proto;
+  if (real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0 || proto != IPPROTO_TCP)
     return false;
-  len = sizeof domain;
-  if (real().getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 ||
-      (domain != AF_INET && domain != AF_INET6))
-    return false;
-  len = sizeof proto;
-  return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0 && proto == IPPROTO_TCP;
+  len = sizeof type;
+  return real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
 }
 
 int64_t timeval_us(int fd, int opt) {
@@ -114,11 +113,34 @@ ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path p
   return c;
 }
 
-void connection_options_from(int sock_fd, ConnectionState* c) {
-  int fl = real().fcntl(sock_fd, F_GETFL);
-  c->nonblocking.store(fl >= 0 && (fl & O_NONBLOCK));
-  c->rcv_timeout_us.store(timeval_us(sock_fd, SO_RCVTIMEO));
-  c->snd_timeout_us.store(timeval_us(sock_fd, SO_SNDTIMEO));
+void connection_options_from(int sock_fd, ConnectionState* c) { c->options_from(sock_fd); }
+
+void ConnectionState::options_from(int sock_fd) {
+  const int fl = real().fcntl(sock_fd, F_GETFL);
+  set_nonblocking(fl >= 0 && (fl & O_NONBLOCK));
+  set_timeout_us(SO_RCVTIMEO, timeval_us(sock_fd, SO_RCVTIMEO));
+  set_timeout_us(SO_SNDTIMEO, timeval_us(sock_fd, SO_SNDTIMEO));
+}
+
+// The first use of an unknown option asks the kernel. A store of the
+// application's (after its own system call) wins over what we read: the
+// exchange from unknown fails once it is there.
+bool ConnectionState::nonblocking() {
+  int8_t v = nonblocking_.load(std::memory_order_relaxed);
+  if (v != kUnknown) return v == 1;
+  const int ks = stream_.channel().kernel_socket();
+  const int fl = ks >= 0 ? real().fcntl(ks, F_GETFL) : -1;
+  const int8_t read = fl >= 0 && (fl & O_NONBLOCK) ? 1 : 0;
+  return nonblocking_.compare_exchange_strong(v, read, std::memory_order_relaxed) ? read == 1
+                                                                                  : v == 1;
+}
+
+int64_t ConnectionState::timeout_us(std::atomic<int64_t>& cached, int opt) {
+  int64_t v = cached.load(std::memory_order_relaxed);
+  if (v != kUnknown) return v;
+  const int ks = stream_.channel().kernel_socket();
+  const int64_t read = ks >= 0 ? timeval_us(ks, opt) : 0;
+  return cached.compare_exchange_strong(v, read, std::memory_order_relaxed) ? read : v;
 }
 
 void record_client_outcome(int fd, const sockaddr* addr, bool accelerated, Path path,
@@ -145,10 +167,8 @@ ConnectionState* new_prefix_connection(int sock_fd, Path path) {
   if (dup < 0) return nullptr;
   auto* c = new ConnectionState(std::make_unique<PrefixChannel>(dup), path, sock_fd);
   c->prefix_only_ = true;
-  connection_options_from(sock_fd, c);
-  c->peer_len = sizeof c->peer_addr;
-  if (real().getpeername(sock_fd, reinterpret_cast<sockaddr*>(&c->peer_addr), &c->peer_len) != 0)
-    c->peer_len = 0;
+  // Its options are read at their first use, and getpeername() asks the
+  // kernel socket, whose state is the connection's while it runs on TCP.
   return c;
 }
 
@@ -297,6 +317,9 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
 
 namespace {
 
+// A blocking call's deadline before its first wait (-1 is none).
+constexpr int64_t kNoDeadlineYet = INT64_MIN;
+
 // How a blocked call answers a signal handler: restartable (SA_RESTART
 // decides) only while it has no timeout and has moved nothing (signal(7);
 // tcp_sendmsg and tcp_recvmsg return a partial count after any handler).
@@ -307,13 +330,15 @@ OnSignal on_signal_for(int64_t deadline, size_t done) {
 }  // namespace
 
 ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
-  bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+  // O_NONBLOCK and the timeout are looked at when the call would wait, not
+  // before (a prefix-only connection reads them from the kernel then).
+  auto nonblock = [&] { return (flags & MSG_DONTWAIT) || c.nonblocking(); };
   const size_t total = iov_total(iov, iovcnt);
   if (total == 0) {
     const ssize_t n = c.stream().send(iov, iovcnt);
     return n == Stream::kForwarded ? conn_send(*c.next(), iov, iovcnt, flags) : n;
   }
-  int64_t deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
+  int64_t deadline = kNoDeadlineYet;
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
@@ -326,18 +351,19 @@ ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
     }
     if (n > 0) {
       done += static_cast<size_t>(n);
-      if (done == total || nonblock) return static_cast<ssize_t>(done);
+      if (done == total || nonblock()) return static_cast<ssize_t>(done);
       cur.advance(static_cast<size_t>(n));
       continue;
     }
     if (n != -EAGAIN) return done ? static_cast<ssize_t>(done) : n;
-    if (nonblock) return done ? static_cast<ssize_t>(done) : -EAGAIN;
+    if (nonblock()) return done ? static_cast<ssize_t>(done) : -EAGAIN;
+    // The timeout counts from the call's first wait.
+    if (deadline == kNoDeadlineYet) deadline = deadline_after_us(c.snd_timeout_us());
     int w = conn_wait(c, kWantSpace, deadline, on_signal_for(deadline, done));
     if (w == -ERESTART) {
       // The kernel starts the call over: with the flags and timeout the
       // handler may have changed.
-      nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
-      deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
+      deadline = kNoDeadlineYet;
       continue;
     }
     if (w < 0) return done ? static_cast<ssize_t>(done) : w;
@@ -346,17 +372,20 @@ ssize_t conn_send(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
 
 ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   if (flags & MSG_OOB) return -EINVAL;  // no urgent data on an accelerated stream
-  bool nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
+  const bool dontwait = flags & MSG_DONTWAIT;
   const bool peek = flags & MSG_PEEK;
   const bool waitall = (flags & MSG_WAITALL) && !peek;
   const size_t total = iov_total(iov, iovcnt);
   if (total == 0) return 0;
-  int64_t deadline = deadline_after_us(c.rcv_timeout_us.load(std::memory_order_relaxed));
+  int64_t deadline = kNoDeadlineYet;
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
-    // A blocking call sleeps next, which sees a dead peer by itself.
-    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0, nonblock);
+    // A blocking call sleeps next, which sees a dead peer by itself. (An
+    // O_NONBLOCK not known yet is that of a prefix-only connection, whose
+    // bytes come from its socket, not from a ring to look at.)
+    const bool look = dontwait || c.nonblocking_known_true();
+    ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0, look);
     if (n == Stream::kForwarded) {
       // Paired meanwhile (RSOCK_TCP_FIRST): the successor has the rest.
       if (done > 0 && !waitall) return static_cast<ssize_t>(done);
@@ -372,11 +401,11 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
     }
     if (n == 0) return static_cast<ssize_t>(done);
     if (n != -EAGAIN) return done ? static_cast<ssize_t>(done) : n;
-    if (nonblock) return done ? static_cast<ssize_t>(done) : -EAGAIN;
+    if (dontwait || c.nonblocking()) return done ? static_cast<ssize_t>(done) : -EAGAIN;
+    if (deadline == kNoDeadlineYet) deadline = deadline_after_us(c.rcv_timeout_us());
     int w = conn_wait(c, kWantData, deadline, on_signal_for(deadline, done));
     if (w == -ERESTART) {
-      nonblock = c.nonblocking.load(std::memory_order_relaxed) || (flags & MSG_DONTWAIT);
-      deadline = deadline_after_us(c.rcv_timeout_us.load(std::memory_order_relaxed));
+      deadline = kNoDeadlineYet;
       continue;
     }
     if (w < 0) return done ? static_cast<ssize_t>(done) : w;

@@ -58,10 +58,23 @@ class ConnectionState final : public FdState {
   sockaddr_storage peer_addr = {};
   socklen_t peer_len = 0;
 
-  std::atomic<bool> nonblocking{false};
-  std::atomic<int64_t> rcv_timeout_us{0};  // SO_RCVTIMEO, 0 = none
-  std::atomic<int64_t> snd_timeout_us{0};  // SO_SNDTIMEO
-  SpinGovernor spin;                       // conn_wait's spin length
+  // The application's O_NONBLOCK and SO_RCVTIMEO/SO_SNDTIMEO (0 = none),
+  // as the kernel socket holds them. The wrappers of fcntl, ioctl and
+  // setsockopt store what the application sets. A prefix-only connection
+  // starts with them unknown and asks the kernel at their first use: most
+  // short connections never block, and never pay the three system calls.
+  bool nonblocking();
+  bool nonblocking_known_true() const { return nonblocking_.load(std::memory_order_relaxed) == 1; }
+  int64_t rcv_timeout_us() { return timeout_us(rcv_timeout_us_, SO_RCVTIMEO); }
+  int64_t snd_timeout_us() { return timeout_us(snd_timeout_us_, SO_SNDTIMEO); }
+  void set_nonblocking(bool on) { nonblocking_.store(on ? 1 : 0, std::memory_order_relaxed); }
+  void set_timeout_us(int opt, int64_t us) {
+    (opt == SO_RCVTIMEO ? rcv_timeout_us_ : snd_timeout_us_).store(us, std::memory_order_relaxed);
+  }
+  // Reads all three from the kernel socket sock_fd now.
+  void options_from(int sock_fd);
+
+  SpinGovernor spin;  // conn_wait's spin length
 
   // Every thread of this process asleep on the connection (conn_wait,
   // poll/select, epoll_wait) joins it: a transport wakeup that one of them
@@ -83,6 +96,11 @@ class ConnectionState final : public FdState {
 
  private:
   friend ConnectionState* new_prefix_connection(int sock_fd, Path path);
+  static constexpr int64_t kUnknown = -1;
+  int64_t timeout_us(std::atomic<int64_t>& cached, int opt);
+  std::atomic<int8_t> nonblocking_{kUnknown};
+  std::atomic<int64_t> rcv_timeout_us_{kUnknown};
+  std::atomic<int64_t> snd_timeout_us_{kUnknown};
   Stream stream_;
   Path path_;
   bool prefix_only_ = false;
@@ -119,8 +137,8 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool backgr
 
 // Setup internals shared with pending.cpp. A new connection over ch (one
 // reference, for the caller; counted in the stats), with O_NONBLOCK and the
-// timeouts of the kernel socket sock_fd; connection_options_from copies
-// them again.
+// timeouts of the kernel socket sock_fd; connection_options_from reads
+// them again (ConnectionState::options_from).
 ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path);
 // RSOCK_TCP_FIRST: a connection for the time before its pairing, its bytes
 // on a private dup of sock_fd (PrefixChannel), not counted in the stats.

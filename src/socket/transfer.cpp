@@ -124,8 +124,8 @@ ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count
   if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) return -EINVAL;
   if (count == 0) return 0;
 
-  const bool nonblock = c.nonblocking.load(std::memory_order_relaxed);
-  const int64_t deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
+  const bool nonblock = c.nonblocking();
+  const int64_t deadline = deadline_after_us(c.snd_timeout_us());
   Buffer buf(std::min(count, kChunk));
   if (!buf.p) return -ENOMEM;
   size_t done = 0;
@@ -170,8 +170,8 @@ ssize_t conn_splice_from_pipe(ConnectionState& c, int pipe_fd, size_t len, unsig
   const int mode = open_mode(pipe_fd);
   if (mode < 0 || (mode & O_ACCMODE) == O_WRONLY) return -EBADF;
   const bool pipe_nonblock = (flags & SPLICE_F_NONBLOCK) || (mode & O_NONBLOCK);
-  const bool nonblock = c.nonblocking.load(std::memory_order_relaxed);
-  const int64_t deadline = deadline_after_us(c.snd_timeout_us.load(std::memory_order_relaxed));
+  const bool nonblock = c.nonblocking();
+  const int64_t deadline = deadline_after_us(c.snd_timeout_us());
   len = std::min(len, kMaxRwCount);
   Buffer buf(std::min(len, kChunk));
   if (!buf.p) return -ENOMEM;
