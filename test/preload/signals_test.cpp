@@ -29,31 +29,33 @@ class SignalsTest : public PreloadTest {
     EXPECT_NE(o.find("PEER exit=0"), std::string::npos) << label << ":\n" << o;
     return o;
   }
+  // Runs the cases on kernel TCP, then under librsock with `extra` in its
+  // environment (both connections under test named by RSOCK_PEERS), and
+  // compares the transcripts. *rs: the librsock prober.
+  void same_as_kernel(const Env& extra, Proc** rs) {
+    const int port = free_port();
+    const int port2 = free_port_besides(port);
+    ASSERT_GT(port, 0);
+    ASSERT_GT(port2, 0);
+    ASSERT_NE(port, port2);
+    Proc* tcp = nullptr;
+    const std::string kernel = run("tcp", {}, port, port2, &tcp);
+    ASSERT_FALSE(HasFailure());
+    Env env = extra;
+    env["RSOCK_PEERS"] =
+        "127.0.0.1:" + std::to_string(port) + ",127.0.0.1:" + std::to_string(port2);
+    const std::string shim = run("librsock", preloaded(env), port, port2, rs);
+    ASSERT_FALSE(HasFailure());
+    const auto a = transcript(kernel, "CASE ");
+    const auto b = transcript(shim, "CASE ");
+    EXPECT_GE(a.size(), 20u) << kernel;
+    expect_same_transcript(a, b);
+  }
 };
 
 TEST_F(SignalsTest, SameAsKernel) {
-  const int port = free_port();
-  const int port2 = free_port_besides(port);
-  ASSERT_GT(port, 0);
-  ASSERT_GT(port2, 0);
-  ASSERT_NE(port, port2);
-
-  Proc* tcp = nullptr;
-  const std::string kernel = run("tcp", {}, port, port2, &tcp);
-  ASSERT_FALSE(HasFailure());
-
-  Env env = preloaded(
-      {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port) + ",127.0.0.1:" + std::to_string(port2)},
-       {"RSOCK_CONNECT_TIMEOUT_MS", "10000"}});
   Proc* rs = nullptr;
-  const std::string shim = run("librsock", env, port, port2, &rs);
-  ASSERT_FALSE(HasFailure());
-
-  const auto a = transcript(kernel, "CASE ");
-  const auto b = transcript(shim, "CASE ");
-  EXPECT_GE(a.size(), 20u) << kernel;
-  expect_same_transcript(a, b);
-
+  ASSERT_NO_FATAL_FAILURE(same_as_kernel({{"RSOCK_CONNECT_TIMEOUT_MS", "10000"}}, &rs));
   // The prober and its forked peer: A and both B connections on shm.
   const auto lines = stats();
   ASSERT_EQ(lines.size(), 2u) << "one stats line per process";
@@ -62,6 +64,24 @@ TEST_F(SignalsTest, SameAsKernel) {
     expect_paths(s, 3, 0, who);
     expect_fallbacks(s, {}, who);
     EXPECT_TRUE(s.resets.empty()) << who;
+  }
+}
+
+// RSOCK_TCP_FIRST=1 with the pairing a minute away: every case runs on a
+// connection still on TCP, whose O_NONBLOCK and timeouts are read at their
+// first use. The transcript must still be the kernel's.
+TEST_F(SignalsTest, SameAsKernelStartingOnTcp) {
+  Proc* rs = nullptr;
+  ASSERT_NO_FATAL_FAILURE(
+      same_as_kernel({{"RSOCK_TCP_FIRST", "1"}, {"RSOCK_PAIR_DELAY_MS", "60000"}}, &rs));
+  // Nothing paired: every connection under test ended on TCP, before its
+  // pairing began, in both processes.
+  const auto lines = stats();
+  ASSERT_EQ(lines.size(), 2u) << "one stats line per process";
+  for (const Stats& s : lines) {
+    const std::string who = s.pid == rs->pid ? "prober" : "peer";
+    expect_paths(s, 0, 3, who);
+    expect_fallbacks(s, {{"closed_before_pairing", 3}}, who);
   }
 }
 

@@ -32,6 +32,40 @@ class TcpFirstTest : public PreloadTest {
             "--tx-seed", server ? "11" : "22",
             "--rx-seed", server ? "22" : "11"};
   }
+  // rs_sem's case `name` on a connection whose pairing is a minute away
+  // (it runs on TCP throughout); the client prints every line of `want`.
+  void sem_case_before_pairing(const std::string& name, std::vector<std::string> want) {
+    const int port = free_port();
+    const int port2 = free_port_besides(port);
+    ASSERT_GT(port, 0);
+    ASSERT_GT(port2, 0);
+    ASSERT_NE(port, port2);
+    const Env env = tcp_first_env(port, "60000");
+    const std::vector<std::string> ports = {"--port", std::to_string(port), "--port2",
+                                            std::to_string(port2)};
+    std::vector<std::string> sargs = {"--role", "server"}, cargs = {"--role", "client"};
+    sargs.insert(sargs.end(), ports.begin(), ports.end());
+    cargs.insert(cargs.end(), ports.begin(), ports.end());
+    cargs.insert(cargs.end(), {"--case", name});
+    bool ready = false;
+    Proc& server = start_server("server", "rs_sem", sargs, preloaded(env), &ready);
+    ASSERT_TRUE(ready) << server.describe();
+    Proc& client = spawn("client", "rs_sem", cargs, preloaded(env));
+    ASSERT_TRUE(wait_exit(client, 60000)) << "client hung (a call waited?)";
+    ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+    ASSERT_TRUE(client.exited_ok()) << client.describe();
+    ASSERT_TRUE(server.exited_ok()) << server.describe();
+    const std::string out = client.out();
+    want.push_back("\nDONE\n");
+    for (const std::string& w : want)
+      EXPECT_NE(out.find(w), std::string::npos) << "no " << w << " in:\n" << out;
+    auto cs = stats_of(client);
+    ASSERT_TRUE(cs);
+    // The connection under test never paired; the control connection is
+    // plain TCP (its port is named by no rule).
+    expect_paths(*cs, 0, 2, "client");
+    expect_fallbacks(*cs, {{"closed_before_pairing", 1}}, "client");
+  }
   // rs_stream both ways at once, `bytes` each way, in random writes and
   // mixed reads; every byte checked by the reader and hashed.
   void exchange(uint64_t bytes, const std::string& delay_ms, Run* out) {
@@ -267,6 +301,22 @@ TEST_F(TcpFirstTest, AStreamThatStartsOnTcpSwitchesIntact) {
   // The ring carried part of it: the connection did switch.
   EXPECT_GT(r.client.bytes_sent, 0u);
   EXPECT_GT(r.server.bytes_sent, 0u);
+}
+
+// A socket made nonblocking before its connect, still on TCP (its pairing
+// a minute away), whose O_NONBLOCK librsock reads only when a call would
+// wait: a send with no reader fills the socket with partial counts, then
+// EAGAIN, never a wait; a recv with nothing to read is EAGAIN; every byte
+// arrives once the server reads (rs_sem nb_fill).
+TEST_F(TcpFirstTest, ASocketNonblockingBeforeItsConnectNeverWaits) {
+  sem_case_before_pairing("nb_fill", {"OK nb_fill_eagain", "OK nb_fill_arrived"});
+}
+
+// SO_RCVTIMEO set before connect(), read by librsock at the first wait of
+// a connection still on TCP: a recv with nothing to read gives EAGAIN after
+// it (rs_sem timeo; an unknown timeout read as none hangs).
+TEST_F(TcpFirstTest, ATimeoutSetBeforeItsConnectHolds) {
+  sem_case_before_pairing("timeo", {"OK rcvtimeo_preset", "OK rcvtimeo_set"});
 }
 
 }  // namespace

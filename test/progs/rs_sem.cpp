@@ -34,6 +34,7 @@
 //          mt_poll_epoll mt_epoll_poll
 //          epoll_dormant epoll_dup
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
+//          nb_fill
 //          (A made by a nonblocking connect; the client's first line "hello DELAY_MS" tells the
 //          server to accept A that much later; "hello 0 nbaccept": the event-loop way)
 #include <arpa/inet.h>
@@ -1854,6 +1855,36 @@ void case_nb_block() {
   nb_after_connected(A);
 }
 
+// A socket made nonblocking before its connect stays so on every path: a
+// send with no reader fills what the connection holds, with partial counts,
+// then EAGAIN (never a wait); a recv with nothing to read is EAGAIN; the
+// bytes all arrive once the server reads. (RSOCK_TCP_FIRST=1 reads the
+// socket's O_NONBLOCK from the kernel only when a call would wait.)
+void case_nb_fill() {
+  nb_connect(0);
+  pollfd w = {A, POLLOUT, 0};
+  CHECK(poll(&w, 1, 10000) == 1 && (w.revents & POLLOUT), "POLLOUT once connected");
+  char b;
+  errno = 0;
+  CHECK(recv(A, &b, 1, 0) == -1 && errno == EAGAIN, "recv with nothing to read: EAGAIN");
+  constexpr uint64_t kSeed = 57;
+  uint64_t total = 0;
+  for (;;) {
+    auto chunk = stream_bytes(kSeed, total, 65536);
+    const ssize_t r = a_send(A, chunk.data(), chunk.size(), 0);
+    if (r < 0) break;
+    CHECK(r > 0, "send returned 0");
+    total += static_cast<uint64_t>(r);
+    CHECK(total < (64u << 20), "64 MiB accepted with no reader");
+  }
+  CHECK(errno == EAGAIN, "a full connection must give EAGAIN");
+  CHECK(total > 0, "nothing could be sent");
+  say("OK nb_fill_eagain");
+  cmd("readA %llu %llu", (unsigned long long)total, (unsigned long long)kSeed);
+  expect_reply("ok " + std::to_string(total));
+  say("OK nb_fill_arrived");
+}
+
 // A dup made while pairing is the same connection once it is made.
 void case_nb_dup() {
   nb_connect(kAcceptDelayMs);
@@ -1942,6 +1973,8 @@ int run_client(const std::string& name) {
     case_nb_accept();
   else if (name == "nb_epoll_mod")
     case_nb_epoll_mod();
+  else if (name == "nb_fill")
+    case_nb_fill();
   else if (name == "nonblock")
     case_nonblock();
   else if (name == "sendfull")
