@@ -207,26 +207,21 @@ EXPORT int listen(int fd, int backlog) {
 }
 
 static int accept_common(int fd, struct sockaddr* addr, socklen_t* len, int flags, bool four) {
-  int r = four ? real().accept4(fd, addr, len, flags) : real().accept(fd, addr, len);
+  // The peer's address comes with the accept (ours when the application
+  // asks for none): a candidate's pairing needs it.
+  sockaddr_storage own;
+  socklen_t own_len = sizeof own;
+  sockaddr* a = addr ? addr : reinterpret_cast<sockaddr*>(&own);
+  socklen_t* alen = addr ? len : &own_len;
+  const socklen_t room = addr && len ? *len : own_len;
+  int r = four ? real().accept4(fd, a, alen, flags) : real().accept(fd, a, alen);
   if (r < 0) return r;
   const Runtime* rt = runtime();
   if (rt) {
     const int saved = errno;
     FdRef l = fd_table().has(fd) ? fd_table().get(fd) : FdRef();
-    // An event loop (nonblocking listener or new socket) pairs in the
-    // background; a blocking accept() pairs before it returns, unless more
-    // connections wait to be accepted: pairing them one after the other
-    // would hold the accept queue full under a burst of connects (a small
-    // backlog then overflows, and the kernel retries the handshake only
-    // after a second, by when the clients have given up pairing).
-    bool background = four && (flags & SOCK_NONBLOCK);
-    if (!background && l && l.get()->kind() == FdState::Kind::kListener) {
-      int fl = real().fcntl(fd, F_GETFL);
-      background = fl >= 0 && (fl & O_NONBLOCK);
-      pollfd more = {fd, POLLIN, 0};
-      if (!background) background = real().poll(&more, 1, 0) == 1 && (more.revents & POLLIN);
-    }
-    setup_accepted(*rt, l.get(), r, background);
+    const bool whole = alen && *alen <= room;  // not cut short by a small buffer
+    setup_accepted(*rt, l.get(), r, Accepted{fd, four ? flags : 0, whole ? a : nullptr});
     errno = saved;
   }
   return r;

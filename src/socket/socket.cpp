@@ -555,7 +555,25 @@ void record_server_outcome(int fd, bool accelerated, Path path, Fallback why) {
   LOG_INFO("accept fd %d: plain TCP (%s)", fd, fallback_name(why));
 }
 
-void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool background) {
+namespace {
+
+// An event loop (nonblocking listener or new socket) pairs in the
+// background; a blocking accept() pairs before it returns, unless more
+// connections wait to be accepted: pairing them one after the other would
+// hold the accept queue full under a burst of connects (a small backlog
+// then overflows, and the kernel retries the handshake only after a
+// second, by when the clients have given up pairing).
+bool accept_in_background(const Accepted& how) {
+  if (how.flags & SOCK_NONBLOCK) return true;
+  const int fl = real().fcntl(how.listen_fd, F_GETFL);
+  if (fl >= 0 && (fl & O_NONBLOCK)) return true;
+  pollfd more = {how.listen_fd, POLLIN, 0};
+  return real().poll(&more, 1, 0) == 1 && (more.revents & POLLIN);
+}
+
+}  // namespace
+
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accepted& how) {
   if (listener == nullptr || listener->kind() != FdState::Kind::kListener) {
     if (rt.stats && is_tcp_stream(newfd)) stats_connection(Path::kTcp);
     return;
@@ -563,7 +581,7 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool backgr
   auto* l = static_cast<ListenerState*>(listener);
   Path path;
   Fallback why;
-  std::unique_ptr<Pairing> p = l->setup().accept(newfd, rt.config, &path, &why);
+  std::unique_ptr<Pairing> p = l->setup().accept(newfd, how.peer, rt.config, &path, &why);
   // A blocking accept() pairs here, for a short while: a cooperative peer
   // is done by then. An event loop's accept(), one with more connections
   // waiting behind it, and a pairing whose peer has not finished in that
@@ -572,7 +590,8 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool backgr
   // RSOCK_TCP_FIRST: the connection runs on TCP from here on, and pairs in
   // the background a little later (pending.h).
   const bool live = p && rt.config.tcp_first && p->driven();
-  if (p && (live || background || !p->run(monotonic_ns() / 1000000 + kAcceptInlineMs))) {
+  if (p &&
+      (live || accept_in_background(how) || !p->run(monotonic_ns() / 1000000 + kAcceptInlineMs))) {
     PairJob job;
     job.fd = newfd;
     job.server = true;

@@ -130,10 +130,15 @@ int setup_connect(const Runtime& rt, int fd, const struct sockaddr* addr, sockle
 inline constexpr int kMinListenBacklog = 128;
 int setup_listen(const Runtime& rt, int fd, int backlog);
 // After a successful real accept: pairs if the listener is a candidate, in
-// accept() or, with `background` (an event loop: nonblocking listener or
-// new socket; or more connections waiting to be accepted), in the
-// background (socket/pending.h).
-void setup_accepted(const Runtime& rt, FdState* listener, int newfd, bool background);
+// accept() or, for an event loop (nonblocking listener or new socket) or
+// while more connections wait to be accepted, in the background
+// (socket/pending.h).
+struct Accepted {
+  int listen_fd;
+  int flags;             // accept4's (SOCK_NONBLOCK)
+  const sockaddr* peer;  // the peer's address, or nullptr (getpeername)
+};
+void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accepted& how);
 
 // Setup internals shared with pending.cpp. A new connection over ch (one
 // reference, for the caller; counted in the stats), with O_NONBLOCK and the

@@ -191,14 +191,17 @@ void ListenSetup::forked_child() {
   if (impl_->verbs) verbs_listener_forked_child(impl_->verbs);
 }
 
-std::unique_ptr<Pairing> ListenSetup::accept(int sock, const Config& cfg, Path* path,
-                                             Fallback* why) {
+std::unique_ptr<Pairing> ListenSetup::accept(int sock, const sockaddr* peer, const Config& cfg,
+                                             Path* path, Fallback* why) {
   *path = Path::kShm;
   *why = Fallback::kPairFailed;
-  sockaddr_storage peer;
-  socklen_t plen = sizeof peer;
-  if (getpeername(sock, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) return nullptr;
-  const sockaddr* pa = reinterpret_cast<const sockaddr*>(&peer);
+  sockaddr_storage asked;
+  if (peer == nullptr) {
+    socklen_t plen = sizeof asked;
+    if (getpeername(sock, reinterpret_cast<sockaddr*>(&asked), &plen) != 0) return nullptr;
+    peer = reinterpret_cast<const sockaddr*>(&asked);
+  }
+  const sockaddr* pa = peer;
   const sockaddr_storage key = host_key(pa);
   const sockaddr* host = reinterpret_cast<const sockaddr*>(&key);
   if (impl_->shm_allowed && is_local_address(pa)) return shm_server_pairing(sock, cfg);

@@ -78,7 +78,9 @@ class ListenSetup {
   // The pairing of an accepted socket, or nullptr with *why when it is
   // decided at once (no transport for this peer, the negative cache).
   // *path: the transport it pairs over (or would have).
-  std::unique_ptr<Pairing> accept(int sock, const Config& cfg, Path* path, Fallback* why);
+  // peer: the peer's address as accept() gave it, or nullptr.
+  std::unique_ptr<Pairing> accept(int sock, const sockaddr* peer, const Config& cfg, Path* path,
+                                  Fallback* why);
   // A finished server pairing's channel, or nullptr with *why (a host that
   // did not pair over rdma is not waited for again for a while).
   static std::unique_ptr<Channel> result(Pairing& p, int sock, Path path, Fallback* why);
