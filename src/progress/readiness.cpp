@@ -107,6 +107,15 @@ struct EpollMember {
   uint32_t last_mask = 0;
   uint64_t last_rx = ~0ull;
   uint64_t last_tx = ~0ull;
+  // A member on kernel TCP in both directions (RSOCK_TCP_FIRST, before its
+  // switch) learns news only through the kernel: its socket's registration
+  // fired (filter_kernel sets tcp_news), or it was added or changed. Looked
+  // at (two system calls) only then, or while a level-triggered event of
+  // its holds (tcp_level), or when its connection is not the one last
+  // looked at (tcp_conn: a conversion).
+  bool tcp_news = true;
+  bool tcp_level = false;
+  const ConnectionState* tcp_conn = nullptr;
   // Another member of the set is the same connection (dup'd fds): they
   // share one kernel registration of the wakeup fd, tagged with one's fd.
   bool wait_shared = false;
@@ -381,7 +390,16 @@ void kick_set(EpollState& s, bool fresh) {
 // Collects ready accelerated members into out[0..max). Level-triggered
 // members report while ready; edge-triggered ones when something new
 // happened since their last report; one-shot ones once until EPOLL_CTL_MOD.
-int collect(EpollState& s, epoll_event* out, int max) {
+// Members on kernel TCP in both directions (RSOCK_TCP_FIRST, before their
+// switch) cost two system calls to look at, and learn nothing new but
+// through the kernel, whose registration of their socket the passes that
+// ask the kernel drain: the other spin passes leave them out (kSkip), and
+// the rest look only at those with news (EpollMember::tcp_news).
+enum class OnTcp { kLook, kSkip };
+// *ring (when given) is set when a member looked at has a direction on a
+// transport: one worth a spin.
+int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLook,
+            bool* ring = nullptr) {
   std::lock_guard<std::mutex> lock(s.mu);
   int n = 0;
   for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
@@ -401,6 +419,12 @@ int collect(EpollState& s, epoll_event* out, int max) {
     ConnectionState* mc = m.conn();
     if (ConnectionState* next = mc->next()) mc = next;
     Stream& st = mc->stream();
+    const bool on_kernel_tcp = st.rx_on_tcp() && st.tx_on_tcp();
+    if (!on_kernel_tcp && ring) *ring = true;
+    if (on_kernel_tcp) {
+      if (on_tcp == OnTcp::kSkip) continue;
+      if (!m.tcp_news && !m.tcp_level && m.tcp_conn == mc) continue;  // nothing new
+    }
     StreamEvents ev = st.events(!st.channel().wait_fd_shows_carrier());
     if (m.kernel_mask != EPOLLIN && !m.wait_shared) {
       // Both directions switched since: back to the level-triggered watch.
@@ -413,6 +437,9 @@ int collect(EpollState& s, epoll_event* out, int max) {
       }
     }
     uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
+    m.tcp_news = false;
+    m.tcp_level = mask != 0 && !(m.events & EPOLLET);
+    m.tcp_conn = on_kernel_tcp ? mc : nullptr;
     if (m.events & EPOLLET) {
       bool fresh = (mask & ~m.last_mask) != 0 || ((mask & EPOLLIN) && ev.rx_gen != m.last_rx) ||
                    ((mask & EPOLLOUT) && ev.tx_gen != m.last_tx);
@@ -645,8 +672,12 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
       // ours), then out of dormancy: the passes look at it from now on.
       if (ConnectionState* c = m.conn())
         if (c->stream().channel().drain_wakeups()) c->wake.kick(m.dormant || has_joined(joined, c));
+      m.tcp_news = true;
       wake_member(m, others_asleep(s, joined));
-      for_each_twin(s, m, [&](EpollMember& o) { wake_member(o, others_asleep(s, joined)); });
+      for_each_twin(s, m, [&](EpollMember& o) {
+        o.tcp_news = true;
+        wake_member(o, others_asleep(s, joined));
+      });
       continue;
     }
     ev[kept++] = ev[i];
@@ -939,6 +970,7 @@ void set_events(EpollMember& m, const epoll_event& ev) {
   m.disabled = false;
   m.last_mask = 0;
   m.last_rx = m.last_tx = ~0ull;
+  m.tcp_news = true;
 }
 
 // Drops a member's kernel registrations and its reference count.
@@ -1367,7 +1399,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
   }
   const int64_t start = monotonic_ns();
   const int64_t deadline = timeout_ms < 0 ? -1 : start + int64_t{timeout_ms} * 1000000;
-  const int64_t spin_end = start + s->spin.budget(spin_budget_ns());
+  int64_t spin_end = start + s->spin.budget(spin_budget_ns());
   bool spinning = true;  // no sleep yet in this call
   for (int iter = 1;; ++iter) {
     const int64_t now = iter == 1 ? start : monotonic_ns();  // one clock read per pass
@@ -1384,7 +1416,15 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     int n = 0;
     const bool looked = look_at_kernel(iter == 1, last, iter, now, &s->kernel_look);
     if (looked) n = ask_kernel();
-    n += collect(*s, events + n, maxevents - n);
+    bool ring = false;
+    n += collect(*s, events + n, maxevents - n, looked || iter == 1 ? OnTcp::kLook : OnTcp::kSkip,
+                 &ring);
+    // Members all on kernel TCP: only the kernel can tell news, and it
+    // tells a sleeper. No spin.
+    if (iter == 1 && !ring) {
+      spin_end = start;
+      spinning = false;
+    }
     // A first pass that is also the last (timeout 0) and found nothing
     // asks the kernel before it answers so.
     if (n == 0 && last && !looked) {
