@@ -1449,14 +1449,24 @@ void shutdown_wakes_case(const std::string& name) {
   int err = 0;
   uint64_t filled = 0;
   if (name == "shut_send") {
-    for (;;) {  // fill the ring: the server does not read until told to
-      auto chunk = stream_bytes(180, filled, 4096);
-      ssize_t r = a_send(A, chunk.data(), chunk.size(), MSG_DONTWAIT);
-      if (r < 0) {
-        CHECK(errno == EAGAIN, "fill");
-        break;
+    // Fill the connection: the server does not read until told to. Until
+    // two rounds 50 ms apart add nothing: room can come after an EAGAIN
+    // (kernel TCP's queue moving on; RSOCK_TCP_FIRST=1: the switch from a
+    // full socket to an empty ring).
+    for (int idle_rounds = 0; idle_rounds < 2;) {
+      bool moved = false;
+      for (;;) {
+        auto chunk = stream_bytes(180, filled, 4096);
+        ssize_t r = a_send(A, chunk.data(), chunk.size(), MSG_DONTWAIT);
+        if (r < 0) {
+          CHECK(errno == EAGAIN, "fill");
+          break;
+        }
+        filled += static_cast<uint64_t>(r);
+        moved = true;
       }
-      filled += static_cast<uint64_t>(r);
+      idle_rounds = moved ? 0 : idle_rounds + 1;
+      sleep_ms(50);
     }
   }
   std::thread sleeper([&] {
