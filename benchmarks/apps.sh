@@ -22,6 +22,12 @@
 #                      connection
 #   conns-epoll        the same with nonblocking connects, 8 in flight, from
 #                      an epoll loop to an epoll server
+#   conns-block-tcpfirst, conns-epoll-tcpfirst
+#                      the same two with RSOCK_TCP_FIRST=1 on both ends
+#                      (experimental): every connection ends on TCP before
+#                      its pairing, which the stats must show on both ends
+#                      (closed_before_pairing for each one) or the run is
+#                      INVALID
 #   stream-SIZE        benchmarks/stream.cpp: one connection streaming
 #                      SIZE-byte sends for BENCH_STREAM_SECONDS (default 1)
 #                      into a reader of 65,000-byte recvs, for SIZE = 64 B,
@@ -50,7 +56,7 @@
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_STREAM_SECONDS, BENCH_CPUS ("SERVER CLIENT", default "0 1"),
 # BENCH_APPS (a regex of row names to run), BUILD. Runtime: about
-# 9 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
+# 11 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -119,9 +125,11 @@ free_port() {
 }
 
 # path_env PATH SIDE TAG PORT: the env prefix of a process (PATH tcp: none).
+RSOCK_EXTRA=() # more environment for librsock runs (the tcp-first rows)
 path_env() {
   if [[ $1 == rsock ]]; then
-    ENVP=(env LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$4" RSOCK_STATS="$WORK/$3.$2.stats")
+    ENVP=(env LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$4" RSOCK_STATS="$WORK/$3.$2.stats"
+      "${RSOCK_EXTRA[@]}")
   else
     ENVP=(env -u LD_PRELOAD)
   fi
@@ -176,6 +184,24 @@ check_shm() {
       "\(map(.connections.shm) | add // 0) \(map(.connections.tcp) | add // 0)"' "$f" 2>/dev/null)
     if [[ $v != [1-9]*" 0" ]]; then
       R_NOTE+="NOT OVER SHM: $side $prog shm/tcp = ${v:-no stats}; "
+      R_OK=0
+    fi
+  done
+}
+
+# check_tcp_first TAG PROG: every connection of both ends counted on TCP as
+# one that ended before its pairing (librsock ran the tcp-first path for
+# each); else a note.
+check_tcp_first() {
+  local tag=$1 side f v shm tcp early
+  for side in srv cli; do
+    f=$WORK/$tag.$side.stats
+    v=$(jq -s -r --arg p "$2" '[.[] | select(.program == $p)] |
+      "\(map(.connections.shm) | add // 0) \(map(.connections.tcp) | add // 0)" +
+      " \(map(.fallbacks.closed_before_pairing // 0) | add // 0)"' "$f" 2>/dev/null)
+    read -r shm tcp early <<<"${v:-x x x}"
+    if [[ $shm != 0 || $tcp != "$early" || $early -lt $CONNS ]]; then
+      R_NOTE+="NOT TCP-FIRST: $side $2 shm/tcp/closed_before_pairing = ${v:-no stats}; "
       R_OK=0
     fi
   done
@@ -309,10 +335,11 @@ run_java() { # PATH
   [[ $path == rsock ]] && check_shm "$tag" java java
 }
 
-run_conns() { # PATH MODE
-  local path=$1 mode=$2 port tag
+run_conns() { # PATH MODE [tcpfirst]
+  local path=$1 mode=$2 tcp_first=${3:-} port tag
   port=$(free_port) tag=conns-$mode-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
+  [[ -n $tcp_first ]] && RSOCK_EXTRA=(RSOCK_TCP_FIRST=1)
   start_server "$path" "$tag" "$port" "$CONNRATE" server "$port" "$mode" || {
     R_OK=0 R_NOTE="connrate server did not start"
     stop_server TERM
@@ -331,7 +358,12 @@ run_conns() { # PATH MODE
   [[ $line == *" ok=$CONNS "* ]] || {
     R_OK=0 R_NOTE+="connrate: ${line:-no RESULT line}; "
   }
-  [[ $path == rsock ]] && check_shm "$tag" connrate connrate
+  RSOCK_EXTRA=()
+  if [[ $path == rsock && -n $tcp_first ]]; then
+    check_tcp_first "$tag" connrate
+  elif [[ $path == rsock ]]; then
+    check_shm "$tag" connrate connrate
+  fi
 }
 
 run_stream() { # PATH SIZE
@@ -438,6 +470,7 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
 
 STREAM_SIZES="64 1024 16384 65536 262144 1048576"
 for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo conns-block conns-epoll \
+  conns-block-tcpfirst conns-epoll-tcpfirst \
   $(printf 'stream-%s ' $STREAM_SIZES) idle-conns conns-10k; do
   want "$row" && ROWS+=("$row")
 done
@@ -482,6 +515,11 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         conns-10k)
           run_idle "$path" "$MANY" 1
           record "$row" "$path" cli.seconds cli.fds cli.vm_kib cli.rss_kib srv.rss_kib
+          ;;
+        conns-*-tcpfirst)
+          mode=${row#conns-}
+          run_conns "$path" "${mode%-tcpfirst}" tcpfirst
+          record "$row" "$path" rate p50 p99 cli_cpu srv_cpu
           ;;
         conns-*)
           run_conns "$path" "${row#conns-}"
