@@ -229,6 +229,10 @@ int tcp_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on
 
 }  // namespace
 
+// The sleeps of a sender whose socket holds the peer's unread bytes (see
+// conn_wait): how soon it sees the peer's credit.
+constexpr int64_t kBusySocketSliceNs = 1000 * 1000;
+
 int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on_signal) {
   auto ready = [&] {
     StreamEvents ev = c.stream().events(false);
@@ -257,6 +261,12 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
   // after a second (Stream::trim), once per call: its first sleep is cut
   // there when the rings hold any to give.
   bool trim_due = want == kWantData;
+  // RSOCK_TCP_FIRST: a sender waiting for ring space while the peer's bytes
+  // from before its switch wait unread on the socket. They keep the socket
+  // readable, and the peer's credit doorbell queues behind them: the socket
+  // cannot wake us (a sleep on it returned at once, a busy loop). It then
+  // sleeps on this thread's waker in short slices.
+  bool socket_busy = false;
   for (;;) {
     // Join before arming and re-checking: a wakeup that another thread of
     // this process consumes after our re-check (a poller draining the
@@ -292,12 +302,15 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     int64_t until = deadline_ns;
     if (!t.waker && (until < 0 || until > now + WakeHub::kBlindSliceNs))
       until = now + WakeHub::kBlindSliceNs;
+    if (socket_busy && (until < 0 || until > now + kBusySocketSliceNs))
+      until = now + kBusySocketSliceNs;
     bool trim_cut = false;
     if (trim_due && (until < 0 || until > now + kTrimIdleNs) && ch.trimmable()) {
       until = now + kTrimIdleNs;
       trim_cut = true;
     }
-    const int rc = sleep_on_fd(ch.wait_fd(), until, on_signal, t.waker ? t.waker->fd() : -1);
+    const int rc = sleep_on_fd(socket_busy ? -1 : ch.wait_fd(), until, on_signal,
+                               t.waker ? t.waker->fd() : -1);
     const bool drained = ch.drain_wakeups();
     if (drained) c.wake.kick(true);
     leave();
@@ -312,6 +325,7 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     // here, and sleep again without a new spin when it was not for us.
     if (rc > 0 && drained) return 0;
     if (ready()) return 0;
+    if (rc > 0 && want == kWantSpace && c.stream().rx_on_tcp()) socket_busy = true;
   }
 }
 
