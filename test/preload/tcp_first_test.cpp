@@ -319,5 +319,47 @@ TEST_F(TcpFirstTest, ATimeoutSetBeforeItsConnectHolds) {
   sem_case_before_pairing("timeo", {"OK rcvtimeo_preset", "OK rcvtimeo_set"});
 }
 
+// The client's 1,000 bytes, written on TCP before the switch, wait unread
+// on the server's socket while the server writes 16 MiB and the client
+// reads only after 1.5 s: the server waits for ring space with a socket that
+// stays readable (the peer's credit doorbells queue behind those bytes). It
+// must sleep, not spin on the socket: its CPU time over the whole run stays
+// far below the 1.5 s it waited (a spin took all of it), and every byte
+// arrives both ways.
+TEST_F(TcpFirstTest, ASenderWaitingForSpaceBehindUnreadBytesSleeps) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const Env env = tcp_first_env(port, "0");
+  const std::string big = std::to_string(16u << 20);
+  bool ready = false;
+  Proc& server =
+      start_server("server", "rs_stream",
+                   {"--role", "server", "--port", std::to_string(port), "--send", big, "--expect",
+                    "1000", "--order", "send-first", "--tx-seed", "11", "--rx-seed", "22"},
+                   preloaded(env), &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client = spawn(
+      "client", "rs_stream",
+      {"--role", "client", "--port", std::to_string(port), "--send", "1000", "--expect", big,
+       "--order", "send-first", "--read-after-ms", "1500", "--tx-seed", "22", "--rx-seed", "11"},
+      preloaded(env));
+  ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << client.describe();
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  auto c = parse_result(client.out());
+  auto s = parse_result(server.out());
+  ASSERT_FALSE(c.empty() || s.empty()) << "no RESULT line";
+  EXPECT_EQ(to_u64(c["received"]), 16u << 20);
+  EXPECT_EQ(to_u64(s["received"]), 1000u);
+  EXPECT_EQ(c["rx_hash"], s["tx_hash"]);
+  EXPECT_EQ(s["rx_hash"], c["tx_hash"]);
+  EXPECT_LT(to_u64(s["cpu_ms"]), 750u) << "the server spun while it waited for space";
+  // The wait was on the ring: the connection paired.
+  auto ss = stats_of(server);
+  ASSERT_TRUE(ss);
+  expect_paths(*ss, 1, 0, "server");
+}
+
 }  // namespace
 }  // namespace rsock_test

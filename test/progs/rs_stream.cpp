@@ -29,17 +29,21 @@
 //                          immediate" when connect() returned 0)
 //   --progress B           print "PROGRESS tx" / "PROGRESS rx" once B bytes moved
 //   --pause-ms T           sleep T ms once connected, before any read or write
+//   --read-after-ms T      sleep T ms before the first read (after any sending
+//                          that comes first)
 //   --linger-ms T          sleep T ms before close()
 //   --stay-ms T            sleep T ms after close(), before exit
 //   --no-close             exit with the connection open (no close())
 // Output: one line "RESULT sent=.. received=.. tx_hash=.. rx_hash=.. tx_end=..
-// rx_end=.. tx_errors=.." on stdout. tx_end is "done" or the errno name that
+// rx_end=.. tx_errors=.. cpu_ms=.." on stdout (cpu_ms: the process's user and
+// system time so far). tx_end is "done" or the errno name that
 // ended sending; rx_end is "count" (M bytes read), "eof" or an errno name.
 // Exit status: 0 when every byte read matched and nothing unexpected
 // happened, 1 on a mismatch or unexpected error (details on stderr), 2 on
 // bad usage. SIGPIPE is ignored: write errors are reported, not fatal.
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -47,8 +51,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -186,6 +190,7 @@ struct Options {
   bool nonblocking_connect = false;
   int64_t progress = 0;
   int pause_ms = 0;
+  int read_after_ms = 0;
   int linger_ms = 0;
   int stay_ms = 0;
   bool no_close = false;
@@ -283,6 +288,8 @@ bool parse_args(int argc, char** argv) {
       g_opt.progress = strtoll(val(), nullptr, 10);
     else if (k == "--pause-ms")
       g_opt.pause_ms = atoi(val());
+    else if (k == "--read-after-ms")
+      g_opt.read_after_ms = atoi(val());
     else if (k == "--linger-ms")
       g_opt.linger_ms = atoi(val());
     else if (k == "--stay-ms")
@@ -570,7 +577,15 @@ ssize_t do_read(int fd, uint8_t* buf, size_t n, uint64_t remaining, Rng& rng) {
   }
 }
 
+long long cpu_ms() {
+  rusage u = {};
+  getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000LL +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1000;
+}
+
 void run_reader(int fd, RxResult* out) {
+  if (g_opt.read_after_ms > 0) usleep(static_cast<useconds_t>(g_opt.read_after_ms) * 1000);
   Rng rng(g_opt.rx_seed ^ 0xBEEFull);
   std::vector<uint8_t> buf(g_opt.max_read);
   bool announced = false;
@@ -661,10 +676,10 @@ int main(int argc, char** argv) {
   char line[512];
   snprintf(line, sizeof line,
            "RESULT sent=%llu received=%llu tx_hash=%016llx rx_hash=%016llx tx_end=%s rx_end=%s "
-           "tx_errors=%s",
+           "tx_errors=%s cpu_ms=%lld",
            (unsigned long long)tx.sent, (unsigned long long)rx.received,
            (unsigned long long)tx.hash.final(), (unsigned long long)rx.hash.final(), tx.end.c_str(),
-           rx.end.c_str(), tx.errors.empty() ? "-" : tx.errors.c_str());
+           rx.end.c_str(), tx.errors.empty() ? "-" : tx.errors.c_str(), cpu_ms());
   say(line);
   if (!g_opt.no_close && close(fd) != 0) fail("close: %s", strerror(errno));
   if (g_opt.stay_ms > 0) usleep(static_cast<useconds_t>(g_opt.stay_ms) * 1000);
