@@ -415,7 +415,8 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
     // A member whose stream was sealed a moment ago (RSOCK_TCP_FIRST: its
     // pairing just ended, and its conversion comes next) reports its
     // successor's readiness: the sealed stream's own says "call again" to
-    // every call, which would be a spurious event here.
+    // every call, which would be a spurious event here (live_events: also
+    // when the seal comes while we look).
     ConnectionState* mc = m.conn();
     if (ConnectionState* next = mc->next()) mc = next;
     Stream& st = mc->stream();
@@ -425,7 +426,7 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
       if (on_tcp == OnTcp::kSkip) continue;
       if (!m.tcp_news && !m.tcp_level && m.tcp_conn == mc) continue;  // nothing new
     }
-    StreamEvents ev = st.events(!st.channel().wait_fd_shows_carrier());
+    StreamEvents ev = mc->live_events(!st.channel().wait_fd_shows_carrier(), &mc);
     if (m.kernel_mask != EPOLLIN && !m.wait_shared) {
       // Both directions switched since: back to the level-triggered watch.
       const uint32_t k = kernel_events(m);
@@ -761,7 +762,7 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     for (nfds_t i = 0; i < n; ++i) {
       fds[i].revents = 0;
       if (ConnectionState* c = as_conn(refs[i])) {
-        fds[i].revents = poll_events_of(c->stream().events(), fds[i].events);
+        fds[i].revents = poll_events_of(c->live_events(true), fds[i].events);
         if (fds[i].revents) ++ready;
       }
     }
@@ -810,7 +811,7 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     bool now_ready = false;
     for (nfds_t i = 0; i < n && !now_ready; ++i)
       if (ConnectionState* c = as_conn(refs[i]))
-        now_ready = poll_events_of(c->stream().events(), fds[i].events) != 0;
+        now_ready = poll_events_of(c->live_events(true), fds[i].events) != 0;
     int rc = 0, err = 0;
     if (!now_ready) {
       nfds_t k = n;

@@ -183,6 +183,21 @@ void ConnectionState::seal_to(ConnectionState* next) {
   });
 }
 
+StreamEvents ConnectionState::live_events(bool look, ConnectionState** live) {
+  ConnectionState* c = this;
+  for (;;) {
+    // seal() stores next before it marks the stream sealed.
+    if (ConnectionState* n = c->next()) {
+      c = n;
+      continue;
+    }
+    const StreamEvents ev = c->stream().events(look);
+    if (c->stream().sealed()) continue;
+    if (live) *live = c;
+    return ev;
+  }
+}
+
 void ConnectionState::on_last_close() {
   // SO_LINGER {1, 0}: the application asks for a reset, not a FIN.
   bool abort = false;

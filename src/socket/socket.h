@@ -90,6 +90,13 @@ class ConnectionState final : public FdState {
   // stream goes on with next() (conn_send, conn_recv).
   void seal_to(ConnectionState* next);
   ConnectionState* next() const { return next_.load(std::memory_order_acquire); }
+  // The readiness of the connection that carries this one's bytes now (it,
+  // or the successor of its sealed stream), and that connection (*live).
+  // The stream may be sealed between a look at next() and a look at its
+  // events, which then say ready to every caller (so that its waiters wake
+  // and find the successor): a poll or epoll_wait reporting that would
+  // report a spurious event. Here the successor answers.
+  StreamEvents live_events(bool look, ConnectionState** live = nullptr);
   // A prefix-only connection whose fd was closed before its pairing began:
   // its socket ends now (PrefixChannel::retire_socket).
   void retire_prefix_socket();

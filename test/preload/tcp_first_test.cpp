@@ -303,6 +303,48 @@ TEST_F(TcpFirstTest, AStreamThatStartsOnTcpSwitchesIntact) {
   EXPECT_GT(r.server.bytes_sent, 0u);
 }
 
+// 30 connections, each watched by the client with epoll_wait (EPOLLIN,
+// level-triggered) and poll, timeout 0, for 30 ms from its connect on
+// (rs_idle --watch-ms), while its pairing (no delay) switches it to the
+// ring; the server writes nothing before the client does. The switch is no
+// event: a look that met the old stream just as it was sealed for its
+// successor took the sealed stream's "call again" for data, and one that
+// met the peer's announcing doorbell on the socket after the peer's count
+// took the doorbell for data (one of them made rs_sem epoll_lt's idle set
+// report its connection in one CI run). Then 1,000 bytes echoed on each,
+// checked, over shm.
+TEST_F(TcpFirstTest, AConnectionsSwitchIsNoReadinessEvent) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const int n = 30;
+  const Env env = preloaded(tcp_first_env(port, "0"));
+  bool ready = false;
+  Proc& server = start_server(
+      "server", "rs_idle",
+      {"--role", "server", "--port", std::to_string(port), "--connections", std::to_string(n)}, env,
+      &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client = spawn("client", "rs_idle",
+                       {"--role", "client", "--port", std::to_string(port), "--connections",
+                        std::to_string(n), "--bytes", "1000", "--idle-ms", "0", "--watch-ms", "30"},
+                       env);
+  ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << client.describe();
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  auto r = parse_result(client.out(), "RESULT");
+  EXPECT_EQ(r["bytes"], std::to_string(2 * 1000 * n));
+  EXPECT_GT(to_u64(r["watches"]), static_cast<uint64_t>(n)) << "nothing was watched";
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  // Every connection switched (before the bursts, which the ring carried).
+  expect_paths(*cs, n, 0, "client");
+  expect_paths(*ss, n, 0, "server");
+  EXPECT_EQ(cs->total_sent(), 2000u * n);
+  EXPECT_GT(cs->bytes_sent, 0u);
+}
+
 // A socket made nonblocking before its connect, still on TCP (its pairing
 // a minute away), whose O_NONBLOCK librsock reads only when a call would
 // wait: a send with no reader fills the socket with partial counts, then

@@ -17,6 +17,15 @@
 //       sleeps M ms, reads it again; then a second burst like the first.
 //       Prints "RESULT bytes=T shmem_busy_kib=S1 shmem_idle_kib=S2" and
 //       exits 0 iff every echo came back intact.
+//   rs_idle --role client ... --watch-ms W
+//       before the first burst, right after each connect, watches every
+//       connection so far for W ms with epoll_wait (level-triggered
+//       EPOLLIN) and poll (POLLIN), both with timeout 0, in turns: the
+//       server writes nothing before the client does, so a connection
+//       reported readable there is a spurious event (exit 1). With
+//       RSOCK_TCP_FIRST=1 and no pairing delay each connection switches
+//       from TCP to the ring inside its watch. Adds "watches=K" (the
+//       looks made) to the RESULT line.
 // Every wait is bounded (10 s); exit 1 on any failure, 2 on bad usage.
 #include <arpa/inet.h>
 #include <errno.h>
@@ -209,14 +218,58 @@ void burst(int conn, int fd, uint64_t pos, uint64_t bytes) {
   }
 }
 
-int client(int port, int n, uint64_t bytes, int idle_ms) {
+int64_t now_ms() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+// --watch-ms: nothing was sent to us yet, so nothing may be readable.
+// Returns the number of looks.
+uint64_t watch_quiet(int ep, const std::vector<int>& fds, int upto, int ms) {
+  uint64_t looks = 0;
+  std::vector<pollfd> p(static_cast<size_t>(upto));
+  for (const int64_t end = now_ms() + ms; now_ms() < end; looks += 2) {
+    epoll_event ev[16];
+    const int k = epoll_wait(ep, ev, 16, 0);
+    if (k < 0 && errno != EINTR) fail("epoll_wait");
+    if (k > 0) {
+      fprintf(stderr, "rs_idle: epoll_wait reported fd %d (events 0x%x) before any byte came\n",
+              ev[0].data.fd, ev[0].events);
+      exit(1);
+    }
+    for (int i = 0; i < upto; ++i)
+      p[static_cast<size_t>(i)] = {fds[static_cast<size_t>(i)], POLLIN, 0};
+    const int r = poll(p.data(), p.size(), 0);
+    if (r < 0 && errno != EINTR) fail("poll");
+    for (const pollfd& q : p)
+      if (r > 0 && q.revents) {
+        fprintf(stderr, "rs_idle: poll reported fd %d (revents 0x%x) before any byte came\n", q.fd,
+                q.revents);
+        exit(1);
+      }
+  }
+  return looks;
+}
+
+int client(int port, int n, uint64_t bytes, int idle_ms, int watch_ms) {
   std::vector<int> fds(n);
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) fail("epoll_create1");
+  uint64_t looks = 0;
   for (int i = 0; i < n; ++i) {
     fds[i] = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a = loopback(port);
     if (fds[i] < 0 || connect(fds[i], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
       fail("connect");
+    if (watch_ms <= 0) continue;
+    epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.fd = fds[i];
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev) != 0) fail("epoll_ctl ADD");
+    looks += watch_quiet(ep, fds, i + 1, watch_ms);
   }
+  close(ep);
   for (int i = 0; i < n; ++i) burst(i, fds[i], 0, bytes);
   const long busy = shmem_kib();
   timespec ts = {idle_ms / 1000, (idle_ms % 1000) * 1000000L};
@@ -225,8 +278,9 @@ int client(int port, int n, uint64_t bytes, int idle_ms) {
   const long idle = shmem_kib();
   for (int i = 0; i < n; ++i) burst(i, fds[i], bytes, bytes);
   for (int fd : fds) close(fd);
-  printf("RESULT bytes=%llu shmem_busy_kib=%ld shmem_idle_kib=%ld\n",
-         static_cast<unsigned long long>(2 * bytes * static_cast<uint64_t>(n)), busy, idle);
+  printf("RESULT bytes=%llu shmem_busy_kib=%ld shmem_idle_kib=%ld watches=%llu\n",
+         static_cast<unsigned long long>(2 * bytes * static_cast<uint64_t>(n)), busy, idle,
+         static_cast<unsigned long long>(looks));
   return 0;
 }
 
@@ -234,7 +288,7 @@ int client(int port, int n, uint64_t bytes, int idle_ms) {
 
 int main(int argc, char** argv) {
   std::string role;
-  int port = 0, n = 0, idle_ms = 0;
+  int port = 0, n = 0, idle_ms = 0, watch_ms = 0;
   std::string wait = "epoll";
   uint64_t bytes = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -251,16 +305,18 @@ int main(int argc, char** argv) {
       idle_ms = atoi(argv[i + 1]);
     else if (k == "--wait")
       wait = argv[i + 1];
+    else if (k == "--watch-ms")
+      watch_ms = atoi(argv[i + 1]);
   }
   if (port <= 0 || n <= 0) {
     fprintf(stderr,
             "usage: rs_idle --role server|client --port P --connections N "
-            "[--wait epoll|blocking|poll] [--bytes B --idle-ms M]\n");
+            "[--wait epoll|blocking|poll] [--bytes B --idle-ms M [--watch-ms W]]\n");
     return 2;
   }
   if (role == "server" && (wait == "epoll" || wait == "blocking" || wait == "poll"))
     return server(port, n, wait);
-  if (role == "client" && bytes > 0) return client(port, n, bytes, idle_ms);
+  if (role == "client" && bytes > 0) return client(port, n, bytes, idle_ms, watch_ms);
   fprintf(stderr, "rs_idle: bad role or missing --bytes\n");
   return 2;
 }
