@@ -559,15 +559,21 @@ void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx) {
     r = static_cast<short>((r & ~(POLLERR | POLLHUP)) | POLLIN | POLLRDHUP | POLLOUT);
   }
   if (rx_tcp) {
-    ev->rdhup = ev->rdhup || (r & POLLRDHUP) != 0;
-    ev->readable = ev->readable || (r & (POLLIN | POLLRDHUP)) != 0;
-    int inq = 0;
-    if (ev->readable && real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0) inq = 0;
-    // What arrived on the socket; past the peer's count it holds
-    // doorbells, which are no news.
-    *tcp_rx = prefix_->tcp_read->load(std::memory_order_relaxed) + static_cast<uint64_t>(inq);
+    // Past the peer's count the socket holds doorbells, which are no data
+    // and no news: once we have read exactly up to it (and another thread
+    // holds the receive lock, so the direction has not switched yet), only
+    // the ring's readiness counts. (Read past it: bytes behind the peer's
+    // back, which the next call reports as a reset.)
+    const uint64_t read = prefix_->tcp_read->load(std::memory_order_relaxed);
     const uint64_t at = prefix_->peer_switch_at->load(std::memory_order_acquire);
-    if (at != kNotSwitched) *tcp_rx = std::min(*tcp_rx, at);
+    if (at == kNotSwitched || read != at) {
+      ev->rdhup = ev->rdhup || (r & POLLRDHUP) != 0;
+      ev->readable = ev->readable || (r & (POLLIN | POLLRDHUP)) != 0;
+      int inq = 0;
+      if (ev->readable && real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0) inq = 0;
+      *tcp_rx = read + static_cast<uint64_t>(inq);
+      if (at != kNotSwitched) *tcp_rx = std::min(*tcp_rx, at);
+    }
   }
   if (tx_tcp) {
     // The ring's room is not ours yet: the socket's, or a send that fails.
