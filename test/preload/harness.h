@@ -678,8 +678,11 @@ class PreloadTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    // Kill (by pid) and reap everything this test started and did not reap.
+    // Kill (by pid) and reap everything this test started and did not reap,
+    // and whatever those started and left behind (each program leads a
+    // process group of its own: an inetd's exec'd service, a forked worker).
     for (auto& p : procs_) {
+      kill(-p->pid, SIGKILL);
       if (p->reaped) continue;
       kill(p->pid, SIGKILL);
       int st = 0;
@@ -782,6 +785,7 @@ class PreloadTest : public ::testing::Test {
     EXPECT_TRUE(in >= 0 && out >= 0 && err >= 0) << strerror(errno);
     pid_t pid = fork();
     if (pid == 0) {
+      setpgid(0, 0);  // a group of its own, which TearDown kills whole
       dup2(in, 0);
       dup2(out, 1);
       dup2(err, 2);
@@ -851,8 +855,9 @@ class PreloadTest : public ::testing::Test {
     return p;
   }
 
-  // Kills p (SIGKILL, by pid) and reaps it.
+  // Kills p and its process group (SIGKILL) and reaps it.
   void kill_proc(Proc& p) {
+    kill(-p.pid, SIGKILL);
     if (p.reaped) return;
     kill(p.pid, SIGKILL);
     int st = 0;
