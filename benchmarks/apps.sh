@@ -14,6 +14,13 @@
 #   java-echo          benchmarks/JavaEcho.java: 64-byte round trips over
 #                      blocking java.net sockets (OpenJDK), 20,000 after a
 #                      warm-up: p50 and p99 us of one round trip
+#   py-threaded        test/apps/py_threading.py echo-server/echo-client: a
+#                      Python ThreadingTCPServer
+#                      echoing 128 x 256 KiB to each of 8 client threads (a
+#                      thread per connection, blocking calls, every byte
+#                      checked): MB/s echoed. Not 1 MiB messages: a client
+#                      that sends one whole before it reads waits forever
+#                      on librsock's default rings (README, "Limits")
 #   conns-block        benchmarks/connrate.cpp: 2000 x (connect, 1 byte each
 #                      way, close), one after the other, against a blocking
 #                      accept loop: connections/s, p50 and p99 of one
@@ -56,7 +63,7 @@
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_STREAM_SECONDS, BENCH_CPUS ("SERVER CLIENT", default "0 1"),
 # BENCH_APPS (a regex of row names to run), BUILD. Runtime: about
-# 11 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
+# 12 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -100,7 +107,10 @@ die() {
 [[ $STREAM_SECS =~ ^[0-9]+(\.[0-9]+)?$ && ! $STREAM_SECS =~ ^0+(\.0*)?$ ]] ||
   die "BENCH_STREAM_SECONDS='$STREAM_SECS': a number of seconds above 0"
 
-for tool in redis-server redis-benchmark memcached memcaslap nginx wrk java javac taskset setsid jq; do
+PYTHON=/usr/bin/python3
+[[ -x $PYTHON ]] || PYTHON=$(command -v python3)
+PY_ECHO=$ROOT/test/apps/py_threading.py
+for tool in redis-server redis-benchmark memcached memcaslap nginx wrk java javac python3 taskset setsid jq; do
   command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] ||
     die "$tool missing (make deps installs the Debian packages)"
 done
@@ -163,6 +173,17 @@ stop_server() {
   kill -KILL -- "-$SERVER_PID" 2>/dev/null
   wait "$SERVER_PID" 2>/dev/null
   SERVER_PID=""
+}
+
+# await_server_exit: up to 5 s for a server that exits by itself once it
+# has answered (its stats line then written); stop_server is for one that
+# hangs.
+await_server_exit() {
+  local i
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$SERVER_PID" 2>/dev/null || return 0
+    sleep 0.05
+  done
 }
 
 # run_client PATH TAG PORT CMD...: pinned to the other cpu, bounded.
@@ -335,6 +356,27 @@ run_java() { # PATH
   [[ $path == rsock ]] && check_shm "$tag" java java
 }
 
+run_py() { # PATH
+  local path=$1 port tag line
+  port=$(free_port) tag=py-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  start_server "$path" "$tag" "$port" "$PYTHON" "$PY_ECHO" echo-server "$port" 8 || {
+    R_OK=0 R_NOTE="py_threading echo-server did not start"
+    stop_server TERM
+    return
+  }
+  run_client "$path" "$tag" "$port" "$PYTHON" "$PY_ECHO" echo-client "$port" 8 128 262144 ||
+    R_NOTE+="py_threading echo-client status $?; "
+  await_server_exit
+  stop_server TERM
+  line=$(grep -m1 '^RESULT ' "$WORK/$tag.cli.out")
+  R[mbs]=$(sed -n 's/.* MBps=\([0-9.]*\).*/\1/p' <<<"$line")
+  [[ $line == *" ok=8 "* && -n ${R[mbs]} ]] || {
+    R_OK=0 R_NOTE+="py_threading: ${line:-no RESULT line}; "
+  }
+  [[ $path == rsock ]] && check_shm "$tag" "$(basename "$PYTHON")" "$(basename "$PYTHON")"
+}
+
 run_conns() { # PATH MODE [tcpfirst]
   local path=$1 mode=$2 tcp_first=${3:-} port tag
   port=$(free_port) tag=conns-$mode-$path-$RANDOM
@@ -367,7 +409,7 @@ run_conns() { # PATH MODE [tcpfirst]
 }
 
 run_stream() { # PATH SIZE
-  local path=$1 size=$2 port tag i
+  local path=$1 size=$2 port tag
   port=$(free_port) tag=stream-$size-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
   start_server "$path" "$tag" "$port" "$STREAM" server 127.0.0.1 "$port" || {
@@ -377,12 +419,7 @@ run_stream() { # PATH SIZE
   }
   run_client "$path" "$tag" "$port" "$STREAM" client 127.0.0.1 "$port" "$size" "$STREAM_SECS" ||
     R_NOTE+="stream client status $?; "
-  # The server exits by itself once it has answered (its stats line then
-  # written); a signal is for one that hangs.
-  for ((i = 0; i < 100; i++)); do
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.05
-  done
+  await_server_exit
   stop_server TERM
   local bytes cpu_s cpu_c
   R[mbs]=$(sed -n 's/.* MBps=\([0-9.]*\).*/\1/p' "$WORK/$tag.srv.out")
@@ -469,7 +506,8 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
 }
 
 STREAM_SIZES="64 1024 16384 65536 262144 1048576"
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo conns-block conns-epoll \
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo py-threaded \
+  conns-block conns-epoll \
   conns-block-tcpfirst conns-epoll-tcpfirst \
   $(printf 'stream-%s ' $STREAM_SIZES) idle-conns conns-10k; do
   want "$row" && ROWS+=("$row")
@@ -511,6 +549,10 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         java-echo)
           run_java "$path"
           record "$row" "$path" p50 p99
+          ;;
+        py-threaded)
+          run_py "$path"
+          record "$row" "$path" mbs
           ;;
         conns-10k)
           run_idle "$path" "$MANY" 1
@@ -589,6 +631,7 @@ report=$WORK/apps.md
         row_line "$row" p50 "p50 us of a 64-byte round trip" lat
         row_line "$row" p99 "p99 us of a 64-byte round trip" lat
         ;;
+      py-threaded) row_line "$row" mbs "MB/s echoed to 8 threads" rate ;;
       idle-conns)
         row_line "$row" cli.fds "client fds per connection" lat
         row_line "$row" cli.vm_kib "client virtual KiB per connection" lat

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A socketserver.ThreadingTCPServer and its concurrent clients, for the
-application tier (test/apps/run.sh).
+application tier (test/apps/run.sh) and the `py-threaded` row of `make bench`.
 
   py_threading.py server PORT CONNECTIONS
       serves CONNECTIONS connections on 127.0.0.1:PORT, a thread each: every
@@ -12,6 +12,18 @@ application tier (test/apps/run.sh).
       questions of assorted sizes (up to 256 KiB) and check every answer.
       Prints "RESULT connections=C ok=K answers=A" and exits 0 iff every
       thread got every answer right.
+  py_threading.py echo-server PORT CONNECTIONS
+      echoes what each of CONNECTIONS connections sends, a thread each
+      (recv of up to 64 KiB, sendall); READY and SERVED as above.
+  py_threading.py echo-client PORT CONNECTIONS MESSAGES SIZE
+      CONNECTIONS threads at once, each on its own connection: MESSAGES
+      times, sends SIZE pseudo-random bytes whole and only then reads the
+      SIZE bytes of the echo back, checking them. Prints "RESULT
+      connections=C ok=K bytes=B seconds=S MBps=M" (B: bytes echoed back to
+      all threads; S: from the moment all are connected to the last byte)
+      and exits 0 iff every thread got its echo right. The `py-threaded`
+      row of `make bench` (benchmarks/apps.sh) and the apps case
+      `python-echo-1m`.
 Every socket has a 60 s timeout: a lost byte is an error, not a hang.
 """
 import random
@@ -19,6 +31,7 @@ import socket
 import socketserver
 import sys
 import threading
+import time
 
 
 def answer(n, seed):
@@ -64,16 +77,83 @@ def client(port, ident, rounds, results):
         print(f"client {ident}: {e}", file=sys.stderr)
 
 
+class EchoHandler(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.settimeout(60)
+        while True:
+            data = self.request.recv(65536)
+            if not data:
+                break
+            self.request.sendall(data)
+        self.server.ended += 1
+
+
+def echo_client(port, ident, messages, size, results, start):
+    payload = random.Random(ident).randbytes(size)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            start.wait()
+            buf = bytearray(size)
+            view = memoryview(buf)
+            for m in range(messages):
+                s.sendall(payload)
+                got = 0
+                while got < size:
+                    n = s.recv_into(view[got:], size - got)
+                    if n == 0:
+                        print(f"client {ident}: message {m}: EOF after {got} bytes", file=sys.stderr)
+                        return
+                    got += n
+                if buf != payload:
+                    print(f"client {ident}: message {m}: wrong echo", file=sys.stderr)
+                    return
+            results[ident] = messages * size
+    except (OSError, threading.BrokenBarrierError) as e:
+        print(f"client {ident}: {e!r}", file=sys.stderr)
+        start.abort()  # the others and the clock do not wait for this one
+
+
+def serve(handler, port, count):
+    with Server(("127.0.0.1", port), handler) as srv:
+        print("READY", flush=True)
+        for _ in range(count):
+            srv.handle_request()
+        srv.server_close()  # joins the handler threads (block_on_close)
+        print(f"SERVED connections={srv.ended}", flush=True)
+        return 0 if srv.ended == count else 1
+
+
+def echo_clients(port, count, messages, size):
+    results = [0] * count
+    # Every thread connects first; the clock starts when all may send.
+    start = threading.Barrier(count + 1)
+    threads = [threading.Thread(target=echo_client, args=(port, i, messages, size, results, start))
+               for i in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        start.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        pass  # a thread failed; it said why
+    t0 = time.monotonic()
+    for t in threads:
+        t.join()
+    secs = time.monotonic() - t0
+    ok = sum(1 for r in results if r)
+    total = sum(results)
+    print(f"RESULT connections={count} ok={ok} bytes={total} seconds={secs:.3f} "
+          f"MBps={total / secs / 1e6:.1f}", flush=True)
+    return 0 if ok == count else 1
+
+
 def main():
     role, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if role == "server":
-        with Server(("127.0.0.1", port), Handler) as srv:
-            print("READY", flush=True)
-            for _ in range(count):
-                srv.handle_request()
-            srv.server_close()  # joins the handler threads (block_on_close)
-            print(f"SERVED connections={srv.ended}", flush=True)
-            return 0 if srv.ended == count else 1
+        return serve(Handler, port, count)
+    if role == "echo-server":
+        return serve(EchoHandler, port, count)
+    if role == "echo-client":
+        return echo_clients(port, count, int(sys.argv[4]), int(sys.argv[5]))
     rounds = int(sys.argv[4])
     results = [0] * count
     threads = [threading.Thread(target=client, args=(port, i, rounds, results)) for i in range(count)]
