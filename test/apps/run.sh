@@ -16,7 +16,8 @@
 #   Node.js http with a keep-alive agent (test/apps/node_http.js), a blocking
 #   java.net echo (test/apps/EchoJava.java, `java File.java`), and a python3
 #   socketserver.ThreadingTCPServer with 8 concurrent clients
-#   (test/apps/py_threading.py).
+#   (test/apps/py_threading.py), and one echoing whole 1 MiB messages
+#   (py_threading.py echo-client; a known bug today: it hangs, 15 s).
 # Each case checks the programs' own results (bodies and values compared
 # with what was sent, request counts, the tools' error counts) AND the
 # RSOCK_STATS lines of both ends: the connections each end made or accepted
@@ -67,6 +68,7 @@ PYTHON=/usr/bin/python3
 # Cases that fail today because of a librsock bug (see the README's
 # compatibility table); the note is printed after the reason when they fail.
 declare -A KNOWN=(
+  [python-echo-1m]="a client that sends 1 MiB whole before it reads, against a server that echoes as it reads, waits forever: both directions' rings (256 KiB each by default) fill, where kernel TCP buffers a few MiB (README, Compatibility)"
 )
 
 cleanup() {
@@ -1048,6 +1050,38 @@ python_case() {
   report "$name" "${WHY%; }"
 }
 
+# Echo of whole messages: py_threading.py echo-server (the `py-threaded` bench
+# row), 8 client threads each sending 4 x 1 MiB, every message whole before
+# it reads the echo. Works on kernel TCP, whose buffers take a few MiB in
+# flight each way; librsock's rings take 2 x RSOCK_RING_SIZE.
+python_echo_case() {
+  local name=python-echo-1m port rc n=8
+  want "$name" || return 0
+  port=$(free_port) || {
+    report "$name" "no free port"
+    return
+  }
+  if ! SERVER_LIMIT=40 start_server "$name" "$port" "$PYTHON" "$HERE/py_threading.py" echo-server \
+    "$port" "$n"; then
+    stop_server
+    report "$name" "python did not listen on port $port"
+    return
+  fi
+  CLIENT_LIMIT=15 run_client "$name" "$port" "$PYTHON" "$HERE/py_threading.py" echo-client "$port" \
+    "$n" 4 1048576
+  rc=$?
+  stop_server 5 TERM # it exits by itself after n connections
+  WHY=""
+  ((rc == 0)) || WHY+="client exit status $rc$( ((rc == 124)) && echo ' (no progress in 15 s)'); "
+  grep -q "^RESULT connections=$n ok=$n bytes=$((n * 4 * 1048576)) " "$WORK/$name.cli.out" ||
+    WHY+="client: $(grep -m1 '^RESULT' "$WORK/$name.cli.out" || echo 'no RESULT line'); "
+  local prog
+  prog=$(basename "$PYTHON")
+  expect_end "$name" cli "$prog" "$n"
+  expect_end "$name" srv "$prog" "$n"
+  report "$name" "${WHY%; }"
+}
+
 # ---- main ------------------------------------------------------------------------
 
 ensure_tools
@@ -1084,6 +1118,7 @@ fork_case inetd inetd 200 4 65536
 node_case
 java_case
 python_case
+python_echo_case
 
 ((KEEP)) && echo "apps: logs of failed cases kept in $WORK" >&2
 [[ -n $KNOWN_SEEN ]] && echo "apps: known bugs showed (not counted, see the README's compatibility table):$KNOWN_SEEN"
