@@ -713,6 +713,24 @@ class PreloadTest : public ::testing::Test {
     return extra;
   }
 
+  // The arguments of a two-connection test program (rs_sem, rs_exec):
+  // "--role server|client --port P --port2 P2", then `client_more` on the
+  // client's, and on the server's too when `server_too`.
+  struct RoleArgs {
+    std::vector<std::string> server, client;
+  };
+  static RoleArgs two_port_args(int port, int port2, const std::vector<std::string>& client_more,
+                                bool server_too = false) {
+    auto base = [&](const char* role) {
+      return std::vector<std::string>{
+          "--role", role, "--port", std::to_string(port), "--port2", std::to_string(port2)};
+    };
+    RoleArgs a{base("server"), base("client")};
+    a.client.insert(a.client.end(), client_more.begin(), client_more.end());
+    if (server_too) a.server.insert(a.server.end(), client_more.begin(), client_more.end());
+    return a;
+  }
+
   // Starts build/progs/<prog> with args. The environment is this process's
   // minus every LD_PRELOAD and RSOCK_* variable, plus `env`.
   // as_user >= 0: the program runs as that uid and gid, with no

@@ -137,15 +137,11 @@ class ExecTest : public PreloadTest, public ::testing::WithParamInterface<const 
   // not both exit cleanly.
   bool run_pair(const Env& env, int port, int port2, Proc** client, Proc** server) {
     bool ready = false;
-    const std::vector<std::string> ports = {
-        "--port", std::to_string(port), "--port2", std::to_string(port2), "--case", GetParam()};
-    std::vector<std::string> sargs = {"--role", "server"}, cargs = {"--role", "client"};
-    sargs.insert(sargs.end(), ports.begin(), ports.end());
-    cargs.insert(cargs.end(), ports.begin(), ports.end());
-    *server = &start_server("server", "rs_exec", sargs, env, &ready);
+    const RoleArgs args = two_port_args(port, port2, {"--case", GetParam()}, true);
+    *server = &start_server("server", "rs_exec", args.server, env, &ready);
     EXPECT_TRUE(ready) << (*server)->describe();
     if (!ready) return false;
-    *client = &spawn("client", "rs_exec", cargs, env);
+    *client = &spawn("client", "rs_exec", args.client, env);
     EXPECT_TRUE(wait_exit(**client, 60000)) << "client hung";
     EXPECT_TRUE(wait_exit(**server, kExitTimeoutMs)) << "server hung";
     EXPECT_TRUE((*client)->exited_ok());

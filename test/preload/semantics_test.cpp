@@ -44,18 +44,12 @@ void SemanticsTest::run_case(bool tcp_first) {
   const int slowdown = sanitizers().slowdown;
   if (!fallback && slowdown > 1)
     env["RSOCK_CONNECT_TIMEOUT_MS"] = std::to_string(1000 * slowdown);
-  const std::vector<std::string> ports = {"--port", std::to_string(port), "--port2",
-                                          std::to_string(port2)};
-  std::vector<std::string> sargs = {"--role", "server"}, cargs = {"--role", "client"};
-  sargs.insert(sargs.end(), ports.begin(), ports.end());
-  cargs.insert(cargs.end(), ports.begin(), ports.end());
-  cargs.push_back("--case");
-  cargs.push_back(GetParam());
+  const RoleArgs args = two_port_args(port, port2, {"--case", GetParam()});
 
   bool ready = false;
-  Proc& server = start_server("server", "rs_sem", sargs, env, &ready);
+  Proc& server = start_server("server", "rs_sem", args.server, env, &ready);
   ASSERT_TRUE(ready) << "server: see its output below";
-  Proc& client = spawn("client", "rs_sem", cargs, env);
+  Proc& client = spawn("client", "rs_sem", args.client, env);
   ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
   ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
   ASSERT_TRUE(client.exited_ok()) << "client: see its output below";

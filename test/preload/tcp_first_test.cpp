@@ -41,16 +41,11 @@ class TcpFirstTest : public PreloadTest {
     ASSERT_GT(port2, 0);
     ASSERT_NE(port, port2);
     const Env env = tcp_first_env(port, "60000");
-    const std::vector<std::string> ports = {"--port", std::to_string(port), "--port2",
-                                            std::to_string(port2)};
-    std::vector<std::string> sargs = {"--role", "server"}, cargs = {"--role", "client"};
-    sargs.insert(sargs.end(), ports.begin(), ports.end());
-    cargs.insert(cargs.end(), ports.begin(), ports.end());
-    cargs.insert(cargs.end(), {"--case", name});
+    const RoleArgs args = two_port_args(port, port2, {"--case", name});
     bool ready = false;
-    Proc& server = start_server("server", "rs_sem", sargs, preloaded(env), &ready);
+    Proc& server = start_server("server", "rs_sem", args.server, preloaded(env), &ready);
     ASSERT_TRUE(ready) << server.describe();
-    Proc& client = spawn("client", "rs_sem", cargs, preloaded(env));
+    Proc& client = spawn("client", "rs_sem", args.client, preloaded(env));
     ASSERT_TRUE(wait_exit(client, 60000)) << "client hung (a call waited?)";
     ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
     ASSERT_TRUE(client.exited_ok()) << client.describe();
