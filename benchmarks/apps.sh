@@ -15,12 +15,12 @@
 #                      blocking java.net sockets (OpenJDK), 20,000 after a
 #                      warm-up: p50 and p99 us of one round trip
 #   py-threaded        test/apps/py_threading.py echo-server/echo-client: a
-#                      Python ThreadingTCPServer
-#                      echoing 128 x 256 KiB to each of 8 client threads (a
-#                      thread per connection, blocking calls, every byte
-#                      checked): MB/s echoed. Not 1 MiB messages: a client
-#                      that sends one whole before it reads waits forever
-#                      on librsock's default rings (README, "Limits")
+#                      Python ThreadingTCPServer echoing 128 x 256 KiB to
+#                      each of 8 client threads (a thread per connection,
+#                      blocking calls, every byte checked): MB/s echoed.
+#                      Not 1 MiB messages: a client that sends one whole
+#                      before it reads waits forever on librsock's default
+#                      rings (README, Compatibility, bug 4)
 #   conns-block        benchmarks/connrate.cpp: 2000 x (connect, 1 byte each
 #                      way, close), one after the other, against a blocking
 #                      accept loop: connections/s, p50 and p99 of one
