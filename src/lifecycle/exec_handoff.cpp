@@ -224,7 +224,10 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
       auto* c = static_cast<ConnectionState*>(s);
       sink.stream = &c->stream();
       sink.channel = &c->stream().channel();
-      sink.channel->exec_prepare(kind, inherited, sink);
+      if (inherited && c->stream().holds_unread())  // Stream::relieve
+        (void)sink.add('L', true, strcmp(sink.channel->name(), "rdma") == 0 ? "held_rdma" : "held");
+      else
+        sink.channel->exec_prepare(kind, inherited, sink);
     } else if (inherited) {
       (void)sink.add('L', true, "pairing");
     }
@@ -383,10 +386,12 @@ int exec_adopt() {
     char* f[10];
     int nf = split(entries[i], ',', f, 10);
     if (nf == 4 && strcmp(f[0], "L") == 0) {
-      const bool rdma = strcmp(f[3], "rdma") == 0;
+      const bool held = strcmp(f[3], "held") == 0 || strcmp(f[3], "held_rdma") == 0;
+      const bool rdma = strcmp(f[3], "rdma") == 0 || strcmp(f[3], "held_rdma") == 0;
       attached +=
           attach_lost(fds_of(f[1], f[2]), rdma ? Path::kRdma : Path::kShm,
-                      rdma                           ? "an RDMA queue pair cannot cross exec"
+                      held   ? "the old image held bytes of it that the program had not read yet"
+                      : rdma ? "an RDMA queue pair cannot cross exec"
                       : strcmp(f[3], "pairing") == 0 ? "its pairing was still running at exec"
                                                      : "the old image could not hand it over");
       continue;

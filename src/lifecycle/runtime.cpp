@@ -144,7 +144,14 @@ void after_fork_child() {
   // The connections' carriers stay the parent's (an RDMA queue pair): the
   // first use here takes one over (Channel::after_fork_child). No other
   // thread runs here yet: the table's bare pointers will do.
-  for (ConnectionState* c : open_connections()) c->stream().after_fork_child();
+  for (ConnectionState* c : open_connections()) {
+    if (!c->stream().after_fork_child()) continue;
+    stats_reset_connection(Reset::kHeldAtFork);
+    LOG_WARN(
+        "fork: an inherited accelerated connection is reset in the child: its parent holds "
+        "bytes of it that the program has not read yet (%s)",
+        reset_name(Reset::kHeldAtFork));
+  }
 }
 
 void init() {

@@ -494,7 +494,7 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
       // Traffic: its pages go back once it has been idle long enough, if
       // it touched enough of them (else no sleep is cut for it).
       m.active_ms = now_ms;
-      m.trimmed = !c->stream().channel().trimmable();
+      m.trimmed = !c->stream().trimmable();
       if (!m.trimmed && (due == 0 || due > now_ms + kTrimIdleMs)) due = now_ms + kTrimIdleMs;
     }
     if (m.reported)
@@ -795,9 +795,14 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     WakeHub::Ticket tickets_inline[kInline];
     std::vector<WakeHub::Ticket> tickets_heap;
     WakeHub::Ticket* tickets = tickets_inline;
+    uint32_t armed_inline[kInline];
+    std::vector<uint32_t> armed_heap;
+    uint32_t* armed = armed_inline;
     if (n > kInline) {
       tickets_heap.resize(n);
       tickets = tickets_heap.data();
+      armed_heap.resize(n);
+      armed = armed_heap.data();
     }
     SleepWaker waker;
     bool blind = false;
@@ -805,7 +810,15 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
     for (nfds_t i = 0; i < n; ++i)
       if (ConnectionState* c = as_conn(refs[i])) {
         tickets[i] = c->wake.join(waker.get());
-        if (c->stream().channel().arm(want_of_poll(fds[i].events), sleep)) c->wake.kick(true);
+        // A member watched for POLLOUT alone may be a sender that waits for
+        // a peer blocked in a send too (Python's sendall with a timeout
+        // polls so): it also wakes for the peer's bytes, and moves them out
+        // of a full ring after arming (Stream::relieve, as conn_wait).
+        armed[i] = want_of_poll(fds[i].events);
+        const bool relief = armed[i] == kWantSpace && c->stream().may_relieve();
+        if (relief) armed[i] |= kWantData;
+        if (c->stream().channel().arm(armed[i], sleep)) c->wake.kick(true);
+        if (relief) (void)c->stream().relieve();
         if (!tickets[i].waker) blind = true;
       }
     bool now_ready = false;
@@ -836,7 +849,7 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       bool trim_cut = false;
       if (trim_due && (until < 0 || until > monotonic_ns() + kTrimIdleNs))
         for (nfds_t i = 0; i < n && !trim_cut; ++i)
-          if (ConnectionState* c = as_conn(refs[i])) trim_cut = c->stream().channel().trimmable();
+          if (ConnectionState* c = as_conn(refs[i])) trim_cut = c->stream().trimmable();
       if (trim_cut) until = monotonic_ns() + kTrimIdleNs;
       remaining(until, &ts, &ms);
       rc = real().ppoll(kfds, k, until < 0 ? nullptr : &ts, mask);
@@ -851,7 +864,7 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
       if (ConnectionState* c = as_conn(refs[i])) {
         Channel& ch = c->stream().channel();
         if (!now_ready && kfds[i].revents && ch.drain_wakeups()) c->wake.kick(true);
-        ch.disarm(want_of_poll(fds[i].events));
+        ch.disarm(armed[i]);
         c->wake.leave(tickets[i]);
       }
     if (rc < 0 && err == EINTR) return -EINTR;

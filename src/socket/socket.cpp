@@ -282,6 +282,11 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
   // cannot wake us (a sleep on it returned at once, a busy loop). It then
   // sleeps on this thread's waker in short slices.
   bool socket_busy = false;
+  // A sender whose own receive ring may be what holds the peer up (both
+  // blocked in a send: Stream::relieve) also wakes for the peer's bytes,
+  // and moves them out of a full ring after arming (the re-check).
+  const bool relief = want == kWantSpace && c.stream().may_relieve();
+  const uint32_t arm_for = relief ? (kWantSpace | kWantData) : want;
   for (;;) {
     // Join before arming and re-checking: a wakeup that another thread of
     // this process consumes after our re-check (a poller draining the
@@ -290,11 +295,12 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     // others on the hub's word, until a kick or until that one returns.
     SleepWaker waker;
     const WakeHub::Ticket t = c.wake.join_blocking(waker.get());
-    if (ch.arm(want, new_sleep_token())) c.wake.kick(true);
+    if (ch.arm(arm_for, new_sleep_token())) c.wake.kick(true);
     auto leave = [&] {
-      ch.disarm(want);
+      ch.disarm(arm_for);
       c.wake.leave(t);
     };
+    if (relief) (void)c.stream().relieve();
     if (ready()) {
       leave();
       return 0;
@@ -320,7 +326,7 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     if (socket_busy && (until < 0 || until > now + kBusySocketSliceNs))
       until = now + kBusySocketSliceNs;
     bool trim_cut = false;
-    if (trim_due && (until < 0 || until > now + kTrimIdleNs) && ch.trimmable()) {
+    if (trim_due && (until < 0 || until > now + kTrimIdleNs) && c.stream().trimmable()) {
       until = now + kTrimIdleNs;
       trim_cut = true;
     }

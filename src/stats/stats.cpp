@@ -24,6 +24,7 @@ std::atomic<uint64_t> g_received{0};
 std::atomic<uint64_t> g_wakeups[2];  // [0] spared, [1] sent
 std::atomic<uint64_t> g_trims{0};
 std::atomic<uint64_t> g_trimmed{0};  // bytes
+std::atomic<uint64_t> g_held{0};     // bytes
 std::atomic<uint64_t> g_before_switch[2];  // bytes received [0] / sent [1] on TCP before a switch
 
 const char* const kFallbackNames[] = {
@@ -34,7 +35,8 @@ const char* const kFallbackNames[] = {
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 
-const char* const kResetNames[] = {"kernel_bytes", "lost_at_exec", "taken_over", "move_failed"};
+const char* const kResetNames[] = {"kernel_bytes", "lost_at_exec", "taken_over", "move_failed",
+                                   "held_at_fork"};
 static_assert(sizeof(kResetNames) / sizeof(kResetNames[0]) == static_cast<size_t>(Reset::kCount));
 
 const char* const kRejectNames[] = {"unproven"};
@@ -90,6 +92,8 @@ void stats_trimmed(uint64_t bytes) {
 }
 uint64_t stats_trims() { return g_trims.load(); }
 uint64_t stats_trimmed_bytes() { return g_trimmed.load(); }
+void stats_held(uint64_t bytes) { g_held.fetch_add(bytes, std::memory_order_relaxed); }
+uint64_t stats_held_bytes() { return g_held.load(); }
 uint64_t stats_connections(Path p) { return g_paths[static_cast<int>(p)].load(); }
 uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].load(); }
 uint64_t stats_resets(Reset r) { return g_resets[static_cast<int>(r)].load(); }
@@ -105,6 +109,7 @@ void stats_reset() {
   for (auto& c : g_wakeups) c.store(0);
   g_trims.store(0);
   g_trimmed.store(0);
+  g_held.store(0);
   for (auto& c : g_before_switch) c.store(0);
 }
 
@@ -144,6 +149,9 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
     n += snprintf(buf + n, cap - n, ", \"trimmed\": {\"rings\": %llu, \"bytes\": %llu}",
                   static_cast<unsigned long long>(stats_trims()),
                   static_cast<unsigned long long>(stats_trimmed_bytes()));
+  if (n < cap)
+    n += snprintf(buf + n, cap - n, ", \"held\": {\"bytes\": %llu}",
+                  static_cast<unsigned long long>(stats_held_bytes()));
   if (n < cap)
     n +=
         snprintf(buf + n, cap - n, ", \"before_switch\": {\"sent\": %llu, \"received\": %llu}",

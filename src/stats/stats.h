@@ -47,6 +47,9 @@ enum class Reset : int {
                  // exec'd program) took it over; this process's calls on it fail
   kMoveFailed,   // "move_failed": moving an RDMA connection to another process failed (here or at
                  // the other end): the connection is reset
+  kHeldAtFork,   // "held_at_fork": a fork's child inherited a connection whose parent held bytes
+                 // for its application (Stream::relieve); the parent keeps them, the child's copy
+                 // is reset rather than deliver them twice
   kCount
 };
 const char* reset_name(Reset r);
@@ -78,6 +81,10 @@ uint64_t stats_wakeups(bool sent);
 void stats_trimmed(uint64_t bytes);
 uint64_t stats_trims();
 uint64_t stats_trimmed_bytes();
+// Bytes a blocked sender moved out of its full receive ring into a queue of
+// its own, so that a peer blocked in a send could go on (Stream::relieve).
+void stats_held(uint64_t bytes);
+uint64_t stats_held_bytes();
 uint64_t stats_connections(Path p);
 uint64_t stats_fallbacks(Fallback f);
 uint64_t stats_resets(Reset r);

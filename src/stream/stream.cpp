@@ -18,6 +18,7 @@
 #include <new>
 
 #include "common/real.h"
+#include "stats/stats.h"
 
 namespace rsock {
 
@@ -220,7 +221,7 @@ int Stream::take_over() {
   return 0;
 }
 
-void Stream::after_fork_child() {
+bool Stream::after_fork_child() {
   // Threads of the parent that held these at the fork do not exist here.
   new (&tx_mu_) std::mutex();
   new (&rx_mu_) std::mutex();
@@ -233,9 +234,25 @@ void Stream::after_fork_child() {
   tcp_sent_.store(0, std::memory_order_relaxed);
   tcp_received_.store(0, std::memory_order_relaxed);
   channel_->after_fork_child();
+  if (held_unread_.load(std::memory_order_relaxed) > 0) {
+    // Both processes have the held bytes now, and each would deliver them:
+    // the parent keeps them (its threads were reading this connection), and
+    // this copy is reset, loudly, rather than deliver them twice.
+    std::vector<uint8_t>().swap(held_);
+    held_off_ = 0;
+    held_unread_.store(0, std::memory_order_relaxed);
+    orphaned_.store(true, std::memory_order_release);
+    fail();
+    return true;
+  }
+  return false;
 }
 
 ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
+  if (orphaned_.load(std::memory_order_acquire)) {
+    const int e = take_pending(moved);
+    return e ? -e : -EPIPE;
+  }
   // A failed move resets the stream (take_over), reported below as any reset.
   if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(tx_mu_);
@@ -300,11 +317,90 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   return static_cast<ssize_t>(done);
 }
 
+namespace {
+// Copies len bytes of src into iov, from `skip` bytes into it on.
+void copy_to_iov(const iovec* iov, int iovcnt, size_t skip, const uint8_t* src, size_t len) {
+  for (int i = 0; i < iovcnt && len > 0; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    const size_t n = std::min(iov[i].iov_len - skip, len);
+    memcpy(static_cast<uint8_t*>(iov[i].iov_base) + skip, src, n);
+    src += n;
+    len -= n;
+    skip = 0;
+  }
+}
+}  // namespace
+
+void Stream::take_held(size_t n) {
+  if (n == 0) return;
+  held_off_ += n;
+  const size_t left = held_unread_.load(std::memory_order_relaxed) - n;
+  held_unread_.store(left, std::memory_order_release);
+  if (left == 0) {
+    // The memory stays for the next time (a peer that keeps sending whole
+    // messages this large), until the connection idles (trim).
+    held_.clear();
+    held_off_ = 0;
+  }
+}
+
+bool Stream::may_relieve() const {
+  return !orphaned_.load(std::memory_order_relaxed) && !sealed_.load(std::memory_order_relaxed) &&
+         !reset_.load(std::memory_order_relaxed) && !shut_rd_.load(std::memory_order_relaxed) &&
+         !(prefix_ != nullptr && rx_tcp_.load(std::memory_order_acquire)) &&
+         held_unread_.load(std::memory_order_relaxed) < kHeldMax && channel_->sole_holder();
+}
+
+size_t Stream::relieve() {
+  if (!may_relieve() || channel_->needs_take_over()) return 0;
+  // A thread of ours that reads frees the ring itself.
+  std::unique_lock<std::mutex> lock(rx_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return 0;
+  const int entered = channel_->enter();
+  if (entered < 0) return 0;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  const PeerState s = poll_peer();
+  refresh_rx(s);
+  if (broken_.load(std::memory_order_acquire) || reset_.load(std::memory_order_acquire)) return 0;
+  // Only a full ring holds the peer up (a sender fills what its credits
+  // allow before it waits), or a peer that says it waits.
+  const size_t readable = window_.readable();
+  if (readable == 0 || (readable < window_.ring_bytes() && !(s.flags & kPeerStalled))) return 0;
+  const size_t held = held_unread_.load(std::memory_order_relaxed);
+  const size_t n = std::min(readable, kHeldMax - std::min(held, kHeldMax));
+  if (n == 0) return 0;
+  if (held_off_ > 0) {
+    held_.erase(held_.begin(), held_.begin() + static_cast<ptrdiff_t>(held_off_));
+    held_off_ = 0;
+  }
+  RingSpan spans[2];
+  const int k = ring_split(window_.consumed(), n, window_.ring_bytes(), spans);
+  const uint8_t* ring = channel_->rx_ring();
+  for (int i = 0; i < k; ++i)
+    held_.insert(held_.end(), ring + spans[i].offset, ring + spans[i].offset + spans[i].len);
+  held_unread_.store(held + n, std::memory_order_release);
+  held_spare_.store(true, std::memory_order_relaxed);
+  held_total_.fetch_add(n, std::memory_order_relaxed);
+  stats_held(n);
+  window_.on_consumed(n);
+  (void)channel_->grant(window_.consumed());  // a failure shows on the next call
+  window_.on_granted();
+  pay_owed_doorbell();
+  return n;
+}
+
 void Stream::refresh_rx(const PeerState& s) {
   if (!window_.on_arrival(s.head)) fail();
 }
 
 ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved, bool look) {
+  if (orphaned_.load(std::memory_order_acquire)) {
+    const int e = take_pending(moved);
+    return e ? -e : 0;
+  }
   if (int rc = take_over(); rc == -EAGAIN) return rc;
   std::lock_guard<std::mutex> lock(rx_mu_);
   if (sealed_.load(std::memory_order_acquire)) return kForwarded;
@@ -325,7 +421,7 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
       const int e = take_pending(moved);
       return e ? -e : 0;
     }
-    readable = window_.readable();
+    readable = window_.readable() + held_unread_.load(std::memory_order_relaxed);
     if (readable > 0) break;
     // tcp_recvmsg with nothing queued: EOF after the peer's FIN, else the
     // pending error (once), else EOF once receiving is shut down. Before
@@ -347,24 +443,23 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
   }
   size_t want = 0;
   for (int i = 0; i < iovcnt; ++i) want += iov[i].iov_len;
-  const size_t total = std::min(want, readable);
-  const size_t size = window_.ring_bytes();
-  const uint8_t* ring = channel_->rx_ring();
-  size_t done = 0;
-  for (int i = 0; i < iovcnt && done < total; ++i) {
-    auto* dst = static_cast<uint8_t*>(iov[i].iov_base);
-    size_t len = std::min(iov[i].iov_len, total - done);
-    RingSpan spans[2];
-    int n = ring_split(window_.consumed() + done, len, size, spans);
-    for (int k = 0; k < n; ++k) {
-      memcpy(dst, ring + spans[k].offset, spans[k].len);
-      dst += spans[k].len;
-    }
-    done += len;
+  // What relieve() held comes first: it is older than the ring's bytes.
+  const size_t from_held = std::min(want, held_unread_.load(std::memory_order_relaxed));
+  if (from_held > 0) copy_to_iov(iov, iovcnt, 0, held_.data() + held_off_, from_held);
+  const size_t from_ring = std::min(want - from_held, window_.readable());
+  RingSpan spans[2];
+  const int n = ring_split(window_.consumed(), from_ring, window_.ring_bytes(), spans);
+  size_t done = from_held;
+  for (int k = 0; k < n; ++k) {
+    copy_to_iov(iov, iovcnt, done, channel_->rx_ring() + spans[k].offset, spans[k].len);
+    done += spans[k].len;
   }
   if (!peek) {
-    window_.on_consumed(done);
-    channel_->note_read(window_.consumed());
+    take_held(from_held);
+    window_.on_consumed(from_ring);
+    // What the application read: the held bytes are consumed from the ring,
+    // not read.
+    channel_->note_read(window_.consumed() - held_unread_.load(std::memory_order_relaxed));
     bytes_received_.fetch_add(done, std::memory_order_relaxed);
     if (window_.should_grant((s.flags & kPeerStalled) != 0)) {
       // A failed grant is a carrier failure (see send): the rest of the ring
@@ -596,7 +691,7 @@ uint64_t Stream::tcp_bytes_received() const {
 }
 
 size_t Stream::readable_bytes() {
-  if (take_over() < 0) return 0;
+  if (orphaned_.load(std::memory_order_acquire) || take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(rx_mu_);
   if (rx_tcp_.load(std::memory_order_acquire) && !rx_prefix_done_locked()) {
     // What the socket holds of the prefix (past the count: doorbells).
@@ -611,11 +706,11 @@ size_t Stream::readable_bytes() {
     return static_cast<size_t>(at - read + window_.readable());
   }
   refresh_rx(poll_peer());
-  return window_.readable();
+  return window_.readable() + held_unread_.load(std::memory_order_relaxed);
 }
 
 size_t Stream::writable_bytes() {
-  if (take_over() < 0) return 0;
+  if (orphaned_.load(std::memory_order_acquire) || take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(tx_mu_);
   if (tx_tcp_.load(std::memory_order_acquire) && !switch_tx_locked()) {
     // A chunk for the kernel socket when it takes one (send_tcp may still
@@ -641,12 +736,17 @@ size_t Stream::trim() {
   std::unique_lock<std::mutex> tx(tx_mu_, std::try_to_lock);
   if (!tx.owns_lock()) return 0;
   std::unique_lock<std::mutex> rx(rx_mu_, std::try_to_lock);
-  if (!rx.owns_lock() || channel_->needs_take_over() || broken_.load(std::memory_order_acquire))
+  if (!rx.owns_lock() || channel_->needs_take_over() || broken_.load(std::memory_order_acquire) ||
+      orphaned_.load(std::memory_order_acquire))
     return 0;
   const int entered = channel_->enter();
   if (entered < 0) return 0;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
   grant_all_read();  // the region must say that everything we read is read
+  if (held_unread_.load(std::memory_order_relaxed) == 0) {
+    std::vector<uint8_t>().swap(held_);
+    held_spare_.store(false, std::memory_order_relaxed);
+  }
   return channel_->trim(window_.consumed());
 }
 
@@ -702,6 +802,12 @@ StreamEvents Stream::events(bool look) {
     ev.readable = ev.writable = true;
     return ev;
   }
+  if (orphaned_.load(std::memory_order_acquire)) {
+    // Reset (after_fork_child): as ring_events reports a reset.
+    ev.readable = ev.writable = ev.rdhup = ev.hup = true;
+    ev.error = sk_err_.load(std::memory_order_acquire) != 0;
+    return ev;
+  }
   // Moving here: nothing to report yet (the channel's wait_fd wakes the
   // caller when the move can go on). A failed move reset the stream, which
   // shows below as any reset.
@@ -730,7 +836,7 @@ StreamEvents Stream::ring_events(bool look) {
     {
       std::lock_guard<std::mutex> lock(rx_mu_);
       refresh_rx(s);
-      readable = window_.readable();
+      readable = window_.readable() + held_unread_.load(std::memory_order_relaxed);
       ev.rx_gen = window_.arrived();
       // A receiver that stopped reading early must still let a stalled sender
       // proceed once it has freed anything (see ReceiveWindow::should_grant).
@@ -771,6 +877,7 @@ void Stream::abort_stuck_switch() {
 }
 
 int Stream::shutdown(bool rd, bool wr) {
+  if (orphaned_.load(std::memory_order_acquire)) return 0;  // reset: nothing to tell
   (void)take_over();  // a FIN while the carrier moves here is sent once it has
   if (wr && tx_tcp_.load(std::memory_order_acquire)) {
     // The FIN goes in the region, behind our prefix: the peer must be able
@@ -807,6 +914,9 @@ void Stream::release_at_exit() {
 
 void Stream::release_holder(bool abort) {
   if (holder_dropped_.exchange(true)) return;
+  // Bytes the application never read (held, or the parent's that an
+  // orphan lost): the kernel resets a connection closed over unread bytes.
+  abort = abort || holds_unread();
   // After fork, another process may still hold this end: only the last
   // holder tells the peer.
   if (channel_->drop_holder()) channel_->signal(kSendClosed | (abort ? kSendReset : 0u));

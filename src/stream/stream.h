@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "ring/ring.h"
 #include "transport/channel.h"
@@ -68,6 +69,31 @@ class Stream {
   ssize_t recv(const struct iovec* iov, int iovcnt, bool peek, bool moved = false,
                bool look = true);
 
+  // Two peers that each block in a send, neither reading (an echo of whole
+  // messages larger than the rings, each side sending before it reads),
+  // would wait for each other forever: the kernel's TCP takes the peer's
+  // bytes into its receive queue meanwhile, up to a few MiB, and so does
+  // relieve(). A sender that waits for room calls it: when our receive ring
+  // is full (or the peer waits for credits) and no thread of ours is
+  // reading, the ring's bytes move to a private queue (at most kHeldMax)
+  // and the peer gets their credits; recv() reads that queue first. Only
+  // while this process alone holds the end (another holder could take it
+  // over and read on from what our application read). Returns the bytes
+  // moved.
+  static constexpr size_t kHeldMax = 4u << 20;
+  size_t relieve();
+  // Whether relieve() could ever move anything now (a cheap look): a
+  // sender's wait then also wakes for the peer's bytes.
+  bool may_relieve() const;
+  // Bytes relieve() has moved so far (stats), and whether some still wait
+  // for the application (a close then resets, as the kernel's does with
+  // unread bytes; an exec cannot hand them over).
+  uint64_t bytes_held() const { return held_total_.load(std::memory_order_relaxed); }
+  bool holds_unread() const {
+    return held_unread_.load(std::memory_order_acquire) > 0 ||
+           orphaned_.load(std::memory_order_acquire);
+  }
+
   // SO_ERROR: the pending error (a positive errno), cleared; or 0.
   int take_error();
 
@@ -94,6 +120,11 @@ class Stream {
   // idle for a while. Returns the bytes given back; 0 at once when another
   // thread is inside a send or recv.
   size_t trim();
+  // Whether trim() could give anything back once the connection is idle
+  // (Channel::trimmable, or relieve()'s queue kept its memory).
+  bool trimmable() const {
+    return channel_->trimmable() || held_spare_.load(std::memory_order_relaxed);
+  }
 
   // Exec hand-off. report_consumed() returns credits for every byte read so
   // far, so that the region says exactly what was consumed; resume() makes
@@ -127,8 +158,9 @@ class Stream {
   // In a fork's child: the locks that the parent's other threads held at
   // the fork are released, the byte counts (the parent's, for the stats)
   // start again (the stream's sent total stays: tx_origin_), and the
-  // channel learns that it is in another process.
-  void after_fork_child();
+  // channel learns that it is in another process. Returns true when this
+  // copy is reset instead (the parent holds bytes of it: see relieve()).
+  bool after_fork_child();
 
   // -EAGAIN (nothing done) when shutting the sending side needs our sender
   // to switch first, and the peer's receive path does not read the region
@@ -235,6 +267,19 @@ class Stream {
   CreditLedger ledger_;
   std::mutex rx_mu_;
   ReceiveWindow window_;
+  // relieve()'s queue, under rx_mu_: bytes of the stream from position
+  // window_.consumed() - held_unread_ on, which the application has not
+  // read (held_[held_off_..]).
+  std::vector<uint8_t> held_;
+  size_t held_off_ = 0;
+  std::atomic<size_t> held_unread_{0};
+  std::atomic<uint64_t> held_total_{0};
+  std::atomic<bool> held_spare_{false};  // held_ has memory that trim() gives back
+  // A fork's child whose parent held bytes for the application: the child
+  // has a copy of them, which it must not deliver as well (the parent may);
+  // its copy of the connection is reset, and stays away from the carrier.
+  std::atomic<bool> orphaned_{false};
+  void take_held(size_t n);  // under rx_mu_
   std::atomic<bool> shut_rd_{false};
   std::atomic<bool> shut_wr_{false};
   std::atomic<bool> holder_dropped_{false};  // close() or release_at_exit() ran

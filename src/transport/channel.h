@@ -229,6 +229,10 @@ class Channel {
   // the peer (returns true).
   virtual void add_holder() {}
   virtual bool drop_holder() { return true; }
+  // Whether this process is the only holder of the end right now: no other
+  // process could take it over and go on from what our application read
+  // (Stream::relieve reads ahead of the application only then).
+  virtual bool sole_holder() const { return true; }
 
   // Several processes may hold one end (fork, exec). A transport whose
   // carrier belongs to one process at a time (verbs: a queue pair) moves it

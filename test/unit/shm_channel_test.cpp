@@ -640,6 +640,22 @@ TEST(ShmStream, CloseAndShutdown) {
   EXPECT_TRUE(server.events().hup);
 }
 
+// Over shm the peer takes our credits as read bytes (peer_read_total): bytes
+// that relieve() held and the program never read must still make the close
+// a reset, as the kernel's close over unread bytes.
+TEST(ShmStream, CloseOverHeldBytesIsAReset) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  Stream server(std::move(p.server)), client(std::move(p.client));
+  std::vector<char> out(4096, 'h');
+  iovec v = {out.data(), out.size()};
+  ASSERT_EQ(client.send(&v, 1), 4096);
+  ASSERT_EQ(server.relieve(), 4096u);
+  server.close();
+  client.channel().drain_wakeups();
+  EXPECT_EQ(client.send(&v, 1), -ECONNRESET);
+}
+
 struct ShmCase {
   size_t ring;
   uint64_t bytes;

@@ -229,12 +229,14 @@ TEST_F(Stats, FreshCountersFormatAsZeros) {
   EXPECT_EQ(m["trimmed"], "{}");
   EXPECT_EQ(m["trimmed.rings"], "0");
   EXPECT_EQ(m["trimmed.bytes"], "0");
+  EXPECT_EQ(m["held"], "{}");
+  EXPECT_EQ(m["held.bytes"], "0");
   EXPECT_EQ(m["bytes_sent"], "0");
   EXPECT_EQ(m["bytes_received"], "0");
   EXPECT_EQ(m["before_switch"], "{}");
   EXPECT_EQ(m["before_switch.sent"], "0");
   EXPECT_EQ(m["before_switch.received"], "0");
-  EXPECT_EQ(m.size(), 21u);  // nothing else, in particular no reason entries
+  EXPECT_EQ(m.size(), 23u);  // nothing else, in particular no reason entries
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
@@ -254,6 +256,8 @@ TEST_F(Stats, CountersAppearInTheLine) {
   stats_trimmed(65536);
   stats_trimmed(8192);
   stats_before_switch(40, 2);
+  stats_held(4096);
+  stats_held(100);
   EXPECT_EQ(stats_connections(Path::kShm), 2u);
   EXPECT_EQ(stats_connections(Path::kRdma), 0u);
   EXPECT_EQ(stats_connections(Path::kTcp), 1u);
@@ -275,7 +279,8 @@ TEST_F(Stats, CountersAppearInTheLine) {
   EXPECT_EQ(m["trimmed.bytes"], "73728");
   EXPECT_EQ(m["before_switch.sent"], "40");
   EXPECT_EQ(m["before_switch.received"], "2");
-  EXPECT_EQ(m.size(), 23u);
+  EXPECT_EQ(m["held.bytes"], "4196");
+  EXPECT_EQ(m.size(), 25u);
 }
 
 TEST_F(Stats, ResetsAndRejectsAppearByName) {
@@ -287,7 +292,7 @@ TEST_F(Stats, ResetsAndRejectsAppearByName) {
   auto m = parse_or_fail(format(7, "p"));
   EXPECT_EQ(m["resets.kernel_bytes"], "2");
   EXPECT_EQ(m["rejected.unproven"], "1");
-  EXPECT_EQ(m.size(), 23u);
+  EXPECT_EQ(m.size(), 25u);
 }
 
 TEST_F(Stats, LargeCountersFormatInFull) {
@@ -304,7 +309,7 @@ TEST_F(Stats, EveryFallbackReasonIsAKeyWithItsName) {
     for (int k = 0; k <= i; ++k) stats_fallback(f);
     auto m = parse_or_fail(format(1, "p"));
     EXPECT_EQ(m["fallbacks." + std::string(fallback_name(f))], std::to_string(i + 1));
-    EXPECT_EQ(m.size(), 22u) << fallback_name(f);
+    EXPECT_EQ(m.size(), 24u) << fallback_name(f);
   }
 }
 
@@ -334,7 +339,8 @@ TEST(StatsNames, ResetAndRejectNamesAreStable) {
   EXPECT_STREQ(reset_name(Reset::kLostAtExec), "lost_at_exec");
   EXPECT_STREQ(reset_name(Reset::kTakenOver), "taken_over");
   EXPECT_STREQ(reset_name(Reset::kMoveFailed), "move_failed");
-  EXPECT_EQ(static_cast<int>(Reset::kCount), 4);
+  EXPECT_STREQ(reset_name(Reset::kHeldAtFork), "held_at_fork");
+  EXPECT_EQ(static_cast<int>(Reset::kCount), 5);
   EXPECT_STREQ(reject_name(Reject::kUnproven), "unproven");
   EXPECT_EQ(static_cast<int>(Reject::kCount), 1);
 }

@@ -121,6 +121,7 @@ class ShmChannel final : public Channel {
   }
   void add_holder() override;
   bool drop_holder() override;
+  bool sole_holder() const override { return holders_->load(std::memory_order_acquire) == 1; }
   // Several processes may hold this end (fork, exec): the one that uses it
   // owns it (transport/end_owner.h, docs/design.md "Connections that
   // move"). The rings are shared memory already, so taking it over is a

@@ -163,6 +163,9 @@ class VerbsChannel final : public Channel {
   int kernel_socket() const override { return tcp_fd_; }
   void add_holder() override;
   bool drop_holder() override;
+  bool sole_holder() const override {
+    return !end_.hdr() || end_.hdr()->holders.load(std::memory_order_acquire) == 1;
+  }
   bool needs_take_over() override;
   int take_over(EndPositions* at) override;
   int enter() override;
