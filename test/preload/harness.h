@@ -339,6 +339,7 @@ struct Stats {
   uint64_t wakeups_spared = 0;                  // not rung: the same sleep had just been rung
   uint64_t trimmed_rings = 0;                   // idle rings whose pages were given back
   uint64_t trimmed_bytes = 0;
+  uint64_t held_bytes = 0;  // taken out of a full ring by a blocked sender (Stream::relieve)
   uint64_t bytes_sent = 0;  // through the rings
   uint64_t bytes_received = 0;
   uint64_t before_sent = 0;  // on the kernel socket before the switch (protocol.md section 10)
@@ -467,6 +468,12 @@ inline std::optional<Stats> parse_stats_line(const std::string& line, std::strin
   if (!uint_field(*trimmed, "rings", &s.trimmed_rings) ||
       !uint_field(*trimmed, "bytes", &s.trimmed_bytes))
     return std::nullopt;
+  const Json* held = j->get("held");
+  if (!held || held->type != Json::Type::kObject) {
+    *error = "field 'held' missing: " + line;
+    return std::nullopt;
+  }
+  if (!uint_field(*held, "bytes", &s.held_bytes)) return std::nullopt;
   if (!uint_field(*j, "bytes_sent", &s.bytes_sent) ||
       !uint_field(*j, "bytes_received", &s.bytes_received))
     return std::nullopt;

@@ -12,7 +12,8 @@ const char* kLine =
     "{\"pid\": 10578, \"program\": \"echo_srv\", \"connections\": {\"shm\": 1, \"rdma\": 0, "
     "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"resets\": "
     "{\"kernel_bytes\": 1}, \"rejected\": {\"unproven\": 4}, \"wakeups\": {\"sent\": 7, "
-    "\"spared\": 9}, \"trimmed\": {\"rings\": 2, \"bytes\": 81920}, \"before_switch\": "
+    "\"spared\": 9}, \"trimmed\": {\"rings\": 2, \"bytes\": 81920}, \"held\": {\"bytes\": 6}, "
+    "\"before_switch\": "
     "{\"sent\": 12, \"received\": 5}, \"bytes_sent\": 35, "
     "\"bytes_received\": 18446744073709551615}";
 
@@ -33,6 +34,7 @@ TEST(StatsParser, ParsesTheDocumentedLine) {
   EXPECT_EQ(s->wakeups_spared, 9u);
   EXPECT_EQ(s->trimmed_rings, 2u);
   EXPECT_EQ(s->trimmed_bytes, 81920u);
+  EXPECT_EQ(s->held_bytes, 6u);
   EXPECT_EQ(s->bytes_sent, 35u);
   EXPECT_EQ(s->bytes_received, UINT64_MAX);
   EXPECT_EQ(s->before_sent, 12u);
@@ -74,6 +76,10 @@ TEST(StatsParser, RejectsMalformedLines) {
       "\"fallbacks\": {}, \"resets\": {}, \"rejected\": {}, \"wakeups\": {\"sent\": 1, "
       "\"spared\": 0}, \"trimmed\": {\"rings\": 1}, \"bytes_sent\": 0, "
       "\"bytes_received\": 0}",  // trimmed.bytes
+      "{\"pid\": 1, \"program\": \"p\", \"connections\": {\"shm\": 0, \"rdma\": 0, \"tcp\": 0}, "
+      "\"fallbacks\": {}, \"resets\": {}, \"rejected\": {}, \"wakeups\": {\"sent\": 1, "
+      "\"spared\": 0}, \"trimmed\": {\"rings\": 1, \"bytes\": 4096}, \"bytes_sent\": 0, "
+      "\"bytes_received\": 0}",  // held
   };
   for (const char* line : bad) {
     std::string error;
