@@ -17,10 +17,12 @@
 #   py-threaded        test/apps/py_threading.py echo-server/echo-client: a
 #                      Python ThreadingTCPServer echoing 128 x 256 KiB to
 #                      each of 8 client threads (a thread per connection,
-#                      blocking calls, every byte checked): MB/s echoed.
-#                      Not 1 MiB messages: a client that sends one whole
-#                      before it reads waits forever on librsock's default
-#                      rings (README, Compatibility, bug 4)
+#                      blocking calls, every byte checked): MB/s echoed
+#   py-threaded-1m     the same with 32 x 1 MiB messages, each sent whole
+#                      before its echo is read: more than both rings hold,
+#                      so the ends wait in a send for each other, and take
+#                      the other's bytes out of a full ring (README,
+#                      Compatibility, bug 4)
 #   conns-block        benchmarks/connrate.cpp: 2000 x (connect, 1 byte each
 #                      way, close), one after the other, against a blocking
 #                      accept loop: connections/s, p50 and p99 of one
@@ -356,8 +358,8 @@ run_java() { # PATH
   [[ $path == rsock ]] && check_shm "$tag" java java
 }
 
-run_py() { # PATH
-  local path=$1 port tag line
+run_py() { # PATH MESSAGES SIZE
+  local path=$1 messages=$2 size=$3 port tag line
   port=$(free_port) tag=py-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
   start_server "$path" "$tag" "$port" "$PYTHON" "$PY_ECHO" echo-server "$port" 8 || {
@@ -365,7 +367,7 @@ run_py() { # PATH
     stop_server TERM
     return
   }
-  run_client "$path" "$tag" "$port" "$PYTHON" "$PY_ECHO" echo-client "$port" 8 128 262144 ||
+  run_client "$path" "$tag" "$port" "$PYTHON" "$PY_ECHO" echo-client "$port" 8 "$messages" "$size" ||
     R_NOTE+="py_threading echo-client status $?; "
   await_server_exit
   stop_server TERM
@@ -507,6 +509,7 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
 
 STREAM_SIZES="64 1024 16384 65536 262144 1048576"
 for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo py-threaded \
+  py-threaded-1m \
   conns-block conns-epoll \
   conns-block-tcpfirst conns-epoll-tcpfirst \
   $(printf 'stream-%s ' $STREAM_SIZES) idle-conns conns-10k; do
@@ -551,7 +554,11 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
           record "$row" "$path" p50 p99
           ;;
         py-threaded)
-          run_py "$path"
+          run_py "$path" 128 262144
+          record "$row" "$path" mbs
+          ;;
+        py-threaded-1m)
+          run_py "$path" 32 1048576
           record "$row" "$path" mbs
           ;;
         conns-10k)
@@ -631,7 +638,7 @@ report=$WORK/apps.md
         row_line "$row" p50 "p50 us of a 64-byte round trip" lat
         row_line "$row" p99 "p99 us of a 64-byte round trip" lat
         ;;
-      py-threaded) row_line "$row" mbs "MB/s echoed to 8 threads" rate ;;
+      py-threaded | py-threaded-1m) row_line "$row" mbs "MB/s echoed to 8 threads" rate ;;
       idle-conns)
         row_line "$row" cli.fds "client fds per connection" lat
         row_line "$row" cli.vm_kib "client virtual KiB per connection" lat
