@@ -138,7 +138,7 @@ exchange() {
   local port=$1 spre=$2 cpre=$3 bytes=$4
   shift 4
   local common=(--addr "${XADDR:-$SRV_IP}" --port "$port" --send "$bytes" --expect "$bytes" --read-api mixed
-                --write-api mixed --order duplex --shut-wr --expect-eof)
+                --write-api mixed --order "${XORDER:-duplex}" --shut-wr --expect-eof)
   if [ "$HOST" = A ]; then
     env_for srv "$port" "$spre"
     start srv "$RS" --role server "${common[@]}" --tx-seed 11 --rx-seed 12
@@ -158,6 +158,8 @@ case_integrity() { exchange 7501 yes yes "$TIER_BYTES"; }
 # The integrity exchange over IPv6 (host A's fd00:20::1), rule in [addr]:port form.
 case_ipv6() { XADDR=fd00:20::1 XPEERS="[fd00:20::1]:7503" exchange 7503 yes yes "$TIER_MATRIX_BYTES"; }
 case_nonblocking-connect() { exchange 7502 yes yes "$TIER_MATRIX_BYTES" --nonblocking-connect; }
+# Both ends send all of their bytes before reading any: more than both rings.
+case_send-first() { XORDER=send-first exchange 7504 yes yes "$TIER_MATRIX_BYTES"; }
 case_fallback-both-preloaded() { exchange 7511 yes yes "$TIER_MATRIX_BYTES"; }
 case_fallback-client-preloaded() { exchange 7512 no yes "$TIER_MATRIX_BYTES"; }
 case_fallback-server-preloaded() { exchange 7513 yes no "$TIER_MATRIX_BYTES"; }

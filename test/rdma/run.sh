@@ -19,6 +19,12 @@
 #   ipv6                         as integrity, 1 MiB each way, over IPv6
 #                                (fd00:20::1, rule "[fd00:20::1]:PORT"): both
 #                                ends rdma 1, no fallback
+#   send-first                   as integrity, 1 MiB each way, but each end
+#                                sends all of it before it reads (blocking
+#                                calls): more than both rings (2 x 256 KiB)
+#                                hold, so an end blocked in its send must
+#                                take the other's bytes out of its full ring
+#                                (Stream::relieve): held.bytes > 0 on an end
 #   nonblocking-connect          as integrity, 1 MiB each way, the client
 #                                connecting the event-loop way (O_NONBLOCK,
 #                                EINPROGRESS, edge-triggered EPOLLOUT, SO_ERROR 0):
@@ -206,7 +212,7 @@ cd "$ROOT" || exit 1 # vm.sh shares the current directory with the guests
 BUILD=${BUILD:-build}
 case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 
-ALL_CASES="integrity ipv6 nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
+ALL_CASES="integrity ipv6 send-first nonblocking-connect fallback-both-preloaded fallback-client-preloaded fallback-server-preloaded
            fallback-neither-preloaded fallback-negative-cache forked-workers forked-workers-parent-rdma
            forged-request pairing-stress pairing-stress-reuseport pairing-stress-tiny
            fork-conn fork-conn-late fork-conn-noclose fork-conn-orphan fork-conn-parent-exit inetd
@@ -420,6 +426,14 @@ judge_ipv6() {
   check_exchange "$MATRIX_BYTES"
   expect_stats srv rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
   expect_stats cli rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
+}
+judge_send-first() {
+  check_exchange "$MATRIX_BYTES"
+  expect_stats srv rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
+  expect_stats cli rs_stream 1 0 '{}' "$MATRIX_BYTES" "$MATRIX_BYTES"
+  local held
+  held=$(cat "$DIR/srv.stats" "$DIR/cli.stats" 2> /dev/null | jq -s '[.[].held.bytes // 0] | add // 0')
+  [ "${held:-0}" -gt 0 ] || why "neither end held bytes (held.bytes): the case did not need relieving"
 }
 judge_nonblocking-connect() {
   check_exchange "$MATRIX_BYTES"
