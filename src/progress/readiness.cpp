@@ -473,11 +473,22 @@ struct Joined {
   bool space = false;
 };
 
+// A member watched for EPOLLOUT alone may be a sender waiting for a peer
+// that waits to send too (an event loop that paused reading while it
+// drains its writes, as asyncio's streams do): it is armed for the peer's
+// bytes as well, and its connection takes them out of a full ring once
+// armed (Stream::relieve, as conn_wait does).
+bool wants_relief(const EpollMember& m, ConnectionState* c) {
+  return (m.events & EPOLLOUT) && !(m.events & (EPOLLIN | EPOLLRDHUP)) && c->stream().may_relieve();
+}
+
 // Before a kernel wait: joins the hubs of the members' connections with
 // the set's waker and arms their channels; *blind when a hub could not name
-// the waker (or the set has none: out of fds).
+// the waker (or the set has none: out of fds). *relieve: the connections to
+// relieve once the set's lock is released (wants_relief).
 // Returns this sleep's token, for disarm_all.
-uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_t now_ms) {
+uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_t now_ms,
+                 std::vector<FdRef>* relieve) {
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.waiting;  // until disarm_all: an ADD or MOD meanwhile wakes us (kick_set)
   *blind = false;
@@ -505,6 +516,11 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
     // Never a connection whose peer has ended it: a send of ours then resets
     // it, which no doorbell would report.
     WakeHub::Ticket ticket = c->wake.join(waker);
+    const bool relief = wants_relief(m, c);
+    if (relief) {
+      c->ref();
+      relieve->push_back(FdRef(c));
+    }
     if (ticket.waker && m.quiet >= kQuietSleeps && !c->stream().ending()) {
       // Armed with a token of its own, not this sleep's: a peer spares a
       // sleep's other doorbells once it has rung one (ring/sleepers.h),
@@ -516,7 +532,7 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
       Channel& ch = c->stream().channel();
       drop_own_arm(m);  // a lent arm, if any: replaced by this one
       m.dorm_ticket = ticket;
-      if (m.events & (EPOLLIN | EPOLLRDHUP)) {
+      if ((m.events & (EPOLLIN | EPOLLRDHUP)) || relief) {
         if (ch.arm(kWantData, own)) c->wake.kick(true);
         m.dorm_data = true;
       }
@@ -537,7 +553,7 @@ uint64_t arm_all(EpollState& s, std::vector<Joined>* joined, bool* blind, int64_
     j.st = m.st.get();
     j.gen = m.arm_gen;
     Channel& ch = c->stream().channel();
-    if (m.events & (EPOLLIN | EPOLLRDHUP)) {
+    if ((m.events & (EPOLLIN | EPOLLRDHUP)) || relief) {
       if (ch.arm(kWantData, sleep)) c->wake.kick(true);
       ++m.armed_data;
       j.data = true;
@@ -1466,7 +1482,9 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       take_due_trims(*s, now / 1000000, &idle);
       for (FdRef& r : idle) r.as<ConnectionState>()->stream().trim();
     }
-    const uint64_t sleep = arm_all(*s, &joined, &blind, now / 1000000);
+    std::vector<FdRef> relieve;
+    const uint64_t sleep = arm_all(*s, &joined, &blind, now / 1000000, &relieve);
+    for (FdRef& r : relieve) (void)r.as<ConnectionState>()->stream().relieve();
     n = collect(*s, events, maxevents);
     int k = 0, err = 0;
     if (n == 0) {

@@ -17,7 +17,8 @@ struct Transfer {
   std::string max_read;  // bytes, largest single read
   std::string ring;      // RSOCK_RING_SIZE ("" = default)
   int timeout_ms;
-  std::string order = "duplex";  // rs_stream --order, both ends
+  std::string order = "duplex";        // rs_stream --order, both ends
+  std::string send_wait = "blocking";  // rs_stream --send-wait, both ends
 };
 
 class IntegrityTest : public PreloadTest {
@@ -35,7 +36,7 @@ class IntegrityTest : public PreloadTest {
           "--tx-seed",   tx,         "--rx-seed",   rx,
           "--max-write", "262144",   "--write-api", "mixed",
           "--read-api",  t.read_api, "--max-read",  t.max_read,
-          "--order",     t.order};
+          "--order",     t.order,    "--send-wait", t.send_wait};
     };
     bool ready = false;
     Proc& server =
@@ -81,17 +82,27 @@ TEST_F(IntegrityTest, FullDuplexOneGiBRandomWrites) {
   run_duplex({512ull << 20, "plain", "262144", "", 120000});
 }
 
-// Both ends send all of their bytes before they read any, in blocking
-// calls: more than both rings hold (2 x 256 KiB), less than kernel TCP
-// buffers on loopback. Each end, blocked in its send, takes the other's bytes
-// out of its full ring (Stream::relieve), as the kernel's receive queue
-// does; without that both would wait forever.
-TEST_F(IntegrityTest, BothEndsSendEverythingBeforeReading) {
+// Both ends send all of their bytes before they read any: more than both
+// rings hold (2 x 256 KiB), less than kernel TCP buffers on loopback. Each
+// end, waiting for room, takes the other's bytes out of its full ring
+// (Stream::relieve), as the kernel's receive queue does; without that both
+// would wait forever. The writers wait in a blocking send, in poll for
+// POLLOUT alone (Python's sendall with a timeout) or in epoll_wait for
+// EPOLLOUT alone (an event loop that paused reading while it drains).
+class IntegrityBothSendFirst : public IntegrityTest,
+                               public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(IntegrityBothSendFirst, BothEndsSendEverythingBeforeReading) {
   Transfer t{2ull << 20, "mixed", "300000", "", 60000};
   t.order = "send-first";
+  t.send_wait = GetParam();
   run_duplex(t);
   EXPECT_GT(held_, 0u) << "the ends never held bytes: the case did not need relieving";
 }
+
+INSTANTIATE_TEST_SUITE_P(Waits, IntegrityBothSendFirst,
+                         ::testing::Values("blocking", "poll", "epoll"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // Random-sized reads through read/recv/readv/recvmsg, MSG_WAITALL and
 // MSG_PEEK-then-read, while the peer writes random sizes; over ring sizes

@@ -21,6 +21,11 @@
 //   --write-api write|mixed     mixed: write/send/writev/sendmsg/sendto
 //   --read-api plain|mixed      mixed: read/recv/readv/recvmsg/MSG_WAITALL/MSG_PEEK
 //   --order duplex|send-first|recv-first  duplex: a writer thread runs beside the reader
+//   --send-wait blocking|poll|epoll  send-first: how the writer waits for room.
+//                          poll/epoll: O_NONBLOCK while sending, and on EAGAIN a
+//                          wait for POLLOUT / level-triggered EPOLLOUT alone (no
+//                          POLLIN: as Python's sendall with a timeout, or an
+//                          event loop that paused reading while it drains)
 //   --shut-wr              shutdown(SHUT_WR) after the last byte was sent
 //   --nodelay              set TCP_NODELAY on the connection
 //   --nonblocking-connect  client: connect an O_NONBLOCK socket, wait for EPOLLOUT
@@ -46,6 +51,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -185,6 +191,7 @@ struct Options {
   std::string write_api = "mixed";
   std::string read_api = "plain";
   std::string order = "duplex";
+  std::string send_wait = "blocking";
   bool shut_wr = false;
   bool nodelay = false;
   bool nonblocking_connect = false;
@@ -292,6 +299,8 @@ bool parse_args(int argc, char** argv) {
       g_opt.read_after_ms = atoi(val());
     else if (k == "--linger-ms")
       g_opt.linger_ms = atoi(val());
+    else if (k == "--send-wait")
+      g_opt.send_wait = val();
     else if (k == "--stay-ms")
       g_opt.stay_ms = atoi(val());
     else if (k == "--no-close")
@@ -305,6 +314,9 @@ bool parse_args(int argc, char** argv) {
   if (g_opt.port <= 0 || g_opt.max_write == 0 || g_opt.max_read == 0) return false;
   if (g_opt.order != "duplex" && g_opt.order != "send-first" && g_opt.order != "recv-first")
     return false;
+  if (g_opt.send_wait != "blocking" && g_opt.send_wait != "poll" && g_opt.send_wait != "epoll")
+    return false;
+  if (g_opt.send_wait != "blocking" && g_opt.order != "send-first") return false;
   return true;
 }
 
@@ -458,8 +470,46 @@ ssize_t do_write(int fd, const uint8_t* p, size_t n, Rng& rng) {
   }
 }
 
+// --send-wait poll|epoll: waits until fd takes bytes again (POLLOUT alone).
+bool wait_writable(int fd, int ep) {
+  for (;;) {
+    int n;
+    if (ep >= 0) {
+      epoll_event ev;
+      n = epoll_wait(ep, &ev, 1, 60000);
+    } else {
+      pollfd p = {fd, POLLOUT, 0};
+      n = poll(&p, 1, 60000);
+    }
+    if (n > 0) return true;
+    if (n < 0 && errno == EINTR) continue;
+    fail("waiting for room (%s): %s", g_opt.send_wait.c_str(),
+         n == 0 ? "60 s passed" : strerror(errno));
+    return false;
+  }
+}
+
 void run_writer(int fd, TxResult* out) {
   Rng rng(g_opt.tx_seed ^ 0xC0FFEEull);
+  int ep = -1;
+  const int fl = fcntl(fd, F_GETFL);
+  if (g_opt.send_wait != "blocking") {
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) fail("O_NONBLOCK: %s", strerror(errno));
+    if (g_opt.send_wait == "epoll") {
+      ep = epoll_create1(EPOLL_CLOEXEC);
+      epoll_event ev = {};
+      ev.events = EPOLLOUT;
+      if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) fail("epoll: %s", strerror(errno));
+    }
+  }
+  struct Restore {
+    int fd, fl, ep;
+    ~Restore() {
+      if (g_opt.send_wait == "blocking") return;
+      fcntl(fd, F_SETFL, fl);
+      if (ep >= 0) close(ep);
+    }
+  } const restore{fd, fl, ep};
   std::vector<uint8_t> buf(g_opt.max_write);
   bool announced = false;
   const bool forever = g_opt.send < 0;
@@ -471,6 +521,10 @@ void run_writer(int fd, TxResult* out) {
     while (off < n) {
       ssize_t r = do_write(fd, buf.data() + off, n - off, rng);
       if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && errno == EAGAIN && g_opt.send_wait != "blocking") {
+        if (!wait_writable(fd, ep)) return;
+        continue;
+      }
       if (r <= 0) {
         int e = r < 0 ? errno : EINVAL;
         out->end = errno_name(e);
