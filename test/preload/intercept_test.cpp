@@ -237,6 +237,39 @@ INSTANTIATE_TEST_SUITE_P(Forged, ExecLostTest,
                          ::testing::Values("forge_unsealed", "forge_other", "forge_rdma"),
                          [](const auto& info) { return std::string(info.param); });
 
+// Bytes librsock held for a program (Stream::relieve: it waited in poll for
+// room while its own receive ring was full) live in that image's memory
+// only: the connection cannot cross exec with them, and the new image finds
+// it lost, loudly, rather than missing those bytes.
+class ExecHeldTest : public ExecTest {};
+
+TEST_P(ExecHeldTest, HeldBytesMakeTheInheritedConnectionLost) {
+  const int port = free_port();
+  const int port2 = free_port_besides(port);
+  ASSERT_NE(port, port2);
+  Proc *client = nullptr, *server = nullptr;
+  ASSERT_TRUE(run_pair(
+      preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}, {"RSOCK_RING_SIZE", "64K"}}),
+      port, port2, &client, &server));
+  EXPECT_EQ(lines_with(client->out(), "STAGE2 lost").size(), 1u) << client->out();
+  const auto warn = split_lines(client->err());
+  ASSERT_EQ(warn.size(), 1u) << client->err();
+  EXPECT_NE(warn[0].find("held bytes of it that the program had not read"), std::string::npos)
+      << warn[0];
+  const auto all = stats();
+  const auto stage1 = stats_named(all, "rs_exec");
+  const auto stage2 = stats_named(all, "rs_exec2");
+  ASSERT_EQ(stage2.size(), 1u) << read_file(stats_path());
+  EXPECT_EQ(stage2[0].reset("lost_at_exec"), 1u);
+  EXPECT_EQ(stage2[0].bytes_sent + stage2[0].bytes_received, 0u);
+  uint64_t held = 0;
+  for (const Stats& st : stage1) held += st.held_bytes;
+  EXPECT_GT(held, 0u) << "stage 1 held nothing: " << read_file(stats_path());
+}
+
+INSTANTIATE_TEST_SUITE_P(Held, ExecHeldTest, ::testing::Values("held"),
+                         [](const auto& info) { return std::string(info.param); });
+
 // inetd: fork per connection, the child serves the socket on stdin/stdout.
 class InetdTest : public PreloadTest {};
 

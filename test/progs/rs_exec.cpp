@@ -21,6 +21,14 @@
 //                   connection B, or A described as an RDMA connection.
 //                   Stage 2 expects every call on A to fail (ECONNRESET) and
 //                   prints "STAGE2 lost".
+//   held            the server writes kHeld bytes and reads nothing; the
+//                   client, O_NONBLOCK, writes until EAGAIN and waits in
+//                   poll for POLLOUT alone, again, until it holds bytes of
+//                   the server's that it has not read (FIONREAD past the
+//                   64 KiB ring the test configures: librsock took them out
+//                   of its full ring), then execl's stage 2, which expects
+//                   the connection lost ("STAGE2 lost"): the held bytes were
+//                   in stage 1's memory only.
 //   inetd           the server forks per connection; the child puts A on
 //                   stdin and stdout, closefrom(3), and execs "rs_exec_echo"
 //                   (--role echo), which answers every byte read with
@@ -42,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -73,6 +82,8 @@ uint8_t stream_byte(uint64_t seed, uint64_t pos) {
 }
 
 constexpr uint64_t kS1 = 200000, kS2 = 300000, kC1 = 150000, kC2 = 100000, kRead1 = 1000;
+constexpr uint64_t kHeld = 1 << 20;  // held: what the server writes
+constexpr int kHeldRing = 64 << 10;  // held: RSOCK_RING_SIZE the test sets
 constexpr uint64_t kSeedS = 21, kSeedC = 22, kSeedS2 = 23, kSeedEcho = 31;
 constexpr uint64_t kEchoBytes = 3 * 1024 * 1024;
 
@@ -183,11 +194,11 @@ int run_server(int port, int port2) {
   say("READY");
   int a = accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
   CHECK(a >= 0, "accept A");
-  const bool forged = g_case.rfind("forge", 0) == 0;
+  const bool forged = g_case.rfind("forge", 0) == 0 || g_case == "held";
   // A forged hand-off makes stage 2 reset the connection as soon as it
   // runs, which can be before this process has written all of S1 (its
   // first write alone carries the 1000 bytes stage 1 reads).
-  send_stream(a, kSeedS, 0, kS1, forged);
+  send_stream(a, kSeedS, 0, g_case == "held" ? kHeld : kS1, forged);
   if (forged) {
     int b = g_case == "forge_other" ? accept4(lt, nullptr, nullptr, SOCK_CLOEXEC) : -1;
     (void)b;
@@ -217,7 +228,7 @@ int run_stage2(int fd, int port2) {
   g_role = "stage2";
   struct stat st;
   CHECK(fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode), "fd %d is the inherited socket", fd);
-  if (g_case.rfind("forge", 0) == 0) {
+  if (g_case.rfind("forge", 0) == 0 || g_case == "held") {
     char buf[16];
     ssize_t r = read(fd, buf, sizeof buf);
     CHECK(r < 0 && errno == ECONNRESET, "read on a lost connection fails (r=%zd)", r);
@@ -302,10 +313,33 @@ int region_memfd_other_than(const std::vector<std::string>& before) {
   return -1;
 }
 
+// held: fills the server's ring and waits for room in poll (POLLOUT alone)
+// until this process holds bytes of the server's (Stream::relieve), then
+// execs stage 2 with them unread.
+[[noreturn]] void client_held(const char* self, int a, int port2) {
+  CHECK(fcntl(a, F_SETFL, fcntl(a, F_GETFL) | O_NONBLOCK) == 0, "O_NONBLOCK");
+  std::vector<uint8_t> junk(16384, 0x5a);
+  int queued = 0;
+  for (int i = 0; i < 200 && queued <= kHeldRing; ++i) {
+    while (write(a, junk.data(), junk.size()) > 0) {
+    }
+    CHECK(errno == EAGAIN, "write until the ring is full: %s", strerror(errno));
+    pollfd p = {a, POLLOUT, 0};
+    CHECK(poll(&p, 1, 50) >= 0, "poll");
+    CHECK(ioctl(a, FIONREAD, &queued) == 0, "FIONREAD");
+  }
+  CHECK(queued > kHeldRing, "no bytes held: %d readable, the ring holds %d", queued, kHeldRing);
+  const std::string fd_s = std::to_string(a), p2 = std::to_string(port2);
+  execl(self, "rs_exec2", "--stage2", fd_s.c_str(), "--port2", p2.c_str(), "--case", "held",
+        static_cast<char*>(nullptr));
+  die(__LINE__, "exec", "execl returned");
+}
+
 int run_client(const char* self, int port, int port2) {
   g_role = "client";
   // A: inherited (no close-on-exec), the connection under test.
   int a = connect_to(port, false);
+  if (g_case == "held") client_held(self, a, port2);
   uint8_t head[kRead1];
   size_t got = 0;
   // The first kRead1 bytes of S1; the rest stays in flight.
