@@ -25,6 +25,7 @@ std::atomic<uint64_t> g_wakeups[2];  // [0] spared, [1] sent
 std::atomic<uint64_t> g_trims{0};
 std::atomic<uint64_t> g_trimmed{0};  // bytes
 std::atomic<uint64_t> g_held{0};     // bytes
+std::atomic<uint64_t> g_regions[2];  // [0] made or mapped, [1] reused
 std::atomic<uint64_t> g_before_switch[2];  // bytes received [0] / sent [1] on TCP before a switch
 
 const char* const kFallbackNames[] = {
@@ -94,6 +95,8 @@ uint64_t stats_trims() { return g_trims.load(); }
 uint64_t stats_trimmed_bytes() { return g_trimmed.load(); }
 void stats_held(uint64_t bytes) { g_held.fetch_add(bytes, std::memory_order_relaxed); }
 uint64_t stats_held_bytes() { return g_held.load(); }
+void stats_region(bool reused) { g_regions[reused].fetch_add(1, std::memory_order_relaxed); }
+uint64_t stats_regions(bool reused) { return g_regions[reused].load(); }
 uint64_t stats_connections(Path p) { return g_paths[static_cast<int>(p)].load(); }
 uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].load(); }
 uint64_t stats_resets(Reset r) { return g_resets[static_cast<int>(r)].load(); }
@@ -110,6 +113,7 @@ void stats_reset() {
   g_trims.store(0);
   g_trimmed.store(0);
   g_held.store(0);
+  for (auto& c : g_regions) c.store(0);
   for (auto& c : g_before_switch) c.store(0);
 }
 
@@ -152,6 +156,10 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
   if (n < cap)
     n += snprintf(buf + n, cap - n, ", \"held\": {\"bytes\": %llu}",
                   static_cast<unsigned long long>(stats_held_bytes()));
+  if (n < cap)
+    n += snprintf(buf + n, cap - n, ", \"regions\": {\"made\": %llu, \"reused\": %llu}",
+                  static_cast<unsigned long long>(stats_regions(false)),
+                  static_cast<unsigned long long>(stats_regions(true)));
   if (n < cap)
     n +=
         snprintf(buf + n, cap - n, ", \"before_switch\": {\"sent\": %llu, \"received\": %llu}",

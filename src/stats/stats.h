@@ -85,6 +85,11 @@ uint64_t stats_trimmed_bytes();
 // its own, so that a peer blocked in a send could go on (Stream::relieve).
 void stats_held(uint64_t bytes);
 uint64_t stats_held_bytes();
+// A shared-memory region this process made or mapped for a pairing (false),
+// or one it kept from an earlier connection with the same peer process
+// and used again (true; transport/shm/region_cache.h).
+void stats_region(bool reused);
+uint64_t stats_regions(bool reused);
 uint64_t stats_connections(Path p);
 uint64_t stats_fallbacks(Fallback f);
 uint64_t stats_resets(Reset r);

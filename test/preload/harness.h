@@ -340,6 +340,8 @@ struct Stats {
   uint64_t trimmed_rings = 0;                   // idle rings whose pages were given back
   uint64_t trimmed_bytes = 0;
   uint64_t held_bytes = 0;  // taken out of a full ring by a blocked sender (Stream::relieve)
+  uint64_t regions_made = 0;    // shm regions made (server) or mapped (client) for a pairing
+  uint64_t regions_reused = 0;  // kept from an earlier connection and used again
   uint64_t bytes_sent = 0;  // through the rings
   uint64_t bytes_received = 0;
   uint64_t before_sent = 0;  // on the kernel socket before the switch (protocol.md section 10)
@@ -474,6 +476,14 @@ inline std::optional<Stats> parse_stats_line(const std::string& line, std::strin
     return std::nullopt;
   }
   if (!uint_field(*held, "bytes", &s.held_bytes)) return std::nullopt;
+  const Json* regions = j->get("regions");
+  if (!regions || regions->type != Json::Type::kObject) {
+    *error = "field 'regions' missing: " + line;
+    return std::nullopt;
+  }
+  if (!uint_field(*regions, "made", &s.regions_made) ||
+      !uint_field(*regions, "reused", &s.regions_reused))
+    return std::nullopt;
   if (!uint_field(*j, "bytes_sent", &s.bytes_sent) ||
       !uint_field(*j, "bytes_received", &s.bytes_received))
     return std::nullopt;

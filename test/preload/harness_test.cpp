@@ -13,6 +13,7 @@ const char* kLine =
     "\"tcp\": 2}, \"fallbacks\": {\"peer_not_accelerated\": 3}, \"resets\": "
     "{\"kernel_bytes\": 1}, \"rejected\": {\"unproven\": 4}, \"wakeups\": {\"sent\": 7, "
     "\"spared\": 9}, \"trimmed\": {\"rings\": 2, \"bytes\": 81920}, \"held\": {\"bytes\": 6}, "
+    "\"regions\": {\"made\": 3, \"reused\": 11}, "
     "\"before_switch\": "
     "{\"sent\": 12, \"received\": 5}, \"bytes_sent\": 35, "
     "\"bytes_received\": 18446744073709551615}";
@@ -35,6 +36,8 @@ TEST(StatsParser, ParsesTheDocumentedLine) {
   EXPECT_EQ(s->trimmed_rings, 2u);
   EXPECT_EQ(s->trimmed_bytes, 81920u);
   EXPECT_EQ(s->held_bytes, 6u);
+  EXPECT_EQ(s->regions_made, 3u);
+  EXPECT_EQ(s->regions_reused, 11u);
   EXPECT_EQ(s->bytes_sent, 35u);
   EXPECT_EQ(s->bytes_received, UINT64_MAX);
   EXPECT_EQ(s->before_sent, 12u);

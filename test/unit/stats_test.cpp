@@ -231,12 +231,15 @@ TEST_F(Stats, FreshCountersFormatAsZeros) {
   EXPECT_EQ(m["trimmed.bytes"], "0");
   EXPECT_EQ(m["held"], "{}");
   EXPECT_EQ(m["held.bytes"], "0");
+  EXPECT_EQ(m["regions"], "{}");
+  EXPECT_EQ(m["regions.made"], "0");
+  EXPECT_EQ(m["regions.reused"], "0");
   EXPECT_EQ(m["bytes_sent"], "0");
   EXPECT_EQ(m["bytes_received"], "0");
   EXPECT_EQ(m["before_switch"], "{}");
   EXPECT_EQ(m["before_switch.sent"], "0");
   EXPECT_EQ(m["before_switch.received"], "0");
-  EXPECT_EQ(m.size(), 23u);  // nothing else, in particular no reason entries
+  EXPECT_EQ(m.size(), 26u);  // nothing else, in particular no reason entries
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
@@ -258,6 +261,9 @@ TEST_F(Stats, CountersAppearInTheLine) {
   stats_before_switch(40, 2);
   stats_held(4096);
   stats_held(100);
+  stats_region(false);
+  stats_region(true);
+  stats_region(true);
   EXPECT_EQ(stats_connections(Path::kShm), 2u);
   EXPECT_EQ(stats_connections(Path::kRdma), 0u);
   EXPECT_EQ(stats_connections(Path::kTcp), 1u);
@@ -280,7 +286,9 @@ TEST_F(Stats, CountersAppearInTheLine) {
   EXPECT_EQ(m["before_switch.sent"], "40");
   EXPECT_EQ(m["before_switch.received"], "2");
   EXPECT_EQ(m["held.bytes"], "4196");
-  EXPECT_EQ(m.size(), 25u);
+  EXPECT_EQ(m["regions.made"], "1");
+  EXPECT_EQ(m["regions.reused"], "2");
+  EXPECT_EQ(m.size(), 28u);
 }
 
 TEST_F(Stats, ResetsAndRejectsAppearByName) {
@@ -292,7 +300,7 @@ TEST_F(Stats, ResetsAndRejectsAppearByName) {
   auto m = parse_or_fail(format(7, "p"));
   EXPECT_EQ(m["resets.kernel_bytes"], "2");
   EXPECT_EQ(m["rejected.unproven"], "1");
-  EXPECT_EQ(m.size(), 25u);
+  EXPECT_EQ(m.size(), 28u);
 }
 
 TEST_F(Stats, LargeCountersFormatInFull) {
@@ -309,7 +317,7 @@ TEST_F(Stats, EveryFallbackReasonIsAKeyWithItsName) {
     for (int k = 0; k <= i; ++k) stats_fallback(f);
     auto m = parse_or_fail(format(1, "p"));
     EXPECT_EQ(m["fallbacks." + std::string(fallback_name(f))], std::to_string(i + 1));
-    EXPECT_EQ(m.size(), 24u) << fallback_name(f);
+    EXPECT_EQ(m.size(), 27u) << fallback_name(f);
   }
 }
 
