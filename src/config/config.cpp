@@ -74,6 +74,7 @@ enum class Knob {
   kConnectTimeoutMs,
   kTcpFirst,
   kPairDelayMs,
+  kRegionCache,
   kLogLevel,
   kLogFile,
   kStats
@@ -86,12 +87,13 @@ struct KnobName {
   bool is_path;  // paths are taken verbatim; other values are trimmed
 };
 
-constexpr std::array<KnobName, 8> kKnobs = {{
+constexpr std::array<KnobName, 9> kKnobs = {{
     {Knob::kRingSize, "RSOCK_RING_SIZE", "ring_size", false},
     {Knob::kSpinUs, "RSOCK_SPIN_US", "spin_us", false},
     {Knob::kConnectTimeoutMs, "RSOCK_CONNECT_TIMEOUT_MS", "connect_timeout_ms", false},
     {Knob::kTcpFirst, "RSOCK_TCP_FIRST", "tcp_first", false},
     {Knob::kPairDelayMs, "RSOCK_PAIR_DELAY_MS", "pair_delay_ms", false},
+    {Knob::kRegionCache, "RSOCK_REGION_CACHE", "region_cache", false},
     {Knob::kLogLevel, "RSOCK_LOG_LEVEL", "log_level", false},
     {Knob::kLogFile, "RSOCK_LOG_FILE", "log_file", true},
     {Knob::kStats, "RSOCK_STATS", "stats", true},
@@ -156,6 +158,16 @@ bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* 
         return false;
       }
       config->pair_delay_ms = static_cast<uint32_t>(v);
+      return true;
+    }
+    case Knob::kRegionCache: {
+      uint64_t v = 0;
+      if (!parse_uint(value, kMaxRegionCache, &v)) {
+        *error = quoted(value) + " is not valid; expected an integer from 0 to " +
+                 std::to_string(kMaxRegionCache) + " (regions; 0 keeps none)";
+        return false;
+      }
+      config->region_cache = static_cast<uint32_t>(v);
       return true;
     }
     case Knob::kLogLevel: {
@@ -305,10 +317,11 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
         if (words[1] == k.file) found = &k;
       }
       if (found == nullptr) {
-        errors->push_back({source(), "unknown knob " + quoted(words[1]) +
-                                         "; expected ring_size, spin_us, connect_timeout_ms, "
-                                         "tcp_first, pair_delay_ms, log_level, log_file "
-                                         "or stats"});
+        errors->push_back(
+            {source(), "unknown knob " + quoted(words[1]) +
+                           "; expected ring_size, spin_us, connect_timeout_ms, "
+                           "tcp_first, pair_delay_ms, region_cache, log_level, log_file "
+                           "or stats"});
         continue;
       }
       if (!apply_knob(found->knob, words[2], config, &error)) {

@@ -47,6 +47,8 @@ inline constexpr uint32_t kMaxConnectTimeoutMs = 600000;
 inline constexpr int kDefaultLogLevel = 1;                   // RSOCK_LOG_LEVEL = warn
 inline constexpr uint32_t kDefaultPairDelayMs = 5;           // RSOCK_PAIR_DELAY_MS
 inline constexpr uint32_t kMaxPairDelayMs = 60000;
+inline constexpr uint32_t kDefaultRegionCache = 16;  // RSOCK_REGION_CACHE
+inline constexpr uint32_t kMaxRegionCache = 4096;
 
 // Messages about configuration (and the files it names) echo values from
 // the environment and the rule file, which may be hostile: a value is cut to
@@ -74,6 +76,10 @@ struct Config {
   // first (docs/design.md, "Connection setup").
   bool tcp_first = false;
   uint32_t pair_delay_ms = kDefaultPairDelayMs;
+  // How many regions of closed shared-memory connections a process keeps
+  // for its next connections with the same peer processes, and as many
+  // mappings (transport/shm/region_cache.h); 0 keeps none.
+  uint32_t region_cache = kDefaultRegionCache;
   std::vector<PeerRule> rules;  // RSOCK_PEERS rules first, then the rule file's, in order
 };
 

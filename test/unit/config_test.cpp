@@ -512,6 +512,19 @@ TEST(ConfigEnv, TcpFirstAndPairDelay) {
     expect_rejected("RSOCK_PAIR_DELAY_MS", bad, "integer from 0 to 60000");
 }
 
+TEST(ConfigEnv, RegionCache) {
+  std::vector<ConfigError> errors;
+  Config c = parse_env({}, &errors);
+  EXPECT_EQ(c.region_cache, kDefaultRegionCache);
+  c = parse_env({{"RSOCK_REGION_CACHE", "0"}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_EQ(c.region_cache, 0u);
+  c = parse_env({{"RSOCK_REGION_CACHE", "4096"}}, &errors);
+  EXPECT_EQ(c.region_cache, kMaxRegionCache);
+  for (const char* bad : {"4097", "x", "-1", "16 regions"})
+    expect_rejected("RSOCK_REGION_CACHE", bad, "integer from 0 to 4096");
+}
+
 TEST(ConfigEnv, EmptyValueMeansUnset) {
   std::vector<ConfigError> errors;
   const Config c = parse_env({{"RSOCK_RING_SIZE", ""},
