@@ -14,7 +14,7 @@
 
 namespace rsock {
 
-inline constexpr uint32_t kHandshakeVersion = 2;
+inline constexpr uint32_t kHandshakeVersion = 3;
 
 // ---- Same host: AF_UNIX SOCK_SEQPACKET, one message per packet ----------
 //
@@ -32,6 +32,10 @@ enum class MsgType : uint32_t { kHello = 1, kOffer = 2, kAnswer = 3, kProof = 4 
 struct HelloMsg {  // kHello (server -> client) and kProof (client -> server)
   uint32_t type;
   uint32_t version;  // kHandshakeVersion
+  // The Proof's: the client process's random token (version 3), which with
+  // its pid names the process a region may be kept for
+  // (transport/shm/region_cache.h). 0 in a Hello.
+  uint64_t token;
 };
 
 struct OfferMsg {

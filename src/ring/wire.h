@@ -12,7 +12,7 @@
 namespace rsock {
 
 inline constexpr uint64_t kRegionMagic = 0x31726b636f737272ull;  // "rrsockr1"
-inline constexpr uint32_t kProtocolVersion = 5;
+inline constexpr uint32_t kProtocolVersion = 6;
 inline constexpr size_t kCacheLine = 64;
 
 // Control words of one direction. The producer writes `head`,
@@ -136,6 +136,12 @@ struct RegionHeader {
   struct alignas(kCacheLine) OwnerLine {
     EndOwner o;
   } owner[2];
+  // 1 once a side's end is done with the region for good (version 6): its
+  // only process, which no fork, exec or spawn ever shared it with, stores
+  // it after its last touch. The creator gives a region whose peer end
+  // says so to its next connection with the same process
+  // (transport/shm/region_cache.h); 0 in a fresh or refreshed header.
+  alignas(kCacheLine) std::atomic<uint32_t> released[2];
 };
 static_assert(offsetof(RegionHeader, dir) % kCacheLine == 0);
 static_assert(offsetof(RegionHeader, end) % kCacheLine == 0);

@@ -161,7 +161,8 @@ int send_forged_hello(int c, int tcp) {
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", tcp);
   int proof = open(path, O_PATH | O_CLOEXEC);
-  const uint32_t hello[2] = {1, 2};  // MsgType::kHello, kHandshakeVersion
+  // MsgType::kHello, kHandshakeVersion, then the 64-bit token (0 in a Hello)
+  const uint32_t hello[4] = {1, 3, 0, 0};
   iovec iov = {const_cast<uint32_t*>(hello), sizeof hello};
   alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))] = {};
   msghdr mh = {};

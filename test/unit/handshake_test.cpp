@@ -26,12 +26,15 @@ WireAddr addr(uint8_t last, uint16_t port) {
 }
 
 TEST(Handshake, HelloDecodesOnlyItsOwnTypeAndVersion) {
-  HelloMsg m = {static_cast<uint32_t>(MsgType::kHello), kHandshakeVersion};
+  HelloMsg m = {static_cast<uint32_t>(MsgType::kHello), kHandshakeVersion, 0};
   EXPECT_TRUE(decode_hello(&m, sizeof m, MsgType::kHello));
   EXPECT_FALSE(decode_hello(&m, sizeof m, MsgType::kProof));
   EXPECT_FALSE(decode_hello(&m, sizeof m - 1, MsgType::kHello));
   m.version = 1;  // the version that passed the TCP socket itself
   EXPECT_FALSE(decode_hello(&m, sizeof m, MsgType::kHello));
+  m.version = 2;  // before the Proof carried the client's token
+  EXPECT_FALSE(decode_hello(&m, sizeof m, MsgType::kHello));
+  EXPECT_FALSE(decode_hello(&m, 8, MsgType::kHello));  // version 2's size
 }
 
 TEST(Handshake, OfferChecksItsRingAndRegion) {

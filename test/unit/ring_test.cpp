@@ -331,7 +331,7 @@ TEST(WireLayout, HeaderIsPageAlignedAndRegionSized) {
 }
 
 TEST(WireLayout, HandshakeMessagesHaveFixedSizes) {
-  EXPECT_EQ(sizeof(HelloMsg), 8u);
+  EXPECT_EQ(sizeof(HelloMsg), 16u);
   EXPECT_EQ(sizeof(WireAddr), 20u);
   EXPECT_EQ(offsetof(WireAddr, port), 16u);
   EXPECT_EQ(offsetof(OfferMsg, nonce), 8u);
@@ -351,7 +351,7 @@ TEST(WireLayout, MagicSpellsTheProtocolName) {
   const uint64_t magic = kRegionMagic;
   memcpy(text, &magic, 8);  // little-endian host
   EXPECT_STREQ(text, "rrsockr1");
-  EXPECT_EQ(kProtocolVersion, 5u);
+  EXPECT_EQ(kProtocolVersion, 6u);
 }
 
 TEST(WireLayout, EndpointLinesAreAppendedOnTheirOwnCacheLines) {

@@ -24,8 +24,10 @@
 #include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/handshake.h"
+#include "stats/stats.h"
 #include "transport/addr.h"
 #include "transport/shm/possession.h"
+#include "transport/shm/region_cache.h"
 #include "transport/shm/shm_channel.h"
 
 namespace rsock {
@@ -273,7 +275,9 @@ class ShmServerPairing final : public Pairing {
       : tcp_fd_(tcp_fd),
         ring_bytes_(cfg.ring_bytes),
         tcp_first_(cfg.tcp_first),
-        deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {}
+        deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {
+    region_cache_set_limit(cfg.region_cache);
+  }
   ~ShmServerPairing() override {
     if (conn_ >= 0) real().close(conn_);
     if (memfd_ >= 0) real().close(memfd_);
@@ -435,6 +439,7 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kPairFailed);
       return true;
     }
+    peer_.pid = cred.pid;
     if (cred.uid != client_.uid) {
       LOG_INFO("shm pairing: the client's rendezvous is held by uid %u (pid %d), its connection "
                "by uid %u: not pairing",
@@ -448,7 +453,7 @@ class ShmServerPairing final : public Pairing {
       finish(Fallback::kResources);
       return true;
     }
-    HelloMsg hello = {static_cast<uint32_t>(MsgType::kHello), kHandshakeVersion};
+    HelloMsg hello = {static_cast<uint32_t>(MsgType::kHello), kHandshakeVersion, 0};
     rc = send_msg(conn_, &hello, sizeof hello, &proof, 1);
     real().close(proof);
     if (rc != 0) {
@@ -479,7 +484,15 @@ class ShmServerPairing final : public Pairing {
     }
     while (getrandom(&nonce_, sizeof nonce_, 0) != sizeof nonce_) {
     }
-    memfd_ = shm_region_create(ring_bytes_, nonce_, &map_, &map_len_);
+    // The process that proved itself: the pid the kernel gave for the
+    // rendezvous's owner and its token. A region kept from our last
+    // connection with it serves, else a new one.
+    peer_.token = m.token;
+    memfd_ = region_cache_take(peer_, ring_bytes_, nonce_, &map_, &map_len_);
+    if (memfd_ >= 0)
+      stats_region(true);
+    else
+      memfd_ = shm_region_create(ring_bytes_, nonce_, &map_, &map_len_);
     if (memfd_ < 0 || (doorbell_ = private_dup(tcp_fd_)) < 0) {
       finish(Fallback::kResources);
       return;
@@ -509,7 +522,9 @@ class ShmServerPairing final : public Pairing {
     ssize_t n = recv_msg(conn_, &a, sizeof a, nullptr, 0, &nfds);
     if (n == -EAGAIN) return;
     if (n > 0 && decode_answer_accepts(&a, static_cast<size_t>(n), nonce_)) {
-      channel_ = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_, ends_);
+      auto ch = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_, ends_);
+      ch->keep_region_for(peer_);
+      channel_ = std::move(ch);
       map_ = nullptr;
       doorbell_ = -1;
       memfd_ = -1;  // the channel keeps it (exec hand-off)
@@ -533,6 +548,7 @@ class ShmServerPairing final : public Pairing {
   int64_t refused_pause_ms_ = 0;  // RSOCK_TCP_FIRST: the last pause after a refusal
   int conn_ = -1;
   PeerSocket client_;  // the client's TCP socket, from sock_diag
+  RegionPeer peer_;    // the client's process
   uint64_t nonce_ = 0;
   int memfd_ = -1;
   void* map_ = nullptr;
@@ -556,7 +572,9 @@ class ShmClientPairing final : public Pairing {
       : tcp_fd_(tcp_fd),
         listener_(rendezvous_fd),
         tcp_first_(cfg.tcp_first),
-        deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {}
+        deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {
+    region_cache_set_limit(cfg.region_cache);
+  }
   ~ShmClientPairing() override {
     close_listener();
     release_all();
@@ -761,7 +779,8 @@ class ShmClientPairing final : public Pairing {
       *why = Fallback::kResources;
       return false;
     }
-    HelloMsg m = {static_cast<uint32_t>(MsgType::kProof), kHandshakeVersion};
+    HelloMsg m = {static_cast<uint32_t>(MsgType::kProof), kHandshakeVersion,
+                  region_process_token()};
     int rc = send_msg(server_, &m, sizeof m, &proof, 1);
     real().close(proof);
     *why = when_peer_left(rc);  // (the server closes its end at its deadline)
@@ -774,10 +793,12 @@ class ShmClientPairing final : public Pairing {
     ssize_t n = recv_msg(server_, &offer, sizeof offer, &memfd, 1, &nfds);
     if (n == -EAGAIN) return;
     void* map = nullptr;
+    RegionFile file;
     const bool ok =
         n > 0 && decode_offer(&offer, static_cast<size_t>(n), &offer) && nfds == 1 && ends() &&
         same_wire(offer.client, ends_[0]) && same_wire(offer.server, ends_[1]) &&
-        shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes, &map) == 0;
+        shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes, &map, &file) ==
+            0;
     if (!ok) {
       close_fds(&memfd, nfds);
       if (n <= 0) {
@@ -800,8 +821,10 @@ class ShmClientPairing final : public Pairing {
     if (doorbell >= 0 && send_msg(server_, &ans, sizeof ans, nullptr, 0) == 0) {
       // Committed: the server switches when it reads this answer.
       // The channel keeps the memfd (exec hand-off).
-      channel_ =
+      auto ch =
           std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, memfd, ends_);
+      ch->keep_mapping_of(file);
+      channel_ = std::move(ch);
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
       return;
     }

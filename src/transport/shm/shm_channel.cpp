@@ -27,6 +27,7 @@
 #include "transport/addr.h"
 #include "transport/carrier.h"
 #include "transport/end_owner.h"
+#include "transport/shm/region_cache.h"
 
 namespace rsock {
 
@@ -48,7 +49,19 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
     real().close(fd);
     return err;
   }
-  auto* h = new (p) RegionHeader{};
+  shm_region_init_header(p, ring_bytes, nonce);
+  stats_region(false);
+  *map = p;
+  *map_len = len;
+  return fd;
+}
+
+void shm_region_init_header(void* map, size_t ring_bytes, uint64_t nonce) {
+  // A kept region's header still holds its last connection's words: every
+  // one starts from zero again (the rings' old bytes lie beyond every
+  // position and are never read).
+  memset(map, 0, region_header_bytes());
+  auto* h = new (map) RegionHeader{};
   h->magic = kRegionMagic;
   h->version = kProtocolVersion;
   h->header_bytes = static_cast<uint32_t>(region_header_bytes());
@@ -56,11 +69,8 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
   h->ring_bytes = ring_bytes;
   h->ring_offset[kServerToClient] = region_header_bytes();
   h->ring_offset[kClientToServer] = region_header_bytes() + ring_bytes;
-  h->region_bytes = len;
+  h->region_bytes = region_bytes_for(ring_bytes);
   for (EndpointControl& e : h->end) e.switch_at.store(kNotSwitched, std::memory_order_relaxed);
-  *map = p;
-  *map_len = len;
-  return fd;
 }
 
 void shm_region_start_on_ring(void* map) {
@@ -74,23 +84,30 @@ void shm_region_end_on_ring(void* map, bool server) {
   e.attached.store(1, std::memory_order_release);
 }
 
-int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,
-                      void** map) {
+int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes, void** map,
+                      RegionFile* file) {
   // The header is checked twice over: the sizes before anything is mapped,
   // the whole header (region_header_check, pure) once it is.
   if (!region_params_valid(region_bytes, ring_bytes)) return -EPROTO;
-  // The seals prove the creator can no longer resize the region.
-  int seals = fcntl(memfd, F_GET_SEALS);
   struct stat st;
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0 || fstat(memfd, &st) != 0 ||
-      static_cast<size_t>(st.st_size) != region_bytes)
-    return -EPROTO;
-  void* p = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  if (p == MAP_FAILED) return -errno;
+  if (fstat(memfd, &st) != 0 || static_cast<size_t>(st.st_size) != region_bytes) return -EPROTO;
+  // A file this process mapped before (a region its creator kept for us)
+  // passed the seal check then, and seals never come off.
+  void* p = region_cache_find_mapping(st.st_dev, st.st_ino, region_bytes);
+  const bool kept = p != nullptr;
+  if (!kept) {
+    // The seals prove the creator can no longer resize the region.
+    int seals = fcntl(memfd, F_GET_SEALS);
+    if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) return -EPROTO;
+    p = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (p == MAP_FAILED) return -errno;
+  }
   if (region_header_check(p, region_bytes, region_bytes, nonce, ring_bytes) != 0) {
     munmap(p, region_bytes);
     return -EPROTO;
   }
+  stats_region(kept);
+  if (file != nullptr) *file = {st.st_dev, st.st_ino};
   *map = p;
   return 0;
 }
@@ -149,6 +166,7 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
 ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd,
                        int memfd)
     : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
+  sole_ = false;  // an image before this one held it too
   init(map, is_server);
   // The image before exec owned the end: it still does (its threads, and
   // any operation they had begun, ended with exec). Else the first use here
@@ -246,13 +264,27 @@ void ShmChannel::switch_rx(uint64_t taken) {
 }
 
 ShmChannel::~ShmChannel() {
-  if (memfd_ >= 0) real().close(memfd_);
   if (doorbell_fd_ >= 0 && must_linger()) {
+    if (memfd_ >= 0) real().close(memfd_);
     shm_linger(linger_end(true));  // it closes the socket and unmaps
     return;
   }
-  munmap(map_, map_len_);
   if (doorbell_fd_ >= 0) real().close(doorbell_fd_);
+  // No thread of ours touches the region any more: kept for the next
+  // connection with the same peer process, once the peer is done too.
+  if (sole_ && dropped_last_ && (keep_peer_.token != 0 || keep_mapping_)) {
+    auto* h = static_cast<RegionHeader*>(map_);
+    h->released[is_server_ ? 0 : 1].store(1, std::memory_order_release);
+    if (keep_peer_.token != 0 && memfd_ >= 0) {
+      region_cache_keep(keep_peer_, memfd_, map_, map_len_);
+    } else {
+      if (memfd_ >= 0) real().close(memfd_);
+      region_cache_keep_mapping(keep_file_.dev, keep_file_.ino, map_, map_len_);
+    }
+    return;
+  }
+  if (memfd_ >= 0) real().close(memfd_);
+  munmap(map_, map_len_);
 }
 
 bool ShmChannel::must_linger() {
@@ -605,12 +637,17 @@ void ShmChannel::forget_waiters(uint32_t data, uint32_t space) {
   sleepers::disarm(tx_->producer_sleepers, space);
 }
 
-void ShmChannel::add_holder() { holders_->fetch_add(1, std::memory_order_relaxed); }
+void ShmChannel::add_holder() {
+  sole_ = false;
+  holders_->fetch_add(1, std::memory_order_relaxed);
+}
 
 bool ShmChannel::drop_holder() {
   // Another holder need not wait for us to take the end over.
   if (epoch_ != 0) owner_release(own_, epoch_);
-  return holders_->fetch_sub(1, std::memory_order_acq_rel) == 1;
+  const bool last = holders_->fetch_sub(1, std::memory_order_acq_rel) == 1;
+  dropped_last_ = last;
+  return last;
 }
 
 bool ShmChannel::drop_holder_unless_last() {

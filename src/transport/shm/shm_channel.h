@@ -13,6 +13,8 @@
 // exec hand-off read atomics and may be called from any thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +22,7 @@
 #include "ring/wire.h"
 #include "transport/channel.h"
 #include "transport/handoff.h"
+#include "transport/shm/region_cache.h"
 #include "transport/shm/shm_linger.h"
 
 namespace rsock {
@@ -37,10 +40,22 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
 void shm_region_start_on_ring(void* map);
 void shm_region_end_on_ring(void* map, bool server);
 
+// Writes a fresh header for rings of ring_bytes into the region at `map`
+// (zeroing the old one first: a kept region's, region_cache.h).
+void shm_region_init_header(void* map, size_t ring_bytes, uint64_t nonce);
+
+// The file a region was mapped from, by which a kept mapping is found again.
+struct RegionFile {
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
 // Maps a region received from the peer and checks it against the handshake
-// (size, magic, version, nonce, ring size). Returns 0 or a negative errno.
-int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes,
-                      void** map);
+// (size, magic, version, nonce, ring size): a mapping of the same file kept
+// from an earlier connection is used again (region_cache.h). Returns 0 or a
+// negative errno; *file (may be nullptr) receives the file's identity.
+int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes, void** map,
+                      RegionFile* file = nullptr);
 
 // Validates a region inherited through exec before anything trusts it:
 // memfd seals (size final), size, magic, version, ring layout and nonce, and
@@ -139,6 +154,16 @@ class ShmChannel final : public Channel {
   void exec_prepare(ExecKind kind, bool inherited, ExecSink& sink) override;
   void exec_undo(ExecKind kind, uint32_t token) override;
 
+  // Once this end closes, its region may serve the next connection between
+  // the same two processes (region_cache.h), if this process was its only
+  // holder throughout. The creator's side names the peer process, the
+  // attaching side the region's file. Set by the pairing, before any use.
+  void keep_region_for(const RegionPeer& peer) { keep_peer_ = peer; }
+  void keep_mapping_of(const RegionFile& file) {
+    keep_file_ = file;
+    keep_mapping_ = true;
+  }
+
   // For the exec hand-off.
   // Drops this process as a holder unless it is the last one (then it
   // must tell the peer, which the new image does); returns whether it did.
@@ -221,6 +246,14 @@ class ShmChannel final : public Channel {
   std::atomic<bool> tx_switched_{false};
   std::atomic<bool> rx_switched_{false};
   std::atomic<bool> owed_{false};
+  // Keeping the region when the end closes (keep_region_for /
+  // keep_mapping_of): only if this process held the end alone from start to
+  // end (sole_: no fork, exec or spawn shared it) and dropped it last.
+  RegionPeer keep_peer_;
+  RegionFile keep_file_;
+  bool keep_mapping_ = false;
+  bool sole_ = true;
+  bool dropped_last_ = false;
   // This process closed the end as its last holder, not abortively: if the
   // peer has not read all of our prefix, the socket lingers (shm_linger.h).
   std::atomic<bool> closed_clean_{false};

@@ -1,0 +1,77 @@
+// Regions of closed connections, kept for the next connection between the
+// same two processes (issue 9: creating, mapping and unmapping a region was
+// the largest single cost of a pairing; docs/design.md, "Regions kept for
+// the next connection").
+//
+// The accepting side creates every region. When its end of a connection
+// closes and this process was the end's only holder from start to end (no
+// fork, exec or spawn shared it), it keeps the region (memfd and mapping),
+// labelled with the peer process: the pid the kernel reported on the
+// rendezvous socket and the random token that process sent in its proof.
+// The next pairing with that same process takes it, once the peer's end
+// says it is done (RegionHeader::released, stored by the peer's only
+// process after its last touch), and gives it a fresh header. A region is
+// never offered to another process: its rings hold what the two processes
+// said to each other, and nobody else may read it.
+//
+// The connecting side keeps its mapping of such a region, found again by
+// the memfd's inode when an offer brings the same file.
+//
+// Bounded: at most region_cache_limit() regions and as many mappings per
+// process (the oldest go first: unmapped and closed); 0 keeps none. Their
+// pages stay resident while kept (up to 2 x RSOCK_RING_SIZE + 4 KiB each).
+// A fork's child starts with none. Thread-safety: every call may come from
+// any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace rsock {
+
+// The process at the other end of a region, as the creator knows it.
+struct RegionPeer {
+  int32_t pid = 0;
+  uint64_t token = 0;  // 0: unknown (such a region is never kept)
+};
+
+// Config::region_cache (RSOCK_REGION_CACHE).
+void region_cache_set_limit(size_t n);
+size_t region_cache_limit();
+
+// This process's token, proved with in each pairing as a client: random,
+// made at first use, and new in a fork's child (which is another process).
+uint64_t region_process_token();
+
+// Creator's side. A kept region for a new connection to `peer` with rings
+// of ring_bytes whose peer end is done: its header made fresh for `nonce`
+// (as shm_region_create's). Returns its memfd (and *map, *map_len), or -1
+// when there is none.
+int region_cache_take(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, void** map,
+                      size_t* map_len);
+// Takes the region over (memfd and mapping): kept, or closed and unmapped
+// when the cache is off.
+void region_cache_keep(const RegionPeer& peer, int memfd, void* map, size_t map_len);
+
+// Attaching side. A kept mapping of the file (dev, ino) of map_len bytes,
+// taken out of the cache, or nullptr.
+void* region_cache_find_mapping(dev_t dev, ino_t ino, size_t map_len);
+// Takes the mapping over: kept, or unmapped when the cache is off.
+void region_cache_keep_mapping(dev_t dev, ino_t ino, void* map, size_t map_len);
+
+// The kept memfds (an application's closefrom must leave them open).
+void region_cache_own_fds(std::vector<int>* out);
+// How many regions and mappings are kept now, and dropping them all (tests).
+size_t region_cache_size();
+void region_cache_drop_all();
+
+// fork(): held across it; the child drops its copies, so that parent and
+// child never hand the same region to two connections.
+void region_cache_fork_prepare();
+void region_cache_after_fork_parent();
+void region_cache_after_fork_child();
+
+}  // namespace rsock

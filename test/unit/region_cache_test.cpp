@@ -1,0 +1,239 @@
+// Unit tests for src/transport/shm/region_cache: a region kept by its
+// creator serves only the same peer process (pid and token), only once the
+// peer's end says it is done, with a fresh header; the cache is bounded
+// (the oldest goes) and can be off; an attaching side finds its mapping of
+// the same file again; a channel keeps its region only when its process
+// held the end alone and dropped it last; a fork's child keeps none.
+#include "transport/shm/region_cache.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "ring/region.h"
+#include "ring/wire.h"
+#include "stats/stats.h"
+#include "transport/shm/shm_channel.h"
+
+namespace rsock {
+namespace {
+
+constexpr size_t kRing = 1 << 16;
+const RegionPeer kPeer = {4242, 0x1234567890abcdefull};
+
+class RegionCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    region_cache_drop_all();
+    region_cache_set_limit(kDefaultRegionCache);
+    stats_reset();
+  }
+  void TearDown() override {
+    region_cache_drop_all();
+    region_cache_set_limit(kDefaultRegionCache);
+  }
+  // A region as a creator makes it, its peer end marked done or not.
+  int make(void** map, size_t* len, bool peer_done, uint64_t nonce = 1) {
+    const int fd = shm_region_create(kRing, nonce, map, len);
+    EXPECT_GE(fd, 0);
+    if (fd >= 0 && peer_done) static_cast<RegionHeader*>(*map)->released[1].store(1);
+    return fd;
+  }
+  static bool is_open(int fd) { return fcntl(fd, F_GETFD) >= 0; }
+};
+
+TEST_F(RegionCache, AKeptRegionServesTheSameProcessOnceItsPeerIsDone) {
+  void* map = nullptr;
+  size_t len = 0;
+  const int fd = make(&map, &len, false);
+  auto* h = static_cast<RegionHeader*>(map);
+  h->dir[0].head.store(777);
+  h->holders[0].store(1);
+  region_cache_keep(kPeer, fd, map, len);
+  void* got = nullptr;
+  size_t got_len = 0;
+  // The peer's end still holds it.
+  EXPECT_EQ(region_cache_take(kPeer, kRing, 99, &got, &got_len), -1);
+  h->released[1].store(1);
+  // Another process: another pid, or the same pid with another token (a
+  // new process that took a dead one's pid, or a fork's child).
+  EXPECT_EQ(region_cache_take({kPeer.pid + 1, kPeer.token}, kRing, 99, &got, &got_len), -1);
+  EXPECT_EQ(region_cache_take({kPeer.pid, kPeer.token + 1}, kRing, 99, &got, &got_len), -1);
+  EXPECT_EQ(region_cache_take(kPeer, kRing * 2, 99, &got, &got_len), -1);  // other rings
+  ASSERT_EQ(region_cache_take(kPeer, kRing, 99, &got, &got_len), fd);
+  EXPECT_EQ(got, map);
+  EXPECT_EQ(got_len, len);
+  // A fresh header: the new nonce, every word of the last connection gone.
+  EXPECT_EQ(region_header_check(got, got_len, got_len, 99, kRing), 0);
+  EXPECT_EQ(h->dir[0].head.load(), 0u);
+  EXPECT_EQ(h->holders[0].load(), 0u);
+  EXPECT_EQ(h->released[1].load(), 0u);
+  EXPECT_EQ(h->end[0].switch_at.load(), kNotSwitched);
+  // Taken: not kept twice.
+  EXPECT_EQ(region_cache_take(kPeer, kRing, 100, &got, &got_len), -1);
+  EXPECT_EQ(region_cache_size(), 0u);
+  munmap(map, len);
+  close(fd);
+}
+
+TEST_F(RegionCache, APeerWithoutATokenGetsNoneKept) {
+  void* map = nullptr;
+  size_t len = 0;
+  const int fd = make(&map, &len, true);
+  region_cache_keep({kPeer.pid, 0}, fd, map, len);
+  EXPECT_EQ(region_cache_size(), 0u);
+  EXPECT_FALSE(is_open(fd));
+}
+
+TEST_F(RegionCache, AtMostTheLimitAreKeptAndTheOldestGoesFirst) {
+  region_cache_set_limit(2);
+  int fds[3];
+  void* maps[3];
+  size_t len = 0;
+  for (int i = 0; i < 3; ++i) {
+    fds[i] = make(&maps[i], &len, true, 10 + i);
+    region_cache_keep(kPeer, fds[i], maps[i], len);
+  }
+  EXPECT_EQ(region_cache_size(), 2u);
+  EXPECT_FALSE(is_open(fds[0]));  // closed and unmapped
+  EXPECT_TRUE(is_open(fds[1]));
+  EXPECT_TRUE(is_open(fds[2]));
+  // Mappings of the attaching side count apart from the creator's regions.
+  void* m = mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  region_cache_keep_mapping(1, 2, m, 4096);
+  EXPECT_EQ(region_cache_size(), 3u);
+  EXPECT_TRUE(is_open(fds[1]));
+  void* got = nullptr;
+  size_t got_len = 0;
+  EXPECT_EQ(region_cache_take(kPeer, kRing, 5, &got, &got_len), fds[1]);  // oldest first
+  munmap(got, got_len);
+  close(fds[1]);
+}
+
+TEST_F(RegionCache, OffKeepsNothing) {
+  region_cache_set_limit(0);
+  void* map = nullptr;
+  size_t len = 0;
+  const int fd = make(&map, &len, true);
+  region_cache_keep(kPeer, fd, map, len);
+  EXPECT_EQ(region_cache_size(), 0u);
+  EXPECT_FALSE(is_open(fd));
+}
+
+TEST_F(RegionCache, AnAttachingSideFindsItsMappingOfTheSameFileAgain) {
+  void* smap = nullptr;
+  size_t len = 0;
+  const int fd = make(&smap, &len, false, 7);
+  void* cmap = nullptr;
+  RegionFile file;
+  ASSERT_EQ(shm_region_attach(fd, len, 7, kRing, &cmap, &file), 0);
+  EXPECT_EQ(stats_regions(false), 2u);  // made, then mapped
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(file.dev, st.st_dev);
+  EXPECT_EQ(file.ino, st.st_ino);
+  region_cache_keep_mapping(file.dev, file.ino, cmap, len);
+  // The creator refreshes the header for its next connection; the offer
+  // brings the same file in another descriptor.
+  shm_region_init_header(smap, kRing, 8);
+  const int again = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  void* cmap2 = nullptr;
+  ASSERT_EQ(shm_region_attach(again, len, 8, kRing, &cmap2), 0);
+  EXPECT_EQ(cmap2, cmap);  // the same mapping, not a new one
+  EXPECT_EQ(stats_regions(true), 1u);
+  EXPECT_EQ(region_cache_size(), 0u);
+  // A kept mapping whose header fails the offer's check goes.
+  region_cache_keep_mapping(file.dev, file.ino, cmap2, len);
+  void* cmap3 = nullptr;
+  EXPECT_EQ(shm_region_attach(again, len, 7, kRing, &cmap3), -EPROTO);
+  EXPECT_EQ(region_cache_size(), 0u);
+  EXPECT_EQ(stats_regions(true), 1u);
+  munmap(smap, len);
+  close(again);
+  close(fd);
+}
+
+// Both ends of one connection in this process, each channel as a pairing
+// makes it; `shared`: the server's end was shared (a fork) before it closed.
+void close_both(bool shared) {
+  void* smap = nullptr;
+  size_t len = 0;
+  const int memfd = shm_region_create(kRing, 5, &smap, &len);
+  ASSERT_GE(memfd, 0);
+  shm_region_start_on_ring(smap);
+  void* cmap = nullptr;
+  RegionFile file;
+  ASSERT_EQ(shm_region_attach(memfd, len, 5, kRing, &cmap, &file), 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  auto server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd);
+  auto client =
+      std::make_unique<ShmChannel>(cmap, len, false, sv[1], fcntl(memfd, F_DUPFD_CLOEXEC, 0));
+  server->keep_region_for(kPeer);
+  client->keep_mapping_of(file);
+  if (shared) {
+    server->add_holder();
+    EXPECT_FALSE(server->drop_holder());  // the other holder stays
+  }
+  EXPECT_TRUE(client->drop_holder());
+  client.reset();
+  EXPECT_EQ(static_cast<RegionHeader*>(smap)->released[1].load(), 1u);
+  if (shared)
+    (void)server->drop_holder();  // the other holder closes: last, but not alone
+  else
+    EXPECT_TRUE(server->drop_holder());
+  server.reset();
+}
+
+TEST_F(RegionCache, AChannelThatHeldItsEndAloneKeepsItsRegion) {
+  ASSERT_NO_FATAL_FAILURE(close_both(false));
+  EXPECT_EQ(region_cache_size(), 2u);  // the server's region, the client's mapping
+  void* map = nullptr;
+  size_t len = 0;
+  const int fd = region_cache_take(kPeer, kRing, 6, &map, &len);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(region_header_check(map, len, len, 6, kRing), 0);
+  munmap(map, len);
+  close(fd);
+}
+
+TEST_F(RegionCache, AChannelWhoseEndWasSharedKeepsNothing) {
+  ASSERT_NO_FATAL_FAILURE(close_both(true));
+  EXPECT_EQ(region_cache_size(), 1u);  // the client's mapping only
+  void* map = nullptr;
+  size_t len = 0;
+  EXPECT_EQ(region_cache_take(kPeer, kRing, 6, &map, &len), -1);
+}
+
+TEST_F(RegionCache, AForksChildStartsWithNoneAndANewToken) {
+  void* map = nullptr;
+  size_t len = 0;
+  const int fd = make(&map, &len, true);
+  region_cache_keep(kPeer, fd, map, len);
+  const uint64_t token = region_process_token();
+  EXPECT_NE(token, 0u);
+  EXPECT_EQ(region_process_token(), token);
+  region_cache_fork_prepare();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    region_cache_after_fork_child();
+    const bool ok = region_cache_size() == 0 && fcntl(fd, F_GETFD) < 0 &&
+                    region_process_token() != token && region_process_token() != 0;
+    _exit(ok ? 0 : 1);
+  }
+  region_cache_after_fork_parent();
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(region_cache_size(), 1u);  // the parent's stays
+  EXPECT_EQ(region_process_token(), token);
+}
+
+}  // namespace
+}  // namespace rsock
