@@ -479,7 +479,10 @@ struct Joined {
 // bytes as well, and its connection takes them out of a full ring once
 // armed (Stream::relieve, as conn_wait does).
 bool wants_relief(const EpollMember& m, ConnectionState* c) {
-  return (m.events & EPOLLOUT) && !(m.events & (EPOLLIN | EPOLLRDHUP)) && c->stream().may_relieve();
+  uint32_t want = 0;
+  if (m.events & (EPOLLIN | EPOLLRDHUP)) want |= kWantData;
+  if (m.events & EPOLLOUT) want |= kWantSpace;
+  return c->stream().sleep_wants(want) != want;
 }
 
 // Before a kernel wait: joins the hubs of the members' connections with
@@ -830,9 +833,9 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
         // a peer blocked in a send too (Python's sendall with a timeout
         // polls so): it also wakes for the peer's bytes, and moves them out
         // of a full ring after arming (Stream::relieve, as conn_wait).
-        armed[i] = want_of_poll(fds[i].events);
-        const bool relief = armed[i] == kWantSpace && c->stream().may_relieve();
-        if (relief) armed[i] |= kWantData;
+        const uint32_t want = want_of_poll(fds[i].events);
+        armed[i] = c->stream().sleep_wants(want);
+        const bool relief = armed[i] != want;
         if (c->stream().channel().arm(armed[i], sleep)) c->wake.kick(true);
         if (relief) (void)c->stream().relieve();
         if (!tickets[i].waker) blind = true;

@@ -285,8 +285,8 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
   // A sender whose own receive ring may be what holds the peer up (both
   // blocked in a send: Stream::relieve) also wakes for the peer's bytes,
   // and moves them out of a full ring after arming (the re-check).
-  const bool relief = want == kWantSpace && c.stream().may_relieve();
-  const uint32_t arm_for = relief ? (kWantSpace | kWantData) : want;
+  const uint32_t arm_for = c.stream().sleep_wants(want);
+  const bool relief = arm_for != want;
   for (;;) {
     // Join before arming and re-checking: a wakeup that another thread of
     // this process consumes after our re-check (a poller draining the

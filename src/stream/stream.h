@@ -85,6 +85,13 @@ class Stream {
   // Whether relieve() could ever move anything now (a cheap look): a
   // sender's wait then also wakes for the peer's bytes.
   bool may_relieve() const;
+  // What a thread about to sleep for `want` (kWantData, kWantSpace) arms:
+  // a wait for room alone, on a connection that may relieve, wakes for the
+  // peer's bytes too, and the sleeper calls relieve() once armed. The one
+  // rule of blocking calls, poll/select and epoll.
+  uint32_t sleep_wants(uint32_t want) const {
+    return want == kWantSpace && may_relieve() ? want | kWantData : want;
+  }
   // Bytes relieve() has moved so far (stats), and whether some still wait
   // for the application (a close then resets, as the kernel's does with
   // unread bytes; an exec cannot hand them over).
