@@ -62,7 +62,6 @@ void keep(const Kept& k) {
 }  // namespace
 
 void region_cache_set_limit(size_t n) { g_limit.store(n, std::memory_order_relaxed); }
-size_t region_cache_limit() { return g_limit.load(std::memory_order_relaxed); }
 
 uint64_t region_process_token() {
   uint64_t t = g_token.load(std::memory_order_acquire);

@@ -17,7 +17,7 @@
 // The connecting side keeps its mapping of such a region, found again by
 // the memfd's inode when an offer brings the same file.
 //
-// Bounded: at most region_cache_limit() regions and as many mappings per
+// Bounded: at most region_cache_set_limit() regions and as many mappings per
 // process (the oldest go first: unmapped and closed); 0 keeps none. Their
 // pages stay resident while kept (up to 2 x RSOCK_RING_SIZE + 4 KiB each).
 // A fork's child starts with none. Thread-safety: every call may come from
@@ -40,7 +40,6 @@ struct RegionPeer {
 
 // Config::region_cache (RSOCK_REGION_CACHE).
 void region_cache_set_limit(size_t n);
-size_t region_cache_limit();
 
 // This process's token, proved with in each pairing as a client: random,
 // made at first use, and new in a fork's child (which is another process).
