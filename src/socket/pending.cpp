@@ -109,8 +109,8 @@ void hand_over(Work& w, ConnectionState* c) {
   // peer's wakeups now come through c's channel, which they do not watch.
   if (c && live) live->wake.kick(false);
   if (c) {
-    // Options the application set while we paired (F_SETFL, SO_RCVTIMEO).
-    connection_options_from(w.sock, c);
+    // Options the application set while we paired (F_SETFL, SO_RCVTIMEO)
+    // are the kernel socket's, where c reads them at their first use.
     c->stream().attach();  // our receive path reads the region: the peer may switch
     c->unref();  // the PendingState and the fds hold it
   }

@@ -105,7 +105,8 @@ uint32_t spin_ns() {
 
 ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path) {
   auto* c = new ConnectionState(std::move(ch), path, sock_fd);
-  connection_options_from(sock_fd, c);
+  // Its O_NONBLOCK and timeouts are read at their first use (as a prefix
+  // connection's): a connection that never blocks never pays for them.
   c->peer_len = sizeof c->peer_addr;
   if (real().getpeername(sock_fd, reinterpret_cast<sockaddr*>(&c->peer_addr), &c->peer_len) != 0)
     c->peer_len = 0;
@@ -416,10 +417,10 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
   IovCursor cur(iov, iovcnt);
   size_t done = 0;
   for (;;) {
-    // A blocking call sleeps next, which sees a dead peer by itself. (An
-    // O_NONBLOCK not known yet is that of a prefix-only connection, whose
-    // bytes come from its socket, not from a ring to look at.)
-    const bool look = dontwait || c.nonblocking_known_true();
+    // A blocking call sleeps next, which sees a dead peer by itself. (A
+    // prefix-only connection's bytes come from its socket, not from a ring
+    // to look at: its O_NONBLOCK is not asked for that.)
+    const bool look = dontwait || (c.prefix_only() ? c.nonblocking_known_true() : c.nonblocking());
     ssize_t n = c.stream().recv(cur.data(), cur.count(), peek, done > 0, look);
     if (n == Stream::kForwarded) {
       // Paired meanwhile (RSOCK_TCP_FIRST): the successor has the rest.

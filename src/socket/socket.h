@@ -60,9 +60,9 @@ class ConnectionState final : public FdState {
 
   // The application's O_NONBLOCK and SO_RCVTIMEO/SO_SNDTIMEO (0 = none),
   // as the kernel socket holds them. The wrappers of fcntl, ioctl and
-  // setsockopt store what the application sets. A prefix-only connection
-  // starts with them unknown and asks the kernel at their first use: most
-  // short connections never block, and never pay the three system calls.
+  // setsockopt store what the application sets. A connection starts with
+  // them unknown and asks the kernel at their first use: most short
+  // connections never block, and never pay the three system calls.
   bool nonblocking();
   bool nonblocking_known_true() const { return nonblocking_.load(std::memory_order_relaxed) == 1; }
   int64_t rcv_timeout_us() { return timeout_us(rcv_timeout_us_, SO_RCVTIMEO); }
@@ -148,9 +148,9 @@ struct Accepted {
 void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accepted& how);
 
 // Setup internals shared with pending.cpp. A new connection over ch (one
-// reference, for the caller; counted in the stats), with O_NONBLOCK and the
-// timeouts of the kernel socket sock_fd; connection_options_from reads
-// them again (ConnectionState::options_from).
+// reference, for the caller; counted in the stats); it reads O_NONBLOCK and
+// the timeouts of the kernel socket sock_fd at their first use, and
+// connection_options_from reads them now (ConnectionState::options_from).
 ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path);
 // RSOCK_TCP_FIRST: a connection for the time before its pairing, its bytes
 // on a private dup of sock_fd (PrefixChannel), not counted in the stats.
