@@ -10,6 +10,12 @@
 // stay the ones it would get on kernel TCP, as long as librsock's fit above
 // the floor. When no number there is free, the descriptor stays where the
 // kernel put it (the behaviour without a floor), never an error.
+//
+// A descriptor that lives only for a few system calls of one step, with no
+// wait between them (the listener probe, the netlink lookup, a proof of
+// possession), is not lifted: the move would cost two system calls more
+// than its whole life, and a program's own call made meanwhile on another
+// thread sees at most one number taken, as it does during a move.
 #pragma once
 
 namespace rsock {

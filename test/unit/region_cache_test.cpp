@@ -3,16 +3,20 @@
 // peer's end says it is done, with a fresh header; the cache is bounded
 // (the oldest goes) and can be off; an attaching side finds its mapping of
 // the same file again; a channel keeps its region only when its process
-// held the end alone and dropped it last; a fork's child keeps none.
+// held the end alone and dropped it last; a fork's child keeps none; a
+// receive ring is read-only in a new region and in a kept one.
 #include "transport/shm/region_cache.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <stdio.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <string>
 
 #include "config/config.h"
 #include "ring/region.h"
@@ -233,6 +237,66 @@ TEST_F(RegionCache, AForksChildStartsWithNoneAndANewToken) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   EXPECT_EQ(region_cache_size(), 1u);  // the parent's stays
   EXPECT_EQ(region_process_token(), token);
+}
+
+// The protection of this process's mapping that holds addr, as
+// /proc/self/maps shows it ("r--s"), or "" when none does.
+std::string protection_at(const void* addr) {
+  const auto a = reinterpret_cast<unsigned long>(addr);
+  std::string perms;
+  FILE* f = fopen("/proc/self/maps", "r");
+  char line[512];
+  while (f != nullptr && fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char p[8] = {};
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, p) == 3 && a >= lo && a < hi) {
+      perms = p;
+      break;
+    }
+  }
+  if (f != nullptr) fclose(f);
+  return perms;
+}
+
+// A kept mapping is not protected again (its receive ring is read-only from
+// its first connection on): each side's receive ring must be read-only and
+// the peer's view of it writable, whether the region is new or kept.
+TEST_F(RegionCache, AReceiveRingIsReadOnlyInANewRegionAndInAKeptOne) {
+  for (const bool kept : {false, true}) {
+    SCOPED_TRACE(kept ? "kept region" : "new region");
+    void* smap = nullptr;
+    size_t len = 0;
+    const int memfd = kept ? region_cache_take(kPeer, kRing, 9, &smap, &len)
+                           : shm_region_create(kRing, 9, &smap, &len);
+    ASSERT_GE(memfd, 0);
+    shm_region_start_on_ring(smap);
+    void* cmap = nullptr;
+    RegionFile file;
+    bool reused = !kept;
+    ASSERT_EQ(shm_region_attach(memfd, len, 9, kRing, &cmap, &file, &reused), 0);
+    EXPECT_EQ(reused, kept);
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    auto server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd, nullptr, kept);
+    auto client = std::make_unique<ShmChannel>(cmap, len, false, sv[1],
+                                               fcntl(memfd, F_DUPFD_CLOEXEC, 0), nullptr, reused);
+    server->keep_region_for(kPeer);
+    client->keep_mapping_of(file);
+    const auto* s_rx = server->rx_ring();
+    const auto* c_rx = client->rx_ring();
+    EXPECT_EQ(protection_at(s_rx), "r--s");
+    EXPECT_EQ(protection_at(c_rx), "r--s");
+    // Each ring as its producer maps it.
+    EXPECT_EQ(protection_at(static_cast<uint8_t*>(cmap) + (s_rx - static_cast<uint8_t*>(smap))),
+              "rw-s");
+    EXPECT_EQ(protection_at(static_cast<uint8_t*>(smap) + (c_rx - static_cast<uint8_t*>(cmap))),
+              "rw-s");
+    EXPECT_TRUE(client->drop_holder());
+    client.reset();
+    EXPECT_TRUE(server->drop_holder());
+    server.reset();
+    EXPECT_EQ(region_cache_size(), 2u);  // kept for the next round
+  }
 }
 
 }  // namespace

@@ -14,7 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/own_fd.h"
 #include "common/real.h"
 #include "transport/addr.h"
 
@@ -62,7 +61,8 @@ int peer_socket_of(const WireAddr& local, const WireAddr& peer, PeerSocket* out)
     memcpy(r.id.idiag_dst, local.addr, 16);
   }
 
-  int nl = lift_fd(real().socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+  // Closed before we return: not worth lifting (own_fd.h).
+  int nl = real().socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
   if (nl < 0) return -errno;
   sockaddr_nl kernel = {};
   kernel.nl_family = AF_NETLINK;
@@ -100,7 +100,8 @@ int peer_socket_of(const WireAddr& local, const WireAddr& peer, PeerSocket* out)
 int possession_proof(int tcp_fd) {
   char path[40];
   snprintf(path, sizeof path, "/proc/self/fd/%d", tcp_fd);
-  int fd = lift_fd(::open(path, O_PATH | O_CLOEXEC));
+  // Lives for one sendmsg: not worth lifting (own_fd.h).
+  int fd = ::open(path, O_PATH | O_CLOEXEC);
   return fd >= 0 ? fd : -errno;
 }
 

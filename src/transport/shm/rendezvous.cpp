@@ -103,7 +103,11 @@ int send_msg(int fd, const void* msg, size_t len, const int* fds, int nfds) {
 // waiting. Returns its length (0: the peer closed), -EAGAIN when none is
 // there, or another negative errno; *nfds receives the number of fds taken.
 // Every fd beyond max_fds, and every fd of a truncated message, is closed.
-ssize_t recv_msg(int fd, void* msg, size_t cap, int* fds, int max_fds, int* nfds) {
+// The fds are lifted above the application's (own_fd.h) only when `keep`:
+// a proof lives for an fstat and its close, and lifting it would cost two
+// system calls more than its whole life.
+ssize_t recv_msg(int fd, void* msg, size_t cap, int* fds, int max_fds, int* nfds,
+                 bool keep = false) {
   *nfds = 0;
   iovec iov = {msg, cap};
   alignas(cmsghdr) char ctl[CMSG_SPACE(4 * sizeof(int))];
@@ -122,7 +126,7 @@ ssize_t recv_msg(int fd, void* msg, size_t cap, int* fds, int max_fds, int* nfds
       int f;
       memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
       if (got < max_fds)
-        fds[got++] = lift_fd(f);
+        fds[got++] = keep ? lift_fd(f) : f;
       else
         real().close(f);
     }
@@ -214,7 +218,8 @@ bool is_local_address(const sockaddr* dst) {
 bool shm_server_advertised(const sockaddr* dst) {
   WireAddr w;
   if (!to_wire(dst, &w)) return false;
-  int fd = lift_fd(real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  // Closed before we return: not worth lifting (own_fd.h).
+  int fd = real().socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   bool found = false;
   for (int pass = 0; pass < 2 && !found; ++pass) {
@@ -489,7 +494,8 @@ class ShmServerPairing final : public Pairing {
     // connection with it serves, else a new one.
     peer_.token = m.token;
     memfd_ = region_cache_take(peer_, ring_bytes_, nonce_, &map_, &map_len_);
-    if (memfd_ >= 0)
+    reused_ = memfd_ >= 0;
+    if (reused_)
       stats_region(true);
     else
       memfd_ = shm_region_create(ring_bytes_, nonce_, &map_, &map_len_);
@@ -522,7 +528,8 @@ class ShmServerPairing final : public Pairing {
     ssize_t n = recv_msg(conn_, &a, sizeof a, nullptr, 0, &nfds);
     if (n == -EAGAIN) return;
     if (n > 0 && decode_answer_accepts(&a, static_cast<size_t>(n), nonce_)) {
-      auto ch = std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_, ends_);
+      auto ch =
+          std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_, ends_, reused_);
       ch->keep_region_for(peer_);
       channel_ = std::move(ch);
       map_ = nullptr;
@@ -553,6 +560,7 @@ class ShmServerPairing final : public Pairing {
   int memfd_ = -1;
   void* map_ = nullptr;
   size_t map_len_ = 0;
+  bool reused_ = false;  // a region kept from our last connection with this process
   int doorbell_ = -1;
   std::unique_ptr<Channel> channel_;
   Fallback why_ = Fallback::kPairFailed;
@@ -790,15 +798,16 @@ class ShmClientPairing final : public Pairing {
   void on_offer() {
     OfferMsg offer;
     int memfd = -1, nfds = 0;
-    ssize_t n = recv_msg(server_, &offer, sizeof offer, &memfd, 1, &nfds);
+    ssize_t n = recv_msg(server_, &offer, sizeof offer, &memfd, 1, &nfds, true);
     if (n == -EAGAIN) return;
     void* map = nullptr;
     RegionFile file;
-    const bool ok =
-        n > 0 && decode_offer(&offer, static_cast<size_t>(n), &offer) && nfds == 1 && ends() &&
-        same_wire(offer.client, ends_[0]) && same_wire(offer.server, ends_[1]) &&
-        shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes, &map, &file) ==
-            0;
+    bool reused = false;
+    const bool ok = n > 0 && decode_offer(&offer, static_cast<size_t>(n), &offer) && nfds == 1 &&
+                    ends() && same_wire(offer.client, ends_[0]) &&
+                    same_wire(offer.server, ends_[1]) &&
+                    shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes,
+                                      &map, &file, &reused) == 0;
     if (!ok) {
       close_fds(&memfd, nfds);
       if (n <= 0) {
@@ -821,8 +830,8 @@ class ShmClientPairing final : public Pairing {
     if (doorbell >= 0 && send_msg(server_, &ans, sizeof ans, nullptr, 0) == 0) {
       // Committed: the server switches when it reads this answer.
       // The channel keeps the memfd (exec hand-off).
-      auto ch =
-          std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, memfd, ends_);
+      auto ch = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, memfd, ends_,
+                                             reused);
       ch->keep_mapping_of(file);
       channel_ = std::move(ch);
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)

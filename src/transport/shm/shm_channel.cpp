@@ -85,7 +85,7 @@ void shm_region_end_on_ring(void* map, bool server) {
 }
 
 int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes, void** map,
-                      RegionFile* file) {
+                      RegionFile* file, bool* reused) {
   // The header is checked twice over: the sizes before anything is mapped,
   // the whole header (region_header_check, pure) once it is.
   if (!region_params_valid(region_bytes, ring_bytes)) return -EPROTO;
@@ -108,6 +108,7 @@ int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t rin
   }
   stats_region(kept);
   if (file != nullptr) *file = {st.st_dev, st.st_ino};
+  if (reused != nullptr) *reused = kept;
   *map = p;
   return 0;
 }
@@ -144,9 +145,9 @@ int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce
 }
 
 ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd,
-                       const WireAddr* ends)
+                       const WireAddr* ends, bool rx_read_only)
     : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
-  init(map, is_server);
+  init(map, is_server, rx_read_only);
   holders_->store(1, std::memory_order_relaxed);
   epoch_ = owner_init(own_);
   // Our own view of the connection, for a program that inherits this end
@@ -178,7 +179,7 @@ ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int do
   }
 }
 
-void ShmChannel::init(void* map, bool is_server) {
+void ShmChannel::init(void* map, bool is_server, bool rx_read_only) {
   is_server_ = is_server;
   auto* h = static_cast<RegionHeader*>(map);
   auto* base = static_cast<uint8_t*>(map);
@@ -199,7 +200,7 @@ void ShmChannel::init(void* map, bool is_server) {
   own_ = &h->owner[is_server ? 0 : 1].o;
   peer_ = &h->end[is_server ? 1 : 0];
   // Only the peer writes our receive ring: in this process it is read-only.
-  mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
+  if (!rx_read_only) mprotect(const_cast<uint8_t*>(rx_ring_), ring_bytes_, PROT_READ);
   prefix_ = {&me_->tcp_sent,    &me_->tcp_read,   &me_->switch_at,
              &peer_->switch_at, &peer_->attached, &peer_->tcp_read};
   // Where the end stands (a fresh one: nothing switched; an exec'd image

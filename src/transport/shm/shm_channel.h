@@ -53,9 +53,10 @@ struct RegionFile {
 // Maps a region received from the peer and checks it against the handshake
 // (size, magic, version, nonce, ring size): a mapping of the same file kept
 // from an earlier connection is used again (region_cache.h). Returns 0 or a
-// negative errno; *file (may be nullptr) receives the file's identity.
+// negative errno; *file (may be nullptr) receives the file's identity, and
+// *reused (may be nullptr) whether the mapping is such a kept one.
 int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes, void** map,
-                      RegionFile* file = nullptr);
+                      RegionFile* file = nullptr, bool* reused = nullptr);
 
 // Validates a region inherited through exec before anything trusts it:
 // memfd seals (size final), size, magic, version, ring layout and nonce, and
@@ -89,9 +90,11 @@ class ShmChannel final : public Channel {
   // exec hand-off then).
   // This process is the end's only holder, and its socket's addresses are
   // recorded in the region: ends[0] (local) and ends[1] (peer) when the
-  // caller knows them, else asked of doorbell_fd.
+  // caller knows them, else asked of doorbell_fd. rx_read_only: the mapping
+  // served an earlier end of this process on the same side (a kept region,
+  // region_cache.h), so its receive ring is mapped read-only already.
   ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd = -1,
-             const WireAddr* ends = nullptr);
+             const WireAddr* ends = nullptr, bool rx_read_only = false);
   // An end taken over after exec (the region validated by
   // shm_region_validate): the holder count is left alone, since exec does
   // not change which processes hold the connection.
@@ -179,7 +182,7 @@ class ShmChannel final : public Channel {
   void forget_waiters(uint32_t data, uint32_t space);
 
  private:
-  void init(void* map, bool is_server);
+  void init(void* map, bool is_server, bool rx_read_only = false);
   void doorbells_only();  // TCP_NODELAY, no cork: our sender switched
   // Whether our sender has switched (doorbells may go out) / our receiver
   // has read the peer's prefix (every byte on the socket is a doorbell), as
