@@ -4,12 +4,14 @@
 // (the oldest goes) and can be off; an attaching side finds its mapping of
 // the same file again; a channel keeps its region only when its process
 // held the end alone and dropped it last; a fork's child keeps none; a
-// receive ring is read-only in a new region and in a kept one.
+// receive ring is read-only in a new region and in a kept one; a region
+// kept after both ends closed holds only the warm start of each ring.
 #include "transport/shm/region_cache.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -296,6 +298,55 @@ TEST_F(RegionCache, AReceiveRingIsReadOnlyInANewRegionAndInAKeptOne) {
     EXPECT_TRUE(server->drop_holder());
     server.reset();
     EXPECT_EQ(region_cache_size(), 2u);  // kept for the next round
+  }
+}
+
+// The bytes of memory a file holds.
+size_t allocated(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? static_cast<size_t>(st.st_blocks) * 512 : 0;
+}
+
+// A connection that filled both rings, then closed: the server keeps its
+// region with only the first ShmChannel::kKeptWarmBytes of each ring, when
+// the client's end closed first. When the server's closes first the client
+// may still be reading: its pages stay.
+TEST_F(RegionCache, AKeptRegionHoldsOnlyTheWarmStartOfEachRing) {
+  for (const bool client_first : {true, false}) {
+    SCOPED_TRACE(client_first ? "the client closes first" : "the server closes first");
+    region_cache_drop_all();
+    void* smap = nullptr;
+    size_t len = 0;
+    const int memfd = shm_region_create(kRing, 3, &smap, &len);
+    ASSERT_GE(memfd, 0);
+    shm_region_start_on_ring(smap);
+    auto* h = static_cast<RegionHeader*>(smap);
+    for (int dir : {kServerToClient, kClientToServer}) {
+      memset(static_cast<uint8_t*>(smap) + h->ring_offset[dir], 0x5a, kRing);
+      h->dir[dir].head.store(3 * kRing);  // went round the ring three times
+    }
+    void* cmap = nullptr;
+    RegionFile file;
+    ASSERT_EQ(shm_region_attach(memfd, len, 3, kRing, &cmap, &file), 0);
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    auto server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd);
+    auto client =
+        std::make_unique<ShmChannel>(cmap, len, false, sv[1], fcntl(memfd, F_DUPFD_CLOEXEC, 0));
+    server->keep_region_for(kPeer);
+    client->keep_mapping_of(file);
+    EXPECT_GE(allocated(memfd), 2 * kRing);
+    auto close_end = [](std::unique_ptr<ShmChannel>& ch) {
+      EXPECT_TRUE(ch->drop_holder());
+      ch.reset();
+    };
+    close_end(client_first ? client : server);
+    close_end(client_first ? server : client);
+    EXPECT_EQ(region_cache_size(), 2u);  // the memfd stays open in the cache
+    if (client_first)
+      EXPECT_LE(allocated(memfd), region_header_bytes() + 2 * ShmChannel::kKeptWarmBytes);
+    else
+      EXPECT_GE(allocated(memfd), 2 * kRing);
   }
 }
 

@@ -277,6 +277,7 @@ ShmChannel::~ShmChannel() {
     auto* h = static_cast<RegionHeader*>(map_);
     h->released[is_server_ ? 0 : 1].store(1, std::memory_order_release);
     if (keep_peer_.token != 0 && memfd_ >= 0) {
+      if (h->released[1].load(std::memory_order_acquire) == 1) shed_cold_pages();
       region_cache_keep(keep_peer_, memfd_, map_, map_len_);
     } else {
       if (memfd_ >= 0) real().close(memfd_);
@@ -286,6 +287,21 @@ ShmChannel::~ShmChannel() {
   }
   if (memfd_ >= 0) real().close(memfd_);
   munmap(map_, map_len_);
+}
+
+void ShmChannel::shed_cold_pages() {
+  // Both ends are done: nobody reads or writes the rings until the region
+  // serves the next connection, which only this process gives out. The
+  // first kKeptWarmBytes of each ring stay (a short connection's bytes
+  // land there); a ring that went further gives the rest of its pages back.
+  if (ring_bytes_ <= kKeptWarmBytes) return;
+  for (const auto& [d, offset] :
+       {std::pair{tx_, tx_ring_offset_}, std::pair{rx_, rx_ring_offset_}}) {
+    if (d->head.load(std::memory_order_acquire) <= kKeptWarmBytes) continue;
+    fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              static_cast<off_t>(offset + kKeptWarmBytes),
+              static_cast<off_t>(ring_bytes_ - kKeptWarmBytes));
+  }
 }
 
 bool ShmChannel::must_linger() {

@@ -157,6 +157,12 @@ class ShmChannel final : public Channel {
   void exec_prepare(ExecKind kind, bool inherited, ExecSink& sink) override;
   void exec_undo(ExecKind kind, uint32_t token) override;
 
+  // A region kept after both ends are done (region_cache.h) keeps the
+  // first kKeptWarmBytes of each ring resident (a short connection's bytes
+  // land there) and gives the rest back: the server, whose destructor finds
+  // the client's end done, punches them out.
+  static constexpr size_t kKeptWarmBytes = 16 * 1024;
+
   // Once this end closes, its region may serve the next connection between
   // the same two processes (region_cache.h), if this process was its only
   // holder throughout. The creator's side names the peer process, the
@@ -210,6 +216,9 @@ class ShmChannel final : public Channel {
   // Whether the socket must outlive our close, and the lingering end.
   bool must_linger();
   ShmLinger linger_end(bool owned) const;
+  // A region kept after both ends are done gives back its rings' pages
+  // past kKeptWarmBytes.
+  void shed_cold_pages();
 
   void* map_;
   size_t map_len_;
