@@ -47,9 +47,16 @@ TEST_F(WakeupsTest, OneDoorbellPerEpollSleep) {
   // answers): a doorbell for the first connection, the others spared. The
   // client often wakes mid-pass, takes what has come and sleeps again: a
   // second doorbell (about 2 per round measured). Ringing every armed
-  // connection measured 634-649 doorbells and none spared.
+  // connection measured 634-649 doorbells and none spared. How many
+  // answers find the client asleep at all depends on the machine's load
+  // (490-547 spared in ten runs under TSan, 275 in a loaded CI run, with
+  // 42-65 sent): what must hold is that the client slept (a quarter of the
+  // answers found it armed) and that most of those were spared.
   EXPECT_LE(srv->wakeups_sent, uint64_t{kConns * kRounds / 4}) << "spared " << srv->wakeups_spared;
-  EXPECT_GE(srv->wakeups_spared, uint64_t{kConns * kRounds / 2}) << "sent " << srv->wakeups_sent;
+  EXPECT_GE(srv->wakeups_sent + srv->wakeups_spared, uint64_t{kConns * kRounds / 4})
+      << "the client hardly slept: sent " << srv->wakeups_sent << ", spared "
+      << srv->wakeups_spared;
+  EXPECT_GE(srv->wakeups_spared, 4 * srv->wakeups_sent) << "sent " << srv->wakeups_sent;
 }
 
 TEST_F(WakeupsTest, WakersFollowThreadsAndSetsNotConnections) {
