@@ -164,6 +164,28 @@ TEST_F(RegionCache, AnAttachingSideFindsItsMappingOfTheSameFileAgain) {
   close(fd);
 }
 
+// One connection's two ends in this process over the region at smap (its
+// memfd, len bytes, a header for nonce), each channel as a pairing makes it:
+// the server's labelled with kPeer, the client's with the file it mapped.
+// server_reused: the region came out of the cache.
+struct Ends {
+  std::unique_ptr<ShmChannel> server, client;
+  void* cmap = nullptr;
+  bool client_reused = false;
+};
+void connect_ends(int memfd, void* smap, size_t len, uint64_t nonce, bool server_reused, Ends* e) {
+  shm_region_start_on_ring(smap);
+  RegionFile file;
+  ASSERT_EQ(shm_region_attach(memfd, len, nonce, kRing, &e->cmap, &file, &e->client_reused), 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  e->server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd, nullptr, server_reused);
+  e->client = std::make_unique<ShmChannel>(
+      e->cmap, len, false, sv[1], fcntl(memfd, F_DUPFD_CLOEXEC, 0), nullptr, e->client_reused);
+  e->server->keep_region_for(kPeer);
+  e->client->keep_mapping_of(file);
+}
+
 // Both ends of one connection in this process, each channel as a pairing
 // makes it; `shared`: the server's end was shared (a fork) before it closed.
 void close_both(bool shared) {
@@ -171,17 +193,10 @@ void close_both(bool shared) {
   size_t len = 0;
   const int memfd = shm_region_create(kRing, 5, &smap, &len);
   ASSERT_GE(memfd, 0);
-  shm_region_start_on_ring(smap);
-  void* cmap = nullptr;
-  RegionFile file;
-  ASSERT_EQ(shm_region_attach(memfd, len, 5, kRing, &cmap, &file), 0);
-  int sv[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  auto server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd);
-  auto client =
-      std::make_unique<ShmChannel>(cmap, len, false, sv[1], fcntl(memfd, F_DUPFD_CLOEXEC, 0));
-  server->keep_region_for(kPeer);
-  client->keep_mapping_of(file);
+  Ends e;
+  ASSERT_NO_FATAL_FAILURE(connect_ends(memfd, smap, len, 5, false, &e));
+  auto& server = e.server;
+  auto& client = e.client;
   if (shared) {
     server->add_holder();
     EXPECT_FALSE(server->drop_holder());  // the other holder stays
@@ -271,19 +286,13 @@ TEST_F(RegionCache, AReceiveRingIsReadOnlyInANewRegionAndInAKeptOne) {
     const int memfd = kept ? region_cache_take(kPeer, kRing, 9, &smap, &len)
                            : shm_region_create(kRing, 9, &smap, &len);
     ASSERT_GE(memfd, 0);
-    shm_region_start_on_ring(smap);
-    void* cmap = nullptr;
-    RegionFile file;
-    bool reused = !kept;
-    ASSERT_EQ(shm_region_attach(memfd, len, 9, kRing, &cmap, &file, &reused), 0);
-    EXPECT_EQ(reused, kept);
-    int sv[2];
-    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    auto server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd, nullptr, kept);
-    auto client = std::make_unique<ShmChannel>(cmap, len, false, sv[1],
-                                               fcntl(memfd, F_DUPFD_CLOEXEC, 0), nullptr, reused);
-    server->keep_region_for(kPeer);
-    client->keep_mapping_of(file);
+    Ends e;
+    e.client_reused = !kept;
+    ASSERT_NO_FATAL_FAILURE(connect_ends(memfd, smap, len, 9, kept, &e));
+    EXPECT_EQ(e.client_reused, kept);
+    auto& server = e.server;
+    auto& client = e.client;
+    void* cmap = e.cmap;
     const auto* s_rx = server->rx_ring();
     const auto* c_rx = client->rx_ring();
     EXPECT_EQ(protection_at(s_rx), "r--s");
@@ -319,22 +328,15 @@ TEST_F(RegionCache, AKeptRegionHoldsOnlyTheWarmStartOfEachRing) {
     size_t len = 0;
     const int memfd = shm_region_create(kRing, 3, &smap, &len);
     ASSERT_GE(memfd, 0);
-    shm_region_start_on_ring(smap);
     auto* h = static_cast<RegionHeader*>(smap);
     for (int dir : {kServerToClient, kClientToServer}) {
       memset(static_cast<uint8_t*>(smap) + h->ring_offset[dir], 0x5a, kRing);
       h->dir[dir].head.store(3 * kRing);  // went round the ring three times
     }
-    void* cmap = nullptr;
-    RegionFile file;
-    ASSERT_EQ(shm_region_attach(memfd, len, 3, kRing, &cmap, &file), 0);
-    int sv[2];
-    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    auto server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd);
-    auto client =
-        std::make_unique<ShmChannel>(cmap, len, false, sv[1], fcntl(memfd, F_DUPFD_CLOEXEC, 0));
-    server->keep_region_for(kPeer);
-    client->keep_mapping_of(file);
+    Ends e;
+    ASSERT_NO_FATAL_FAILURE(connect_ends(memfd, smap, len, 3, false, &e));
+    auto& server = e.server;
+    auto& client = e.client;
     EXPECT_GE(allocated(memfd), 2 * kRing);
     auto close_end = [](std::unique_ptr<ShmChannel>& ch) {
       EXPECT_TRUE(ch->drop_holder());
