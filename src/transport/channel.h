@@ -165,6 +165,14 @@ class Channel {
   // wait_fd() shares those wakeups, so the caller must then wake the
   // others (socket/wake_hub.h), which may have slept through this one.
   [[nodiscard]] virtual bool drain_wakeups() = 0;
+  // A sleeper that wakes on wait_fd() to find what it waited for may leave
+  // the wakeups there (true: this transport keeps them for later), so that
+  // the drain is off the path to the application's next call, and the
+  // next sleeper on the channel drains them first (drain_left_wakeups, as
+  // drain_wakeups). A sleeper that is not woken by them (poll, epoll_wait)
+  // drains them as any other. false: the caller drains now.
+  virtual bool leave_wakeups() { return false; }
+  [[nodiscard]] virtual bool drain_left_wakeups() { return false; }
 
   // Looks at the carrier without consuming anything (one system call): a
   // peer that died shows in poll() from then on, as do bytes that reached

@@ -4,6 +4,10 @@
 // a doorbell or two per round and the rest spared; ringing each armed
 // connection shows about 16 per round.
 //
+// A blocking call woken by a doorbell leaves it on the socket for its next
+// sleep to drain (socket.cpp, conn_wait). A close after such a sleep drains
+// it first: a byte left unread would turn the close's FIN into a reset.
+//
 // Wakers follow threads and epoll sets, not connections (socket/waker.h): a
 // process whose threads have slept on many connections holds an eventfd
 // per sleeping thread and per epoll set, not one per connection.
@@ -91,6 +95,36 @@ TEST_F(WakeupsTest, WakersFollowThreadsAndSetsNotConnections) {
       expect_paths(s, kConns, 0, "client");
     }
   EXPECT_TRUE(seen) << "no stats line from the client";
+}
+
+TEST_F(WakeupsTest, ACloseAfterSleepsSendsAFin) {
+  constexpr int kRounds = 40;
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::vector<std::string> args = {"--port", std::to_string(port), "--rounds",
+                                         std::to_string(kRounds)};
+  const std::string want = "RESULT rounds=40 eof=1 state=close_wait";
+  Proc& tcp = spawn("tcp", "rs_sleepclose", args, {});
+  ASSERT_TRUE(wait_exit(tcp, 60000)) << "tcp run hung";
+  ASSERT_TRUE(tcp.exited_ok()) << tcp.describe();
+  ASSERT_NE(tcp.out().find(want), std::string::npos) << tcp.out();
+
+  // No spin: the client sleeps in each of its blocking receives.
+  Proc& rs = spawn(
+      "librsock", "rs_sleepclose", args,
+      preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}, {"RSOCK_SPIN_US", "0"}}));
+  ASSERT_TRUE(wait_exit(rs, 60000)) << "librsock run hung";
+  ASSERT_TRUE(rs.exited_ok()) << rs.describe();
+  EXPECT_NE(rs.out().find(want), std::string::npos) << rs.out();
+  const Stats* srv = nullptr;
+  std::vector<Stats> lines = stats();
+  for (const Stats& s : lines) {
+    expect_paths(s, 1, 0, s.pid == rs.pid ? "server" : "client");
+    if (s.pid == rs.pid) srv = &s;
+  }
+  ASSERT_NE(srv, nullptr) << "no stats line from the server";
+  // The client slept: the server rang it awake (each round, in a quiet run).
+  EXPECT_GE(srv->wakeups_sent, uint64_t{kRounds / 4}) << "spared " << srv->wakeups_spared;
 }
 
 }  // namespace

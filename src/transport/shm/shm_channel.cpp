@@ -270,6 +270,10 @@ ShmChannel::~ShmChannel() {
     shm_linger(linger_end(true));  // it closes the socket and unmaps
     return;
   }
+  // A doorbell left on the socket would make its close a reset. Another
+  // process that holds the socket may sleep on it: its doorbells are its own.
+  if (doorbell_fd_ >= 0 && sole_ && wakeups_left_.load(std::memory_order_relaxed))
+    (void)drain_wakeups();
   if (doorbell_fd_ >= 0) real().close(doorbell_fd_);
   // No thread of ours touches the region any more: kept for the next
   // connection with the same peer process, once the peer is done too.
@@ -753,9 +757,19 @@ void ShmChannel::after_fork_child() {
   armed_space_.store(0, std::memory_order_relaxed);
 }
 
+bool ShmChannel::leave_wakeups() {
+  wakeups_left_.store(true, std::memory_order_relaxed);
+  return true;
+}
+
+bool ShmChannel::drain_left_wakeups() {
+  return wakeups_left_.load(std::memory_order_relaxed) && drain_wakeups();
+}
+
 bool ShmChannel::drain_wakeups() {
   // The peer's prefix is the stream's to read.
   if (!rx_open()) return false;
+  wakeups_left_.store(false, std::memory_order_relaxed);
   char buf[256];
   uint64_t took = 0;
   int err = 0;

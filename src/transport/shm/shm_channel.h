@@ -120,6 +120,8 @@ class ShmChannel final : public Channel {
   void disarm(uint32_t want) override;
   int wait_fd() const override { return doorbell_fd_; }
   bool drain_wakeups() override;
+  bool leave_wakeups() override;
+  bool drain_left_wakeups() override;
   void probe() override;
   // wait_fd() is the kernel socket: the peer's FIN, a reset and foreign
   // bytes all make it readable.
@@ -258,6 +260,7 @@ class ShmChannel final : public Channel {
   std::atomic<bool> tx_switched_{false};
   std::atomic<bool> rx_switched_{false};
   std::atomic<bool> owed_{false};
+  std::atomic<bool> wakeups_left_{false};  // leave_wakeups(): on the socket still
   // Keeping the region when the end closes (keep_region_for /
   // keep_mapping_of): only if this process held the end alone from start to
   // end (sole_: no fork, exec or spawn shared it) and dropped it last.
