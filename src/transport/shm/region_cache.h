@@ -18,9 +18,11 @@
 // the memfd's inode when an offer brings the same file.
 //
 // Bounded: at most region_cache_set_limit() regions and as many mappings per
-// process (the oldest go first: unmapped and closed); 0 keeps none. Their
-// pages stay resident while kept (up to 2 x RSOCK_RING_SIZE + 4 KiB each).
-// A fork's child starts with none. Thread-safety: every call may come from
+// process (the oldest go first: unmapped and closed); 0 keeps none. A
+// region kept after both ends closed holds the first
+// ShmChannel::kKeptWarmBytes of each ring (the rest is punched out); one
+// whose server end closed first keeps what its rings touched (up to
+// 2 x RSOCK_RING_SIZE + 4 KiB), since the client may still read. A fork's child starts with none. Thread-safety: every call may come from
 // any thread.
 #pragma once
 
