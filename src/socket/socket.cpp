@@ -337,10 +337,9 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
     const int rc = sleep_on_fd(socket_busy ? -1 : ch.wait_fd(), until, on_signal,
                                t.waker ? t.waker->fd() : -1);
     // Woken to find what we waited for: the doorbell can wait on the
-    // socket until the next sleep, which drains it before it arms (on a
-    // blocking ping-pong that sleeps each hop, the two recv() of the drain
-    // were on the path to the reply). Each hop took 21.1 us with them there
-    // and 15.6 without, kernel TCP 13.5-15.5 (2026-12-05, docs/design.md).
+    // socket until the next sleep, which drains it before it arms. On a
+    // blocking ping-pong whose hops all sleep, the drain's two recv() were
+    // on the path to the reply (docs/design.md, "A hop that sleeps").
     if (rc > 0 && ready() && ch.leave_wakeups()) {
       leave();
       return 0;
