@@ -15,7 +15,8 @@
 //       connects N times (one after the other), puts all N in one epoll
 //       set; each round writes one byte to the first and waits in
 //       epoll_wait until each connection has delivered that round's byte.
-//       Prints "RESULT rounds=R bytes=N*R".
+//       Prints "RESULT rounds=R bytes=N*R waits=W", W being its epoll_wait
+//       calls.
 // Every wait is bounded (10 s); exit 1 on any failure, 2 on bad usage.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -82,13 +83,14 @@ int client(int port, int conns, int rounds) {
     if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) return fail("epoll_ctl");
     c.push_back(fd);
   }
-  long bytes = 0;
+  long bytes = 0, waits = 0;
   std::vector<epoll_event> evs(conns);
   for (int r = 0; r < rounds; ++r) {
     if (send(c[0], "g", 1, MSG_NOSIGNAL) != 1) return fail("send go");
     std::vector<bool> got(conns, false);
     for (int left = conns; left > 0;) {
       const int n = epoll_wait(ep, evs.data(), conns, 10000);
+      ++waits;
       if (n <= 0) {
         fprintf(stderr, "round %d: epoll_wait returned %d with %d bytes missing\n", r, n, left);
         return 1;
@@ -107,7 +109,7 @@ int client(int port, int conns, int rounds) {
     }
   }
   for (int fd : c) close(fd);
-  printf("RESULT rounds=%d bytes=%ld\n", rounds, bytes);
+  printf("RESULT rounds=%d bytes=%ld waits=%ld\n", rounds, bytes, waits);
   return 0;
 }
 
