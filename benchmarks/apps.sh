@@ -14,6 +14,12 @@
 #   java-echo          benchmarks/JavaEcho.java: 64-byte round trips over
 #                      blocking java.net sockets (OpenJDK), 20,000 after a
 #                      warm-up: p50 and p99 us of one round trip
+#   pingpong-sleep     benchmarks/pingpong.cpp: 20,000 blocking 64-byte round
+#                      trips (send, then recv) after 2,000 unmeasured, with
+#                      RSOCK_SPIN_US=0 on both librsock ends, so that a call
+#                      that waits sleeps at once (the cost of a hop that
+#                      sleeps, issue 9): p50 and p99 us of a hop (half a
+#                      round trip) and the client's CPU us per round trip
 #   py-threaded        test/apps/py_threading.py echo-server/echo-client: a
 #                      Python ThreadingTCPServer echoing 128 x 256 KiB to
 #                      each of 8 client threads (a thread per connection,
@@ -358,6 +364,32 @@ run_java() { # PATH
   [[ $path == rsock ]] && check_shm "$tag" java java
 }
 
+run_pingpong() { # PATH
+  local path=$1 port tag line
+  port=$(free_port) tag=pingpong-$path-$RANDOM
+  R_OK=1 R_NOTE="" R=()
+  RSOCK_EXTRA=(RSOCK_SPIN_US=0)
+  start_server "$path" "$tag" "$port" "$PINGPONG" server 127.0.0.1 "$port" || {
+    R_OK=0 R_NOTE="pingpong server did not start"
+    stop_server TERM
+    RSOCK_EXTRA=()
+    return
+  }
+  run_client "$path" "$tag" "$port" "$PINGPONG" client 127.0.0.1 "$port" 64 20000 2000 ||
+    R_NOTE+="pingpong client status $?; "
+  await_server_exit
+  stop_server TERM
+  RSOCK_EXTRA=()
+  line=$(grep -m1 '^pingpong: size=' "$WORK/$tag.cli.out")
+  R[p50]=$(sed -n 's/.* p50_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  R[p99]=$(sed -n 's/.* p99_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  R[cpu]=$(sed -n 's/.* cpu_us=\([0-9.]*\).*/\1/p' <<<"$line")
+  [[ -n ${R[p50]} ]] || {
+    R_OK=0 R_NOTE+="pingpong: ${line:-no result line}; "
+  }
+  [[ $path == rsock ]] && check_shm "$tag" pingpong pingpong
+}
+
 run_py() { # PATH MESSAGES SIZE
   local path=$1 messages=$2 size=$3 port tag line
   port=$(free_port) tag=py-$path-$RANDOM
@@ -508,7 +540,8 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
 }
 
 STREAM_SIZES="64 1024 16384 65536 262144 1048576"
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo py-threaded \
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo pingpong-sleep \
+  py-threaded \
   py-threaded-1m \
   conns-block conns-epoll \
   conns-block-tcpfirst conns-epoll-tcpfirst \
@@ -521,6 +554,8 @@ CONNRATE=$WORK/connrate
 g++ -std=c++20 -O2 -o "$CONNRATE" "$ROOT/benchmarks/connrate.cpp" || die "building connrate failed"
 STREAM=$WORK/stream
 g++ -std=c++20 -O2 -o "$STREAM" "$ROOT/benchmarks/stream.cpp" || die "building stream failed"
+PINGPONG=$WORK/pingpong
+g++ -std=c++20 -O2 -o "$PINGPONG" "$ROOT/benchmarks/pingpong.cpp" || die "building pingpong failed"
 if want java-echo; then
   javac -d "$WORK" "$ROOT/benchmarks/JavaEcho.java" || die "building JavaEcho failed"
 fi
@@ -552,6 +587,10 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         java-echo)
           run_java "$path"
           record "$row" "$path" p50 p99
+          ;;
+        pingpong-sleep)
+          run_pingpong "$path"
+          record "$row" "$path" p50 p99 cpu
           ;;
         py-threaded)
           run_py "$path" 128 262144
@@ -637,6 +676,11 @@ report=$WORK/apps.md
       java-echo)
         row_line "$row" p50 "p50 us of a 64-byte round trip" lat
         row_line "$row" p99 "p99 us of a 64-byte round trip" lat
+        ;;
+      pingpong-sleep)
+        row_line "$row" p50 "p50 us of a 64-byte hop, spin off" lat
+        row_line "$row" p99 "p99 us of a 64-byte hop, spin off" lat
+        row_line "$row" cpu "client CPU us per round trip" lat
         ;;
       py-threaded | py-threaded-1m) row_line "$row" mbs "MB/s echoed to 8 threads" rate ;;
       idle-conns)
