@@ -513,6 +513,35 @@ TEST(ShmChannel, DoorbellsAreCountedAndNeverForeign) {
   EXPECT_FALSE(p.server->poll().flags & kKernelBytes);
 }
 
+TEST(ShmChannel, ADrainTakesAtMostItsShareOfAFlood) {
+  ShmPair p = make_shm_pair(4096);
+  ASSERT_TRUE(p.server && p.client);
+  RegionHeader* h = p.region;
+  // The server rings far more than one drain takes: counted doorbells,
+  // written as fast as the socket takes them.
+  const int sfd = p.server->wait_fd();
+  const std::vector<char> bells(16 * 1024, 'd');
+  size_t sent = 0;
+  for (;;) {
+    const ssize_t n = ::send(sfd, bells.data(), bells.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+    h->end[0].doorbells.fetch_add(static_cast<uint64_t>(n));
+  }
+  ASSERT_GT(sent, 2 * ShmChannel::kDrainMaxBytes);
+  const int cfd = p.client->wait_fd();
+  EXPECT_TRUE(p.client->drain_wakeups());
+  // One drain stops at its bound and leaves the rest readable.
+  EXPECT_EQ(h->end[1].drained.load(), ShmChannel::kDrainMaxBytes);
+  EXPECT_EQ(static_cast<size_t>(queued_bytes(cfd)), sent - ShmChannel::kDrainMaxBytes);
+  EXPECT_TRUE(fd_readable(cfd));
+  // Later drains take the rest; every byte was a counted doorbell.
+  for (int i = 0; i < 64 && queued_bytes(cfd) > 0; ++i) p.client->drain_wakeups();
+  EXPECT_EQ(queued_bytes(cfd), 0);
+  EXPECT_EQ(h->end[1].drained.load(), sent);
+  EXPECT_FALSE(p.client->poll().flags & kKernelBytes);
+}
+
 TEST(ShmChannel, ADoorbellThatCannotBeSentIsTakenBack) {
   ShmPair p = make_shm_pair(4096);
   ASSERT_TRUE(p.server && p.client);

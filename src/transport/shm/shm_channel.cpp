@@ -770,7 +770,7 @@ bool ShmChannel::drain_wakeups() {
   // The peer's prefix is the stream's to read.
   if (!rx_open()) return false;
   wakeups_left_.store(false, std::memory_order_relaxed);
-  char buf[256];
+  char buf[1024];
   uint64_t took = 0;
   int err = 0;
   bool eof = false;
@@ -778,6 +778,12 @@ bool ShmChannel::drain_wakeups() {
     ssize_t n = real().recv(doorbell_fd_, buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0) {
       took += static_cast<uint64_t>(n);
+      // A peer that keeps ringing must not hold the caller here: what is
+      // left keeps the socket readable, and the next drain takes it.
+      if (took >= kDrainMaxBytes) {
+        wakeups_left_.store(true, std::memory_order_relaxed);
+        break;
+      }
       continue;
     }
     if (n == 0)

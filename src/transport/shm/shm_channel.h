@@ -164,6 +164,9 @@ class ShmChannel final : public Channel {
   // land there) and gives the rest back: the server, whose destructor finds
   // the client's end done, punches them out.
   static constexpr size_t kKeptWarmBytes = 16 * 1024;
+  // The most one drain_wakeups takes off the socket: a peer that rings
+  // without pause cannot keep a sleeper (or a close) draining.
+  static constexpr size_t kDrainMaxBytes = 64 * 1024;
 
   // Once this end closes, its region may serve the next connection between
   // the same two processes (region_cache.h), if this process was its only
