@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -36,4 +37,10 @@ inline int listen_loopback(int port, int backlog, int type_flags = 0) {
     return -1;
   }
   return l;
+}
+
+// Sleeps ms milliseconds (under 1000).
+inline void pause_ms(int ms) {
+  timespec ts = {0, ms * 1000000L};
+  nanosleep(&ts, nullptr);
 }

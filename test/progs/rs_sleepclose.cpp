@@ -29,11 +29,6 @@
 
 namespace {
 
-void pause_ms(int ms) {
-  timespec ts = {0, ms * 1000000L};
-  nanosleep(&ts, nullptr);
-}
-
 int fail(const char* what) {
   fprintf(stderr, "rs_sleepclose: %s: %s\n", what, strerror(errno));
   return 1;

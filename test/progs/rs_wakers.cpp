@@ -30,11 +30,6 @@
 
 namespace {
 
-void pause_ms(int ms) {
-  timespec ts = {0, ms * 1000000L};
-  nanosleep(&ts, nullptr);
-}
-
 int count_eventfds() {
   int n = 0;
   for (int fd = 0; fd < 65536; ++fd) {
