@@ -22,8 +22,9 @@
 // region kept after both ends closed holds the first
 // ShmChannel::kKeptWarmBytes of each ring (the rest is punched out); one
 // whose server end closed first keeps what its rings touched (up to
-// 2 x RSOCK_RING_SIZE + 4 KiB), since the client may still read. A fork's child starts with none. Thread-safety: every call may come from
-// any thread.
+// 2 x RSOCK_RING_SIZE + 4 KiB), since the client may still read. A fork's
+// child starts with none. Thread-safety: every call may come from any
+// thread.
 #pragma once
 
 #include <sys/types.h>
