@@ -1284,70 +1284,87 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   return 0;
 }
 
-void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome) {
+// Registers outcome's wakeup fd for member m (key fd) in the kernel's set.
+// A dup'd fd of the same connection converted before it holds that
+// registration already (EEXIST): the two share it, as an ADD would have
+// them (rs_epoll_ctl).
+void register_converted(EpollState& s, EpollMember& m, int fd) {
+  epoll_event kev = {};
+  kev.data.u64 = kTag | static_cast<uint32_t>(fd);
+  kev.events = m.kernel_mask = kernel_events(m);
+  if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) == 0 || errno != EEXIST) return;
+  for (auto& [ofd, o] : s.members)
+    if (&o != &m && o.st.get() == m.st.get()) o.wait_shared = m.wait_shared = true;
+}
+
+void epoll_pending_resolved(FdState* pending, FdState* outcome) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
   for (EpollState* s : live_sets()) {
     std::lock_guard<std::mutex> l2(s->mu);
-    auto it = s->members.find(fd);
-    if (it == s->members.end() || it->second.st.get() != pending) continue;
-    EpollMember& m = it->second;
-    if (m.conn()) {
-      // The connection the fd used meanwhile (RSOCK_TCP_FIRST): its arms
-      // go, and its wakeup fd (a dup of the socket, whose file stays open)
-      // leaves the kernel's set.
-      disarm_member(m);
-      real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
-      if (outcome) {
-        epoll_event kev = {};
-        kev.data.u64 = kTag | static_cast<uint32_t>(fd);
+    // Every member on the pairing: its fd, and the dup'd fds of it that the
+    // set holds too, each keyed by its own number.
+    for (auto it = s->members.begin(); it != s->members.end();) {
+      EpollMember& m = it->second;
+      const int fd = it->first;
+      if (m.st.get() != pending) {
+        ++it;
+        continue;
+      }
+      bool erase = false;
+      if (m.conn()) {
+        // The connection the fd used meanwhile (RSOCK_TCP_FIRST): its arms
+        // go, and its wakeup fd (a dup of the socket, whose file stays open)
+        // leaves the kernel's set (ENOENT for a twin that shared it).
+        disarm_member(m);
+        real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+        m.wait_shared = false;
+        if (outcome) {
+          outcome->ref();
+          m.st = FdRef(outcome);
+          outcome->epoll_refs.fetch_add(1);
+          register_converted(*s, m, fd);
+          // The successor goes on from the same counts (Stream::continue_from,
+          // and the generations count from the stream's first byte): an
+          // edge-triggered member reports what is new since its last report,
+          // not the switch.
+        } else {
+          epoll_event kev = {};
+          kev.events = m.disabled ? 0 : m.events;
+          kev.data = m.data;
+          real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
+          erase = true;
+        }
+      } else if (outcome) {
+        // Watch the channel from now on; the pairing's eventfd stays until a
+        // wait sees it fire, so that a thread asleep in epoll_wait wakes up.
         outcome->ref();
+        m.stale = std::move(m.st);
         m.st = FdRef(outcome);
-        kev.events = m.kernel_mask = kernel_events(m);
         outcome->epoll_refs.fetch_add(1);
-        real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev);
-        // The successor goes on from the same counts (Stream::continue_from,
-        // and the generations count from the stream's first byte): an
-        // edge-triggered member reports what is new since its last report,
-        // not the switch.
+        register_converted(*s, m, fd);
+        m.last_mask = 0;
+        m.last_rx = m.last_tx = ~0ull;
       } else {
+        // Plain TCP: the kernel takes the application's registration over.
         epoll_event kev = {};
         kev.events = m.disabled ? 0 : m.events;
         kev.data = m.data;
+        real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
         real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
-        unlink_awake(it->second);
-        s->members.erase(it);
+        erase = true;
       }
+      if (erase) {
+        unlink_awake(m);
+        it = s->members.erase(it);
+      } else {
+        ++it;
+      }
+      // Only now: a close() of fd that sees no reference left skips
+      // epoll_forget (and our lock) and closes at once, so it must not see
+      // that before the epoll_ctl on fd above is done, or the number could
+      // name another file by then.
       pending->epoll_refs.fetch_sub(1);
-      continue;
     }
-    if (outcome) {
-      // Watch the channel from now on; the pairing's eventfd stays until a
-      // wait sees it fire, so that a thread asleep in epoll_wait wakes up.
-      epoll_event kev = {};
-      kev.data.u64 = kTag | static_cast<uint32_t>(fd);
-      outcome->ref();
-      m.stale = std::move(m.st);
-      m.st = FdRef(outcome);
-      kev.events = m.kernel_mask = kernel_events(m);
-      outcome->epoll_refs.fetch_add(1);
-      real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev);
-      m.last_mask = 0;
-      m.last_rx = m.last_tx = ~0ull;
-    } else {
-      // Plain TCP: the kernel takes the application's registration over.
-      epoll_event kev = {};
-      kev.events = m.disabled ? 0 : m.events;
-      kev.data = m.data;
-      real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
-      real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
-      unlink_awake(it->second);
-      s->members.erase(it);
-    }
-    // Only now: a close() of fd that sees no reference left skips
-    // epoll_forget (and our lock) and closes at once, so it must not see
-    // that before the epoll_ctl on fd above is done, or the number could
-    // name another file by then.
-    pending->epoll_refs.fetch_sub(1);
   }
 }
 

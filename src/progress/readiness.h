@@ -55,11 +55,13 @@ void epoll_after_fork_child();
 // Drops fd from every epoll shadow (called on its last close).
 void epoll_forget(int fd);
 
-// A nonblocking connect's pairing on fd has its outcome (nullptr: plain
-// TCP): every epoll member for it becomes the connection's, or goes to the
-// kernel with the application's events and data. Called before any fd
-// changes hands (see socket/pending.h).
+// A pairing has its outcome (nullptr: plain TCP): every epoll member for
+// it (its fd and any dup of it a set holds) becomes the connection's, or
+// goes to the kernel with the application's events and data. pending: what
+// the members hold, the PendingState or the stream it lent the fd
+// meanwhile (RSOCK_TCP_FIRST). Called before any fd changes hands (see
+// socket/pending.h).
 class FdState;
-void epoll_pending_resolved(int fd, FdState* pending, FdState* outcome);
+void epoll_pending_resolved(FdState* pending, FdState* outcome);
 
 }  // namespace rsock

@@ -96,7 +96,7 @@ void hand_over(Work& w, ConnectionState* c) {
   }
   g_handovers.fetch_add(1, std::memory_order_seq_cst);
   p->resolve(c);
-  epoll_pending_resolved(p->fd(), live ? static_cast<FdState*>(live) : p, c);
+  epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c);
   g_handovers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::vector<int> fds;

@@ -122,7 +122,8 @@ INSTANTIATE_TEST_SUITE_P(
 // through its successor) and edge-triggered epoll across the switch
 // (epoll_et: the switch itself was reported as an edge), and FIONREAD
 // while the prefix is read and the ring holds more (epoll_oneshot counted
-// only the socket's part). The others expect
+// only the socket's part), and an epoll set holding the connection under
+// two numbers (epoll_dup: only one member was converted). The others expect
 // what the mode changes (a connection that pairs at connect, a ring's worth
 // of room, stats of a connection that never paired).
 class SemanticsTcpFirstTest : public SemanticsTest {};
@@ -137,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTcpFirstTest,
                                            "mt_poll_epoll", "mt_epoll_poll", "shut_recv",
                                            "shut_epoll", "shut_poll", "shut_send",
                                            "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready",
-                                           "epoll_dormant"),
+                                           "epoll_dormant", "epoll_dup"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
