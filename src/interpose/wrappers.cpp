@@ -103,13 +103,14 @@ OnSignal pending_on_signal(int fd, Waits waits) {
 // MSG_DONTWAIT) sets *err = -EAGAIN, as on a socket still connecting; a
 // blocking one waits for the outcome, and *err = -EINTR when a signal
 // handler ends that wait. A socket pairing while its bytes go on TCP
-// (RSOCK_TCP_FIRST) gives that connection to a data call that can go on
+// (RSOCK_TCP_FIRST) gives that connection to a data call, which goes on
 // with the paired one should the pairing end midway (send and receive
-// calls: live); the others (shutdown, sendfile, splice) wait as above.
-FdRef io_ref(int fd, int flags, int* err, Waits waits, bool live = true) {
+// calls, sendfile and splice: Stream::kForwarded); shutdown waits as
+// above.
+FdRef io_ref(int fd, int flags, int* err, Waits waits) {
   if (!fd_table().has(fd)) return FdRef();
   FdRef r = pending_settle(fd, fd_table().get(fd));
-  if (live && waits != Waits::kNever && r && r.get()->kind() == FdState::Kind::kPending &&
+  if (waits != Waits::kNever && r && r.get()->kind() == FdState::Kind::kPending &&
       r.as<PendingState>()->live())
     return pending_live(std::move(r));
   if (r && r.get()->kind() == FdState::Kind::kPending) {
@@ -248,6 +249,16 @@ EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
 }
 
 EXPORT int shutdown(int fd, int how) {
+  // A connection still on TCP whose pairing has not begun (RSOCK_TCP_FIRST)
+  // is shut down as kernel TCP, and never pairs; one whose pairing has
+  // begun, or a shutdown of the receiving side only, waits for the outcome
+  // (io_ref).
+  if ((how == SHUT_WR || how == SHUT_RDWR) && fd_table().has(fd)) {
+    FdRef r = pending_settle(fd, fd_table().get(fd));
+    if (r && r.get()->kind() == FdState::Kind::kPending &&
+        r.as<PendingState>()->shut_before_pairing())
+      return real().shutdown(fd, how);
+  }
   int err = 0;
   if (FdRef r = io_ref(fd, 0, &err, Waits::kNever)) return finish(conn_shutdown(*conn_of(r), how));
   return real().shutdown(fd, how);
@@ -546,7 +557,7 @@ EXPORT ssize_t pwritev64v2(int fd, const struct iovec* iov, int iovcnt, off64_t 
 
 EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   int again = 0;
-  FdRef r = io_ref(out_fd, 0, &again, Waits::kSend, false);
+  FdRef r = io_ref(out_fd, 0, &again, Waits::kSend);
   if (!r) {
     if (again) return finish<ssize_t>(again);
     return real().sendfile(out_fd, in_fd, offset, count);
@@ -591,7 +602,7 @@ EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out, loff_t* off_out, si
   if ((to_socket && off_in) || (!to_socket && off_out)) return finish<ssize_t>(-ESPIPE);
   if ((to_socket && off_out) || (!to_socket && off_in)) return finish<ssize_t>(-EINVAL);
   const int sock = to_socket ? fd_out : fd_in;
-  r = io_ref(sock, 0, &again, to_socket ? Waits::kSend : Waits::kReceive, false);
+  r = io_ref(sock, 0, &again, to_socket ? Waits::kSend : Waits::kReceive);
   if (!r) {
     if (again) return finish<ssize_t>(again);
     return real().splice(fd_in, off_in, fd_out, off_out, len, flags);

@@ -524,6 +524,23 @@ void PendingState::on_last_close() {
   }
 }
 
+bool PendingState::shut_before_pairing() {
+  if (!live_) return false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_ || cancelled_) return false;
+    cancelled_ = true;  // take_socket refuses from now on
+  }
+  // The driver drops the job now rather than at the end of its delay, so
+  // the fd turns plain TCP and the connection is counted.
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  if (g_driver_efd >= 0) {
+    const uint64_t one = 1;
+    (void)!real().write(g_driver_efd, &one, sizeof one);
+  }
+  return true;
+}
+
 int PendingState::take_socket() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cancelled_) return -ECANCELED;

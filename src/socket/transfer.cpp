@@ -38,20 +38,30 @@ struct Buffer {
   size_t len;
 };
 
+// A connection still on TCP before its pairing (RSOCK_TCP_FIRST) may pair
+// while a transfer runs: its stream is sealed then, a call on it returns
+// Stream::kForwarded, and the transfer goes on with the successor, which
+// continues from the same counts (as conn_send and conn_recv do). So the
+// functions below take the connection by pointer and move it on.
+
 // Free ring space, waiting for some as send() would (O_NONBLOCK: -EAGAIN;
 // SO_SNDTIMEO: -EAGAIN after it). Errors are send()'s: -EPIPE, -ECONNRESET.
 // A signal handler ends the wait as it ends send()'s: -EINTR once bytes
 // moved (done) or with a timeout, else an SA_RESTART handler restarts it.
-ssize_t wait_room(ConnectionState& c, bool nonblock, int64_t deadline, size_t done) {
+ssize_t wait_room(ConnectionState*& c, bool nonblock, int64_t deadline, size_t done) {
   for (;;) {
-    const size_t room = c.stream().writable_bytes();
+    const size_t room = c->stream().writable_bytes();
     if (room > 0) return static_cast<ssize_t>(room);
-    const ssize_t e = c.stream().send(nullptr, 0);  // the error a send would report
+    const ssize_t e = c->stream().send(nullptr, 0);  // the error a send would report
+    if (e == Stream::kForwarded) {
+      c = c->next();
+      continue;
+    }
     if (e < 0) return e;
     if (nonblock) return -EAGAIN;
     const OnSignal on_signal =
         deadline >= 0 || done > 0 ? OnSignal::kInterrupt : OnSignal::kRestartable;
-    const int w = conn_wait(c, kWantSpace, deadline, on_signal);
+    const int w = conn_wait(*c, kWantSpace, deadline, on_signal);
     if (w == -ERESTART) continue;  // nothing moved yet: as the restarted call
     if (w < 0) return w;
   }
@@ -60,17 +70,21 @@ ssize_t wait_room(ConnectionState& c, bool nonblock, int64_t deadline, size_t do
 // Sends all n bytes, which were already taken from their source. The room
 // for them was there a moment ago; a sender racing us may have taken it,
 // and then we wait for it regardless of O_NONBLOCK rather than drop bytes.
-ssize_t send_all(ConnectionState& c, const char* p, size_t n) {
+ssize_t send_all(ConnectionState*& c, const char* p, size_t n) {
   size_t done = 0;
   while (done < n) {
     iovec iov = {const_cast<char*>(p) + done, n - done};
-    const ssize_t k = c.stream().send(&iov, 1);
+    const ssize_t k = c->stream().send(&iov, 1);
     if (k > 0) {
       done += static_cast<size_t>(k);
       continue;
     }
+    if (k == Stream::kForwarded) {
+      c = c->next();
+      continue;
+    }
     if (k != -EAGAIN) return done ? static_cast<ssize_t>(done) : k;
-    (void)conn_wait(c, kWantSpace, -1, OnSignal::kContinue);  // the bytes must still go
+    (void)conn_wait(*c, kWantSpace, -1, OnSignal::kContinue);  // the bytes must still go
   }
   return static_cast<ssize_t>(done);
 }
@@ -98,8 +112,10 @@ int wait_pipe(int pipe_fd, short want, bool nonblock) {
 
 }  // namespace
 
-ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count, bool* sigpipe) {
+ssize_t conn_sendfile(ConnectionState& conn, int in_fd, off_t* offset, size_t count,
+                      bool* sigpipe) {
   *sigpipe = false;
+  ConnectionState* c = &conn;
   const int mode = open_mode(in_fd);
   if (mode < 0) return mode;
   if ((mode & O_ACCMODE) == O_WRONLY) return -EBADF;
@@ -124,8 +140,8 @@ ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count
   if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) return -EINVAL;
   if (count == 0) return 0;
 
-  const bool nonblock = c.nonblocking();
-  const int64_t deadline = deadline_after_us(c.snd_timeout_us());
+  const bool nonblock = c->nonblocking();
+  const int64_t deadline = deadline_after_us(c->snd_timeout_us());
   Buffer buf(std::min(count, kChunk));
   if (!buf.p) return -ENOMEM;
   size_t done = 0;
@@ -164,14 +180,15 @@ ssize_t conn_sendfile(ConnectionState& c, int in_fd, off_t* offset, size_t count
   return err;
 }
 
-ssize_t conn_splice_from_pipe(ConnectionState& c, int pipe_fd, size_t len, unsigned flags,
+ssize_t conn_splice_from_pipe(ConnectionState& conn, int pipe_fd, size_t len, unsigned flags,
                               bool* sigpipe) {
   *sigpipe = false;
+  ConnectionState* c = &conn;
   const int mode = open_mode(pipe_fd);
   if (mode < 0 || (mode & O_ACCMODE) == O_WRONLY) return -EBADF;
   const bool pipe_nonblock = (flags & SPLICE_F_NONBLOCK) || (mode & O_NONBLOCK);
-  const bool nonblock = c.nonblocking();
-  const int64_t deadline = deadline_after_us(c.snd_timeout_us());
+  const bool nonblock = c->nonblocking();
+  const int64_t deadline = deadline_after_us(c->snd_timeout_us());
   len = std::min(len, kMaxRwCount);
   Buffer buf(std::min(len, kChunk));
   if (!buf.p) return -ENOMEM;

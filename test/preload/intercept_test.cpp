@@ -45,6 +45,14 @@ class XferTest : public PreloadTest, public ::testing::WithParamInterface<const 
   struct Run {
     std::string client_out, server_out;
   };
+  static constexpr int kNeverMs = 60000;  // RSOCK_PAIR_DELAY_MS's largest
+  // Runs the case on plain TCP and preloaded, and compares what the client
+  // saw.
+  void compare();
+
+  // RSOCK_TCP_FIRST=1 with this RSOCK_PAIR_DELAY_MS for the preloaded run
+  // (-1: the default mode).
+  int tcp_first_delay_ms_ = -1;
 
   // One run of the case; `preload` adds librsock with a rule for the port.
   void run(bool preload, Run* out) {
@@ -53,6 +61,10 @@ class XferTest : public PreloadTest, public ::testing::WithParamInterface<const 
     const std::string label = preload ? "rsock" : "plain";
     Env env;
     if (preload) env = preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}});
+    if (preload && tcp_first_delay_ms_ >= 0) {
+      env["RSOCK_TCP_FIRST"] = "1";
+      env["RSOCK_PAIR_DELAY_MS"] = std::to_string(tcp_first_delay_ms_);
+    }
     const std::string scratch = dir() + "/" + label;
     ASSERT_EQ(mkdir(scratch.c_str(), 0755), 0);
     bool ready = false;
@@ -64,7 +76,9 @@ class XferTest : public PreloadTest, public ::testing::WithParamInterface<const 
                          {"--role", "client", "--port", std::to_string(port), "--case", GetParam(),
                           "--dir", scratch},
                          env);
-    ASSERT_TRUE(wait_exit(client, 60000)) << "client hung: " << client.describe();
+    // Half the longest pair delay below: a call that waited for a pairing
+    // that far off would not be done by then.
+    ASSERT_TRUE(wait_exit(client, 30000)) << "client hung: " << client.describe();
     ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung: " << server.describe();
     ASSERT_TRUE(client.exited_ok()) << client.describe();
     ASSERT_TRUE(server.exited_ok()) << server.describe();
@@ -85,7 +99,22 @@ class XferTest : public PreloadTest, public ::testing::WithParamInterface<const 
       EXPECT_EQ(c["total"], s["total"]) << label;
       EXPECT_EQ(c["fnv"], s["fnv"]) << label;
     }
-    if (preload) {
+    if (preload && tcp_first_delay_ms_ >= 0) {
+      auto cs = stats_of(client);
+      auto ss = stats_of(server);
+      ASSERT_TRUE(cs && ss);
+      if (tcp_first_delay_ms_ >= kNeverMs) {
+        // Over before either side's pairing was due: TCP throughout.
+        expect_paths(*cs, 0, 1, "client");
+        expect_paths(*ss, 0, 1, "server");
+        expect_fallbacks(*cs, {{"closed_before_pairing", 1}}, "client");
+        expect_fallbacks(*ss, {{"closed_before_pairing", 1}}, "server");
+      } else {
+        // One connection each, on whichever path its pairing gave.
+        EXPECT_EQ(cs->conn("shm") + cs->conn("tcp"), 1u);
+        EXPECT_EQ(ss->conn("shm") + ss->conn("tcp"), 1u);
+      }
+    } else if (preload) {
       auto cs = stats_of(client);
       auto ss = stats_of(server);
       ASSERT_TRUE(cs && ss);
@@ -103,7 +132,9 @@ class XferTest : public PreloadTest, public ::testing::WithParamInterface<const 
   }
 };
 
-TEST_P(XferTest, SameAsKernelTcp) {
+TEST_P(XferTest, SameAsKernelTcp) { compare(); }
+
+void XferTest::compare() {
   Run plain, accel;
   ASSERT_NO_FATAL_FAILURE(run(false, &plain));
   ASSERT_NO_FATAL_FAILURE(run(true, &accel));
@@ -127,6 +158,30 @@ INSTANTIATE_TEST_SUITE_P(Cases, XferTest,
                          ::testing::Values("sendfile", "sendfile_errors", "sendfile_nonblock",
                                            "sendfile_epipe", "splice_in", "splice_out", "mmsg",
                                            "rwv2", "aio_fclose", "pwait2"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// RSOCK_TCP_FIRST=1: sendfile and splice on a connection still on TCP go on
+// the socket at once (they waited for the pairing's outcome), and a
+// shutdown for writing before the pairing began ends it as on kernel TCP
+// (it waited too). With the pairing a minute away, every case ends long
+// before it (30 s bound: a call that waited would still be waiting). With
+// no delay, the pairing falls inside the transfers, which go on with the
+// paired connection from where they were. Both as kernel TCP, byte for byte.
+class XferTcpFirstTest : public XferTest {};
+
+TEST_P(XferTcpFirstTest, NeverPairedSameAsKernelTcp) {
+  tcp_first_delay_ms_ = kNeverMs;
+  compare();
+}
+
+TEST_P(XferTcpFirstTest, PairedMidwaySameAsKernelTcp) {
+  tcp_first_delay_ms_ = 0;
+  compare();
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, XferTcpFirstTest,
+                         ::testing::Values("sendfile", "sendfile_nonblock", "splice_in",
+                                           "splice_out"),
                          [](const auto& info) { return std::string(info.param); });
 
 // ---- exec ------------------------------------------------------------------------
