@@ -243,6 +243,9 @@ TEST_F(TcpFirstTest, AConnectionStillPairingAtExitIsCounted) {
 // would be missing from the count the switch announces, and the server,
 // having read past that count, would reset. It is refused (EOPNOTSUPP) as
 // on an accelerated connection, and the rest of the stream arrives intact.
+// The pairing is due 100 ms after connect() and accept(); the client
+// shuts down only 2 s after its writes, so that it pairs first (a shutdown
+// before the pairing began would keep the connection on TCP for good).
 TEST_F(TcpFirstTest, PosixAioOnAConnectionStillOnTcpIsRefused) {
   const int port = free_port();
   ASSERT_GT(port, 0);
@@ -257,7 +260,7 @@ TEST_F(TcpFirstTest, PosixAioOnAConnectionStillOnTcpIsRefused) {
   ASSERT_TRUE(ready) << server.describe();
   Proc& client = spawn("client", "rs_xfer",
                        {"--role", "client", "--port", std::to_string(port), "--case", "aio_fclose",
-                        "--dir", scratch},
+                        "--dir", scratch, "--pause-ms", "2000"},
                        preloaded(env));
   ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
   ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";

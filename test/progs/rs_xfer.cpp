@@ -20,7 +20,9 @@
 // and "DONE". A failed check prints FAIL on stderr and exits 1.
 //
 // Usage: rs_xfer --role server --port P --case NAME
-//        rs_xfer --role client --port P --case NAME --dir SCRATCH
+//        rs_xfer --role client --port P --case NAME --dir SCRATCH [--pause-ms MS]
+//   --pause-ms: aio_fclose sleeps this long before its shutdown, so that a
+//   pairing due meanwhile (RSOCK_TCP_FIRST) begins before it
 //   cases: sendfile sendfile_errors sendfile_nonblock sendfile_epipe
 //          splice_in splice_out mmsg rwv2 aio_fclose pwait2
 #include <aio.h>
@@ -74,6 +76,7 @@ struct Fnv {
 };
 
 std::string g_role, g_case;
+int g_pause_ms = 0;
 
 void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void say(const char* fmt, ...) {
@@ -641,6 +644,7 @@ void case_aio_fclose(int s) {
   const char tail[] = "after fclose\n";
   CHECK(write(s, tail, sizeof tail - 1) == static_cast<ssize_t>(sizeof tail - 1), "write");
   f.add(tail, sizeof tail - 1);
+  if (g_pause_ms > 0) sleep_ms(g_pause_ms);
   shutdown(s, SHUT_WR);
   print_sent(f);
 }
@@ -714,9 +718,11 @@ int main(int argc, char** argv) {
     if (k == "--port") port = atoi(argv[i + 1]);
     if (k == "--case") g_case = argv[i + 1];
     if (k == "--dir") dir = argv[i + 1];
+    if (k == "--pause-ms") g_pause_ms = atoi(argv[i + 1]);
   }
   if (port <= 0 || (g_role != "server" && g_role != "client") || g_case.empty()) {
-    fprintf(stderr, "usage: rs_xfer --role server|client --port P --case NAME [--dir D]\n");
+    fprintf(stderr,
+            "usage: rs_xfer --role server|client --port P --case NAME [--dir D] [--pause-ms MS]\n");
     return 2;
   }
   struct sigaction sa = {};
