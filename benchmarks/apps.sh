@@ -11,6 +11,12 @@
 #   memcached -c 16    memcaslap -T 1 -c 16: ops/s
 #   nginx + wrk        nginx (2 workers, sendfile on, a 4 KiB file) and
 #                      wrk -t 1 -c 16 --latency: requests/s, p50, p99
+#   nginx-ab           the same nginx without keep-alive and
+#                      ab -n 2000 -c 1: a new connection per request (issue
+#                      9's complaint), requests/s and the mean us of one
+#   nginx-ab-tcpfirst  the same with RSOCK_TCP_FIRST=1 on both ends: each
+#                      connection must be counted on shm or as one that
+#                      ended before its pairing, or the run is INVALID
 #   java-echo          benchmarks/JavaEcho.java: 64-byte round trips over
 #                      blocking java.net sockets (OpenJDK), 20,000 after a
 #                      warm-up: p50 and p99 us of one round trip
@@ -71,7 +77,7 @@
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_STREAM_SECONDS, BENCH_CPUS ("SERVER CLIENT", default "0 1"),
 # BENCH_APPS (a regex of row names to run), BUILD. Runtime: about
-# 12 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
+# 14 x 2 x REPEAT runs of ~5 s and 6 x 2 x REPEAT stream runs of ~2 s, ~4 min.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -118,7 +124,7 @@ die() {
 PYTHON=/usr/bin/python3
 [[ -x $PYTHON ]] || PYTHON=$(command -v python3)
 PY_ECHO=$ROOT/test/apps/py_threading.py
-for tool in redis-server redis-benchmark memcached memcaslap nginx wrk java javac python3 taskset setsid jq; do
+for tool in redis-server redis-benchmark memcached memcaslap nginx wrk ab java javac python3 taskset setsid jq; do
   command -v "$tool" >/dev/null || [[ -x /usr/sbin/$tool ]] ||
     die "$tool missing (make deps installs the Debian packages)"
 done
@@ -290,10 +296,12 @@ run_memcached() { # PATH CONNS
   [[ $path == rsock ]] && check_shm "$tag" memcached memcaslap
 }
 
-run_nginx() { # PATH
-  local path=$1 port tag prefix
-  port=$(free_port) tag=nginx-$path-$RANDOM
+run_nginx() { # PATH [ab [tcpfirst]]: wrk with keep-alive, or ab with a connection per request
+  local path=$1 client=${2:-wrk} tcp_first=${3:-} port tag prefix keepalive=60
+  port=$(free_port) tag=nginx-$client-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
+  [[ $client == ab ]] && keepalive=0
+  [[ -n $tcp_first ]] && RSOCK_EXTRA=(RSOCK_TCP_FIRST=1)
   prefix=$WORK/$tag.nginx
   mkdir -p "$prefix/www" "$prefix/tmp" "$prefix/logs"
   head -c 4096 /dev/urandom >"$prefix/www/page.bin"
@@ -309,7 +317,7 @@ http {
   access_log off;
   sendfile on;
   tcp_nopush on;
-  keepalive_timeout 60;
+  keepalive_timeout $keepalive;
   keepalive_requests 10000000;
   default_type application/octet-stream;
   client_body_temp_path $prefix/tmp/body;
@@ -324,8 +332,14 @@ EOF
     -c "$prefix/nginx.conf" -e "$prefix/logs/error.log" || {
     R_OK=0 R_NOTE="nginx did not start"
     stop_server QUIT
+    RSOCK_EXTRA=()
     return
   }
+  if [[ $client == ab ]]; then
+    run_nginx_ab "$path" "$tag" "$port" "$tcp_first"
+    RSOCK_EXTRA=()
+    return
+  fi
   run_client "$path" "$tag" "$port" wrk -t 1 -c 16 -d "${SECS}s" --latency \
     "http://127.0.0.1:$port/page.bin" || R_NOTE+="wrk status $?; "
   stop_server QUIT
@@ -341,6 +355,51 @@ EOF
     R_OK=0 R_NOTE+="no Requests/sec in wrk's output; "
   }
   [[ $path == rsock ]] && check_shm "$tag" nginx wrk
+}
+
+# The ab half of run_nginx (its server started): AB_REQUESTS requests, one
+# connection each.
+AB_REQUESTS=2000
+run_nginx_ab() { # PATH TAG PORT TCPFIRST
+  local path=$1 tag=$2 port=$3 tcp_first=$4 out=$WORK/$2.cli.out
+  run_client "$path" "$tag" "$port" ab -q -n "$AB_REQUESTS" -c 1 "http://127.0.0.1:$port/page.bin" ||
+    R_NOTE+="ab status $?; "
+  stop_server QUIT
+  R[rps]=$(sed -n 's/^Requests per second: *\([0-9.]*\).*/\1/p' "$out")
+  # "Time per request:       93.541 [ms] (mean)"
+  R[mean]=$(awk '/^Time per request:.*\(mean\)$/ { printf "%.1f", $4 * 1000; exit }' "$out")
+  local fails
+  fails=$(sed -n 's/^Failed requests: *\([0-9]*\).*/\1/p' "$out")
+  [[ -n ${R[rps]} && $fails == 0 ]] || {
+    R_OK=0 R_NOTE+="ab: ${R[rps]:-no rate}, failed requests ${fails:-?}; "
+  }
+  [[ $path == rsock ]] || return
+  if [[ -n $tcp_first ]]; then
+    check_shm_or_early "$tag" nginx ab
+  else
+    check_shm "$tag" nginx ab
+  fi
+}
+
+# check_shm_or_early TAG SERVER_PROG CLIENT_PROG: every connection of both
+# ends counted over shm or on TCP as one that ended before its pairing
+# (RSOCK_TCP_FIRST), none for another reason, AB_REQUESTS of the client's;
+# else a note.
+check_shm_or_early() {
+  local tag=$1 side prog f v shm tcp early
+  for side in srv cli; do
+    prog=$2
+    [[ $side == cli ]] && prog=$3
+    f=$WORK/$tag.$side.stats
+    v=$(jq -s -r --arg p "$prog" '[.[] | select(.program == $p)] |
+      "\(map(.connections.shm) | add // 0) \(map(.connections.tcp) | add // 0)" +
+      " \(map(.fallbacks.closed_before_pairing // 0) | add // 0)"' "$f" 2>/dev/null)
+    read -r shm tcp early <<<"${v:-x x x}"
+    if [[ $tcp != "$early" || $((shm + tcp)) -lt $AB_REQUESTS ]] 2>/dev/null; then
+      R_NOTE+="NOT SHM OR TCP-FIRST: $side $prog shm/tcp/closed_before_pairing = ${v:-no stats}; "
+      R_OK=0
+    fi
+  done
 }
 
 run_java() { # PATH
@@ -540,7 +599,8 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
 }
 
 STREAM_SIZES="64 1024 16384 65536 262144 1048576"
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk java-echo pingpong-sleep \
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk nginx-ab nginx-ab-tcpfirst \
+  java-echo pingpong-sleep \
   py-threaded \
   py-threaded-1m \
   conns-block conns-epoll \
@@ -583,6 +643,14 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
         nginx-wrk)
           run_nginx "$path"
           record "$row" "$path" rps p50 p99
+          ;;
+        nginx-ab)
+          run_nginx "$path" ab
+          record "$row" "$path" rps mean
+          ;;
+        nginx-ab-tcpfirst)
+          run_nginx "$path" ab tcpfirst
+          record "$row" "$path" rps mean
           ;;
         java-echo)
           run_java "$path"
@@ -672,6 +740,10 @@ report=$WORK/apps.md
         row_line "$row" rps "requests/s" rate
         row_line "$row" p50 "p50 us" lat
         row_line "$row" p99 "p99 us" lat
+        ;;
+      nginx-ab*)
+        row_line "$row" rps "requests/s, a connection each" rate
+        row_line "$row" mean "mean us of a request" lat
         ;;
       java-echo)
         row_line "$row" p50 "p50 us of a 64-byte round trip" lat
