@@ -241,7 +241,14 @@ EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
   if (!rt || addr == nullptr) return real().connect(fd, addr, len);
   if (fd_table().has(fd)) {
     FdRef r = pending_settle(fd, fd_table().get(fd));
-    if (r && r.get()->kind() == FdState::Kind::kPending) return finish(-EALREADY);
+    if (r && r.get()->kind() == FdState::Kind::kPending) {
+      // A connection whose bytes go on TCP until its pairing
+      // (RSOCK_TCP_FIRST) is the kernel's socket to every connect():
+      // EALREADY while its handshake runs, then 0 and EISCONN, as APR (ab)
+      // asks. One whose data calls wait for the pairing is still connecting.
+      if (r.as<PendingState>()->live()) return real().connect(fd, addr, len);
+      return finish(-EALREADY);
+    }
     if (conn_of(r)) return finish(-EISCONN);
     if (r) return real().connect(fd, addr, len);  // a listener: the kernel says why not
   }

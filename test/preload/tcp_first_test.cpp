@@ -352,6 +352,15 @@ TEST_F(TcpFirstTest, ASocketNonblockingBeforeItsConnectNeverWaits) {
   sem_case_before_pairing("nb_fill", {"OK nb_fill_eagain", "OK nb_fill_arrived"});
 }
 
+// connect() asked again once a nonblocking connect is done (APR's way, and
+// so ab's) answers as the kernel's socket does, 0 or EISCONN, on a
+// connection still on TCP (its pairing a minute away): librsock said
+// EALREADY, and ab aborted after ten such connections (rs_sem
+// nb_reconnect).
+TEST_F(TcpFirstTest, AConnectAskedAgainFindsTheConnectionMade) {
+  sem_case_before_pairing("nb_reconnect", {"OK nb_reconnect", "OK nb_data_both_ways"});
+}
+
 // SO_RCVTIMEO set before connect(), read by librsock at the first wait of
 // a connection still on TCP: a recv with nothing to read gives EAGAIN after
 // it (rs_sem timeo; an unknown timeout read as none hangs).

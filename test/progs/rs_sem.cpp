@@ -34,7 +34,7 @@
 //          mt_poll_epoll mt_epoll_poll
 //          epoll_dormant epoll_dup
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
-//          nb_fill
+//          nb_fill nb_reconnect
 //          (A made by a nonblocking connect; the client's first line "hello DELAY_MS" tells the
 //          server to accept A that much later; "hello 0 nbaccept": the event-loop way)
 #include <arpa/inet.h>
@@ -1895,6 +1895,25 @@ void case_nb_fill() {
   say("OK nb_fill_arrived");
 }
 
+// nb_reconnect: connect() called again once a nonblocking connect is done,
+// which is how APR (ab) learns that it is: 0 or EISCONN (the kernel gives
+// 0 the first time), then EISCONN. On a connection still on TCP before its
+// pairing (RSOCK_TCP_FIRST) librsock answered EALREADY, and ab gave up.
+void case_nb_reconnect() {
+  nb_connect(0);
+  pollfd w = {A, POLLOUT, 0};
+  CHECK(poll(&w, 1, 10000) == 1 && (w.revents & POLLOUT), "POLLOUT once connected");
+  sockaddr_in a = server_addr(g_port);
+  errno = 0;
+  const int r = connect(A, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  CHECK(r == 0 || errno == EISCONN, "connect again once connected: %d (errno %d)", r, errno);
+  errno = 0;
+  CHECK(connect(A, reinterpret_cast<sockaddr*>(&a), sizeof a) == -1 && errno == EISCONN,
+        "connect a third time: EISCONN");
+  say("OK nb_reconnect");
+  nb_after_connected(A);
+}
+
 // A dup made while pairing is the same connection once it is made.
 void case_nb_dup() {
   nb_connect(kAcceptDelayMs);
@@ -1985,6 +2004,8 @@ int run_client(const std::string& name) {
     case_nb_epoll_mod();
   else if (name == "nb_fill")
     case_nb_fill();
+  else if (name == "nb_reconnect")
+    case_nb_reconnect();
   else if (name == "nonblock")
     case_nonblock();
   else if (name == "sendfull")
