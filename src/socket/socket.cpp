@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
@@ -32,12 +33,21 @@ namespace {
 // AF_INET or AF_INET6 (a raw socket of IPPROTO_TCP is SOCK_RAW; MPTCP
 // answers IPPROTO_MPTCP): the domain needs no third system call.
 bool is_tcp_stream(int fd) {
-  int proto = 0, type = 0;
+  // The kernel has TCP for SOCK_STREAM sockets only.
+  int proto = 0;
   socklen_t len = sizeof proto;
-  if (real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0 || proto != IPPROTO_TCP)
-    return false;
-  len = sizeof type;
-  return real().getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+  return real().getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0 && proto == IPPROTO_TCP;
+}
+
+// connect(): whether fd is a TCP socket with no connection (TCP_CLOSE: new,
+// or its last connect failed). connect() again on one that is connecting
+// or connected (APR asks so whether a nonblocking connect is done) is the
+// kernel's to answer: no new connection, to count or to pair.
+bool is_unconnected_tcp(int fd) {
+  if (!is_tcp_stream(fd)) return false;
+  tcp_info ti = {};
+  socklen_t len = sizeof ti;
+  return real().getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_state == TCP_CLOSE;
 }
 
 int64_t timeval_us(int fd, int opt) {
@@ -559,8 +569,8 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
     if ((r == 0 || err == EINPROGRESS) && count_tcp) stats_connection(Path::kTcp);
     return r == 0 ? 0 : -err;
   };
-  if (!d.candidate) return plain(rt.stats && is_tcp_stream(fd));
-  if (!is_tcp_stream(fd)) return plain(false);
+  if (!d.candidate) return plain(rt.stats && is_unconnected_tcp(fd));
+  if (!is_unconnected_tcp(fd)) return plain(false);
 
   Fallback why;
   if (std::unique_ptr<ClientSetup> setup = client_setup(fd, addr, d.transport, cfg.tcp_first, &why))

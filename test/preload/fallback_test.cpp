@@ -114,6 +114,34 @@ INSTANTIATE_TEST_SUITE_P(
              (m.rule_matches ? "RuleMatches" : "OtherRule");
     });
 
+// A nonblocking connect that fell back (the server has no librsock) is a
+// plain socket; connect() asked again once it is done (APR's way, rs_sem
+// nb_reconnect) is the kernel's answer, not a second connection: librsock
+// counted it again, with a second fallback, and would have begun a pairing
+// on the connected socket.
+TEST_F(FallbackTest, AConnectAskedAgainAfterAFallbackCountsOnce) {
+  const int port = free_port();
+  const int port2 = free_port_besides(port);
+  ASSERT_GT(port, 0);
+  ASSERT_GT(port2, 0);
+  const RoleArgs args = two_port_args(port, port2, {"--case", "nb_reconnect"});
+  bool ready = false;
+  Proc& server = start_server("server", "rs_sem", args.server, {}, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client = spawn("client", "rs_sem", args.client,
+                       preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}}));
+  ASSERT_TRUE(wait_exit(client, kExitTimeoutMs)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << client.describe();
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  EXPECT_NE(client.out().find("OK nb_reconnect"), std::string::npos) << client.out();
+  auto cs = stats_of(client);
+  ASSERT_TRUE(cs);
+  // The connection under test and the control connection, once each.
+  expect_paths(*cs, 0, 2, "client");
+  expect_fallbacks(*cs, {{"peer_not_accelerated", 1}}, "client");
+}
+
 // Only the client has a rule; the server runs librsock without one, so it
 // does not advertise: the client falls back, the server just counts TCP.
 TEST_F(FallbackTest, RuleOnClientOnly) {
