@@ -81,20 +81,23 @@ struct Work {
   bool delayed(int64_t now) const { return !started && now < not_before_ms && !g_hurry.load(); }
 };
 
-std::atomic<int> g_handovers{0};  // hand_over calls between resolve and the epoll conversion
+std::atomic<int> g_handovers{0};  // hand_over calls between the seal and the epoll conversion
 
 // Publishes the outcome (c: one reference, taken over; nullptr: plain TCP),
 // converts the epoll members, then hands every fd over.
 void hand_over(Work& w, ConnectionState* c) {
   PendingState* p = w.pending;
   ConnectionState* live = p->live();
+  // From the seal on, a close of the fd finds c as the live connection
+  // (pending_live), whose epoll members are not converted yet: the count
+  // makes that close drop the fd's members whatever they hold.
+  g_handovers.fetch_add(1, std::memory_order_seq_cst);
   if (c && live) {
     // The bytes so far went on the socket: c goes on from them, and a call
     // that meets the old stream goes on with c.
     c->ref();
     live->seal_to(c);
   }
-  g_handovers.fetch_add(1, std::memory_order_seq_cst);
   p->resolve(c);
   epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c);
   g_handovers.fetch_sub(1, std::memory_order_seq_cst);
@@ -124,6 +127,42 @@ void discard(std::unique_ptr<Channel> ch) {
   s.close();
 }
 
+// RSOCK_TCP_FIRST: the peer has shut its sending side (its FIN is in): a
+// connection on its way out, not worth a pairing.
+bool peer_finished(int sock) {
+  pollfd p = {sock, POLLRDHUP, 0};
+  return real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// A connection that runs on TCP until its pairing (RSOCK_TCP_FIRST) and has
+// ended by the time its pairing does without a channel: the pairing was
+// cut short by the connection's end (the peer's application closed its fd,
+// and so dropped its side of the pairing mid-way), not by a peer that is
+// slow or has no librsock. Counted as closed_before_pairing, which puts the
+// peer in no negative cache. The peer's FIN may trail its side of the
+// pairing by a moment (loopback delivers it from a softirq, which the
+// kernel may defer), so a pairing the peer left (`why` pair_timeout: it
+// left mid-way, or at its deadline) waits up to kEndGraceMs for it.
+constexpr int kEndGraceMs = 20;
+bool ended_while_pairing(const Work& w, Fallback why) {
+  if (!w.pending->live() || w.sock < 0) return false;
+  pollfd p = {w.sock, POLLRDHUP, 0};
+  const int wait_ms = why == Fallback::kPairTimeout ? kEndGraceMs : 0;
+  return real().poll(&p, 1, wait_ms) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// A pairing that made its channel after the application closed the fd of a
+// connection running on TCP meanwhile (RSOCK_TCP_FIRST): the peer has
+// committed to it, and what went on the socket is counted by the stream the
+// fd used. So the connection is made as for an open fd (hand_over seals that
+// stream into it: the counts carry over), and then closed as the
+// application's close would have closed it, which tells the peer where our
+// bytes end. (Dropped instead, its bytes would be read past a count of 0,
+// as bytes behind librsock: a reset.)
+void close_if_closed(PendingState* p, ConnectionState* c) {
+  if (c && p->live() && p->closed()) c->on_last_close();
+}
+
 // accept(): the server side's pairing is over (ran: it finished; else the
 // application closed the fd first): the hand-over.
 void server_done(Work& w, bool ran, bool ended_early = false) {
@@ -134,19 +173,23 @@ void server_done(Work& w, bool ran, bool ended_early = false) {
   w.job.pairing.reset();
   // A connection that carried its bytes on TCP and ended (the peer's FIN
   // or the fd's close) before its pairing: counted, with its reason.
-  const bool early = p->live() && !ch && (ended_early || p->cancelled());
+  const bool early =
+      p->live() && !ch && (ended_early || p->cancelled() || ended_while_pairing(w, why));
   if (early) why = Fallback::kClosedEarly;
-  const bool counted = !p->cancelled() || early;
+  // Counted once, by whoever claims it first: this outcome, or a close of
+  // the fd (a live one's counts it as ended before its pairing), also one
+  // that comes while the connection is being made here. And before the
+  // hand-over: from then on the application may finish with the connection
+  // and exit, writing its stats, before this thread runs again.
+  const bool claimed = (!p->cancelled() || early) && p->claim_count();
   ConnectionState* c = nullptr;
-  if (ch && !p->cancelled())
-    c = new_connection(w.sock, std::move(ch), w.job.path);
+  if (ch && (!p->cancelled() || p->live()))
+    c = new_connection(w.sock, std::move(ch), w.job.path, claimed);
   else
     discard(std::move(ch));
-  // Counted before the hand-over: from then on the application may finish
-  // with the connection and exit, writing its stats, before this thread
-  // runs again.
-  if (counted && p->claim_count()) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
+  if (claimed) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
   hand_over(w, c);
+  close_if_closed(p, c);
   p->finish();
 }
 
@@ -165,21 +208,22 @@ void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counte
   PendingState* p = w.pending;
   PairJob& job = w.job;
   const sockaddr* addr = reinterpret_cast<const sockaddr*>(&job.addr);
-  ConnectionState* c = nullptr;
-  if (ch && !p->cancelled()) {
-    c = new_connection(w.sock, std::move(ch), job.path);
-  } else if (ch) {
+  const bool keep = ch && (!p->cancelled() || p->live());
+  if (ch && !keep) {
     discard(std::move(ch));
     counted = false;
   }
-  if (!c && p->live() && p->cancelled()) {
+  if (!keep && p->live() && (p->cancelled() || ended_while_pairing(w, why))) {
     // Its bytes went on TCP, and it ended before the pairing did.
     why = Fallback::kClosedEarly;
     counted = true;
   }
-  // Before the hand-over, as in server_done.
-  if (counted && p->claim_count()) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
+  // Claimed first, and before the hand-over, as in server_done.
+  const bool claimed = counted && p->claim_count();
+  ConnectionState* c = keep ? new_connection(w.sock, std::move(ch), job.path, claimed) : nullptr;
+  if (claimed) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
   hand_over(w, c);
+  close_if_closed(p, c);
   p->finish();
 }
 
@@ -278,17 +322,20 @@ int g_driver_efd = -1;               // under g_flight_mu
 // does not wake it (0: it is awake, and looks only after its next poll).
 int64_t g_driver_next_ms = 0;  // under g_flight_mu
 
-// RSOCK_TCP_FIRST: the peer has shut its sending side (its FIN is in): a
-// connection on its way out, not worth a pairing.
-bool peer_finished(int sock) {
-  pollfd p = {sock, POLLRDHUP, 0};
-  return real().poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
-
 // RSOCK_TCP_FIRST: a live job ends with its fd on TCP, its pairing dropped:
 // the client's reason is `why`; the server's follows from how its
 // connection went (server_done).
 void end_on_tcp(Work& w, Fallback why) {
+  if (w.pending->closed()) {
+    // The application closed the fd: the socket's file goes first (the
+    // live stream's dup and ours were its last holders), so that its FIN
+    // is on the peer's socket before our side of the pairing leaves: a
+    // peer that finds us gone then finds the connection ended too
+    // (ended_while_pairing), not a pairing that timed out.
+    if (ConnectionState* live = w.pending->live()) live->retire_prefix_socket();
+    if (w.sock >= 0) real().close(w.sock);
+    w.sock = -1;
+  }
   if (w.job.server) {
     w.job.pairing.reset();  // closes its rendezvous connection, if any
     server_done(w, false, why == Fallback::kClosedEarly);
@@ -305,6 +352,12 @@ void end_on_tcp(Work& w, Fallback why) {
 bool abandon(Work& w) {
   if (!w.pending->live()) return false;
   if (!w.pending->cancelled() && (w.sock < 0 || !peer_finished(w.sock))) return false;
+  // A server whose offer is out: the client may have committed, and its
+  // answer decides (both ends then agree).
+  if (w.job.server && w.started && w.job.pairing && w.job.pairing->settle()) {
+    server_done(w, true, true);
+    return true;
+  }
   end_on_tcp(w, Fallback::kClosedEarly);
   return true;
 }
@@ -498,6 +551,7 @@ void PendingState::on_last_close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
+    closed_ = true;
     started = started_;
   }
   if (!live_) return;
@@ -563,6 +617,11 @@ FdRef pending_live(FdRef r) {
 bool PendingState::cancelled() {
   std::lock_guard<std::mutex> lock(mu_);
   return cancelled_;
+}
+
+bool PendingState::closed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
 }
 
 FdRef PendingState::outcome() {

@@ -57,7 +57,11 @@ class PendingState final : public FdState {
   int fd() const { return fd_; }              // the application's fd at connect()
   // Readable once the outcome is in (-1 for a live one: wait() makes it).
   int event_fd() const { return event_fd_; }
+  // No pairing may begin: the application closed every fd, or (live) shut
+  // the connection down first (shut_before_pairing).
   bool cancelled();
+  // The application closed every fd.
+  bool closed();
   // RSOCK_TCP_FIRST, the driver, when the delayed pairing of a live one
   // begins: a private dup of its socket, or -ECANCELED when the application
   // closed the fd first (nothing may begin then), or another negative
@@ -97,6 +101,7 @@ class PendingState final : public FdState {
   std::mutex mu_;
   std::condition_variable cv_;
   bool cancelled_ = false;      // under mu_
+  bool closed_ = false;         // under mu_
   bool started_ = false;        // under mu_: take_socket() gave the socket
   FdState* outcome_ = nullptr;  // holds a reference; under mu_
   bool done_ = false;  // under mu_: finish() ran

@@ -113,14 +113,14 @@ uint32_t spin_ns() {
 
 }  // namespace
 
-ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path) {
+ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path, bool count) {
   auto* c = new ConnectionState(std::move(ch), path, sock_fd);
   // Its O_NONBLOCK and timeouts are read at their first use (as a prefix
   // connection's): a connection that never blocks never pays for them.
   c->peer_len = sizeof c->peer_addr;
   if (real().getpeername(sock_fd, reinterpret_cast<sockaddr*>(&c->peer_addr), &c->peer_len) != 0)
     c->peer_len = 0;
-  stats_connection(path);
+  if (count) stats_connection(path);
   return c;
 }
 

@@ -148,10 +148,12 @@ struct Accepted {
 void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accepted& how);
 
 // Setup internals shared with pending.cpp. A new connection over ch (one
-// reference, for the caller; counted in the stats); it reads O_NONBLOCK and
+// reference, for the caller; counted in the stats unless `count` is false:
+// a close counted it already); it reads O_NONBLOCK and
 // the timeouts of the kernel socket sock_fd at their first use, and
 // connection_options_from reads them now (ConnectionState::options_from).
-ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path);
+ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path,
+                                bool count = true);
 // RSOCK_TCP_FIRST: a connection for the time before its pairing, its bytes
 // on a private dup of sock_fd (PrefixChannel), not counted in the stats.
 // nullptr when no descriptor is left for the dup.

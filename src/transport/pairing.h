@@ -56,6 +56,13 @@ class Pairing {
   // application cannot close under us).
   virtual void rebind(int tcp_fd) = 0;
 
+  // The connection ended while this pairing ran (RSOCK_TCP_FIRST: the
+  // application closed its fd, or the peer's FIN came): a pairing whose
+  // peer may have committed already decides at once whether it did, and is
+  // finished (true; a channel then if it had). false: the peer cannot
+  // have committed, and the pairing is simply dropped.
+  virtual bool settle() { return false; }
+
   // After run() returned true.
   virtual std::unique_ptr<Channel> take_channel() = 0;
   virtual Fallback why() const = 0;

@@ -352,6 +352,54 @@ TEST_F(TcpFirstTest, ASocketNonblockingBeforeItsConnectNeverWaits) {
   sem_case_before_pairing("nb_fill", {"OK nb_fill_eagain", "OK nb_fill_arrived"});
 }
 
+// 500 connections from an event loop, 10 at a time, each answered by the
+// server with a byte and closed at once, while the client waits for that
+// byte and EOF; pairing at once (no delay). The server's application thus
+// closes its fd while both sides pair. Two faults showed: a pairing that
+// made its channel just after the close was dropped, its bytes on TCP
+// uncounted, and the client, which had committed, read the answer as bytes
+// past a count of 0 (a reset: "no answer and EOF", in most runs); and a
+// server side that left mid-way looked like a pairing that timed out
+// (pair_timeout), which put the server in the client's negative cache, so
+// the connections after it stayed on TCP without trying (negative_cache:
+// one run in two). Now such a connection is made and closed as the
+// application's close would have closed it, and the server's FIN goes
+// before its side of the pairing does, so the side that finds its peer
+// gone finds the connection ended: every connection arrives whole, paired
+// or counted as ended before its pairing, once, on both ends.
+TEST_F(TcpFirstTest, AServerThatClosesWhileItsPeerPairsIsNoTimeout) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string n = "500";
+  const Env env = preloaded(tcp_first_env(port, "0"));
+  bool ready = false;
+  Proc& server = start_server(
+      "server", "rs_storm",
+      {"--role", "server", "--port", std::to_string(port), "--connections", n, "--answer", "1"},
+      env, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Proc& client = spawn("client", "rs_storm",
+                       {"--role", "client", "--port", std::to_string(port), "--connections", n,
+                        "--burst", "10", "--answer", "1"},
+                       env);
+  ASSERT_TRUE(wait_exit(client, 120000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << client.describe();
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  EXPECT_EQ(parse_result(client.out(), "RESULT")["connected"], n);
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  for (const Stats* s : {&*cs, &*ss}) {
+    const std::string who = s == &*cs ? "client" : "server";
+    EXPECT_EQ(s->conn("shm") + s->conn("tcp"), 500u) << who;
+    // Each one on TCP ended before its pairing: no other reason.
+    EXPECT_EQ(s->fallback("closed_before_pairing"), s->conn("tcp")) << who;
+    EXPECT_EQ(s->fallback("pair_timeout"), 0u) << who;
+    EXPECT_EQ(s->fallback("negative_cache"), 0u) << who;
+  }
+}
+
 // connect() asked again once a nonblocking connect is done (APR's way, and
 // so ab's) answers as the kernel's socket does, 0 or EISCONN, on a
 // connection still on TCP (its pairing a minute away): librsock said

@@ -13,6 +13,9 @@
 //       N connections, K at a time: K nonblocking connect()s (EINPROGRESS),
 //       poll() for POLLOUT, SO_ERROR must be 0, one byte written, close().
 //       Prints "RESULT connected=N" and exits 0 iff every one connected.
+//   --answer 1 (both roles): the server answers each connection's byte with
+//       one of its own and closes it at once, and the client reads that byte
+//       and then EOF before it closes: the server's side ends first.
 //   --count-threads 1 (either role): also counts this process's threads
 //       whose name starts with "rsock-pair" (librsock's pairing threads)
 //       after every burst or accept batch, and prints "PAIRING
@@ -39,6 +42,7 @@ namespace {
 constexpr int kWaitMs = 10000;
 
 bool g_count_threads = false;
+bool g_answer = false;
 int g_max_threads = 0;
 
 // Notes how many of this process's threads are librsock's pairing threads.
@@ -65,7 +69,9 @@ void report_threads() {
 }
 
 int usage() {
-  fprintf(stderr, "usage: rs_storm --role server|client --port P --connections N [--burst K]\n");
+  fprintf(stderr,
+          "usage: rs_storm --role server|client --port P --connections N [--burst K] "
+          "[--answer 1] [--count-threads 1]\n");
   return 2;
 }
 
@@ -107,7 +113,18 @@ int run_server(const sockaddr_in& a, long n) {
       }
       char buf[256];
       ssize_t r;
-      while ((r = read(fd, buf, sizeof buf)) > 0) bytes += r;
+      long got = 0;
+      while ((r = read(fd, buf, sizeof buf)) > 0) got += r;
+      bytes += got;
+      if (g_answer && got > 0) {
+        if (write(fd, "y", 1) != 1) {
+          fprintf(stderr, "server: answer: %s\n", strerror(errno));
+          return 1;
+        }
+        close(fd);
+        ++ended;
+        continue;
+      }
       if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
         if (r < 0) fprintf(stderr, "server: read: %s\n", strerror(errno));
         close(fd);
@@ -118,6 +135,23 @@ int run_server(const sockaddr_in& a, long n) {
   printf("RESULT accepted=%ld bytes=%ld\n", ended, bytes);
   report_threads();
   return 0;
+}
+
+// --answer: the server's byte, then its EOF, on nonblocking fd.
+bool read_answer(int fd) {
+  std::string got;
+  for (;;) {
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, kWaitMs) != 1) return false;
+    char buf[16];
+    const ssize_t r = read(fd, buf, sizeof buf);
+    if (r > 0) {
+      got.append(buf, static_cast<size_t>(r));
+      continue;
+    }
+    if (r == 0) return got == "y";
+    if (errno != EAGAIN && errno != EINTR) return false;
+  }
 }
 
 int run_client(const sockaddr_in& a, long n, int burst) {
@@ -151,6 +185,11 @@ int run_client(const sockaddr_in& a, long n, int burst) {
           fprintf(stderr, "client: connection %ld: %s\n", done + i, strerror(err ? err : errno));
           return 1;
         }
+        if (g_answer && !read_answer(p[i].fd)) {
+          fprintf(stderr, "client: connection %ld: no answer and EOF: %s\n", done + i,
+                  strerror(errno));
+          return 1;
+        }
         close(p[i].fd);
         p[i].fd = -1;
         ++connected;
@@ -182,6 +221,8 @@ int main(int argc, char** argv) {
       burst = atoi(argv[i + 1]);
     else if (k == "--count-threads")
       g_count_threads = atoi(argv[i + 1]) != 0;
+    else if (k == "--answer")
+      g_answer = atoi(argv[i + 1]) != 0;
     else
       return usage();
   }

@@ -284,9 +284,13 @@ class ShmServerPairing final : public Pairing {
     region_cache_set_limit(cfg.region_cache);
   }
   ~ShmServerPairing() override {
+    // The doorbell dup may be the connection's last holder (RSOCK_TCP_FIRST:
+    // the application closed its fd meanwhile): its FIN goes before the
+    // client finds the pairing connection closed, so that the client tells
+    // a connection that ended from a pairing that timed out.
+    if (doorbell_ >= 0) real().close(doorbell_);
     if (conn_ >= 0) real().close(conn_);
     if (memfd_ >= 0) real().close(memfd_);
-    if (doorbell_ >= 0) real().close(doorbell_);
     if (map_) munmap(map_, map_len_);
   }
 
@@ -367,6 +371,14 @@ class ShmServerPairing final : public Pairing {
     stage_ = Stage::kDone;
     if (conn_ >= 0) real().close(conn_);
     conn_ = -1;
+    return true;
+  }
+
+  // Once the offer is out the client may commit (its answer sent) at any
+  // moment: what it answered decides, as at our deadline.
+  bool settle() override {
+    if (stage_ != Stage::kAwaitAnswer) return false;
+    timed_out();
     return true;
   }
 
