@@ -263,8 +263,13 @@ EXPORT int shutdown(int fd, int how) {
   if ((how == SHUT_WR || how == SHUT_RDWR) && fd_table().has(fd)) {
     FdRef r = pending_settle(fd, fd_table().get(fd));
     if (r && r.get()->kind() == FdState::Kind::kPending &&
-        r.as<PendingState>()->shut_before_pairing())
-      return real().shutdown(fd, how);
+        r.as<PendingState>()->shut_before_pairing()) {
+      // Until the pairing's end turns the fd plain TCP its calls still go
+      // to the stream (poll right after: HUP once both FINs went).
+      const int rc = real().shutdown(fd, how);
+      if (rc == 0) r.as<PendingState>()->live()->stream().shut_on_tcp(how == SHUT_RDWR);
+      return rc;
+    }
   }
   int err = 0;
   if (FdRef r = io_ref(fd, 0, &err, Waits::kNever)) return finish(conn_shutdown(*conn_of(r), how));

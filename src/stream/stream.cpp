@@ -892,6 +892,11 @@ int Stream::shutdown(bool rd, bool wr) {
   return 0;
 }
 
+void Stream::shut_on_tcp(bool rd) {
+  if (rd) shut_rd_.store(true, std::memory_order_relaxed);
+  shut_wr_.store(true, std::memory_order_relaxed);
+}
+
 void Stream::close(bool abort) {
   // A last look: bytes left behind our back on the carrier are reported
   // (and the peer told) rather than closed over.
