@@ -7,7 +7,11 @@
 // reason, and the intruders counted as rejected), and the attacker
 // received nothing it could use (no byte, no descriptor that allows I/O or
 // a mapping). The cases need root (to run the attacker as another user);
-// without it they are skipped, loudly.
+// without it they are skipped, loudly. The attacks on the rendezvous run in
+// both pairing modes (AttackModes): eager, and the default one with its
+// pairing begun at once (RSOCK_PAIR_DELAY_MS=0), so that it begins before
+// the victims' exchange, whose last call, a shutdown, would otherwise keep
+// the connection on TCP before any rendezvous existed.
 #include <sys/stat.h>
 
 #include "harness.h"
@@ -63,6 +67,10 @@ class AttackTest : public PreloadTest {
 
   Env victim(Env extra = {}) {
     extra["RSOCK_PEERS"] = "127.0.0.1:" + std::to_string(port_);
+    if (default_mode_) {
+      extra["RSOCK_TCP_FIRST"] = "1";
+      extra["RSOCK_PAIR_DELAY_MS"] = "0";
+    }
     return preloaded(extra);
   }
 
@@ -83,6 +91,16 @@ class AttackTest : public PreloadTest {
 
   std::string pub_, attacker_, stop_, gate_;
   int port_ = 0;
+  bool default_mode_ = false;  // RSOCK_TCP_FIRST=1 (pairing at once), else eager
+};
+
+// GetParam(): the victims run in the default mode, else with eager pairing.
+class AttackModes : public AttackTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override {
+    default_mode_ = GetParam();
+    AttackTest::SetUp();
+  }
 };
 
 // Another user connects to every client rendezvous it sees, floods it with
@@ -91,7 +109,7 @@ class AttackTest : public PreloadTest {
 // attack is under way). The client answers nobody but the real server:
 // the connection is accelerated, the intruders are counted, and they
 // received nothing.
-TEST_F(AttackTest, ForeignUserCannotHijackTheClientRendezvous) {
+TEST_P(AttackModes, ForeignUserCannotHijackTheClientRendezvous) {
   bool ready = false;
   Proc& server = start_server("server", "rs_echo",
                               {"--role", "server", "--port", std::to_string(port_), "--gate", gate_},
@@ -134,7 +152,7 @@ TEST_F(AttackTest, ForeignUserCannotHijackTheClientRendezvous) {
 // name held by another user than the one who owns the client's socket,
 // sends nothing and stays on TCP (peer_unproven, one rejection). The
 // squatter receives nothing.
-TEST_F(AttackTest, ForeignUserSquattingTheClientNameGetsNothing) {
+TEST_P(AttackModes, ForeignUserSquattingTheClientNameGetsNothing) {
   const int cport = free_port();
   ASSERT_GT(cport, 0);
   Proc& attacker = spawn("attacker", attacker_,
@@ -223,7 +241,7 @@ TEST_F(AttackTest, StalledPairingDoesNotHoldUpAccept) {
 // listens. A librsock client believes it, waits for a pairing that never
 // comes (its timeout, once: then the negative cache) and goes on over TCP.
 // Nothing reaches the squatter.
-TEST_F(AttackTest, ForeignUserFakingAServerCostsOneTimeout) {
+TEST_P(AttackModes, ForeignUserFakingAServerCostsOneTimeout) {
   Proc& attacker = spawn("attacker", attacker_,
                          {"squat", "--dgram", "--name",
                           "rsock/L/" + std::string(kLoopbackHex) + "/" + std::to_string(port_),
@@ -248,6 +266,10 @@ TEST_F(AttackTest, ForeignUserFakingAServerCostsOneTimeout) {
   expect_paths(*cs, 0, 1, "client");
   expect_fallbacks(*cs, {{"pair_timeout", 1}}, "client");
 }
+
+INSTANTIATE_TEST_SUITE_P(Attack, AttackModes, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "DefaultMode" : "Eager");
+});
 
 }  // namespace
 }  // namespace rsock_test
