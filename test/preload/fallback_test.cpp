@@ -153,6 +153,47 @@ TEST_F(FallbackTest, RuleOnClientOnly) {
   expect_stats(*server_, false, {});
 }
 
+// Ends of different pairing modes (RSOCK_TCP_FIRST=0 on one, the default
+// on the other): the stream is intact both ways, and each end says which
+// path it took. An eager client has its rendezvous ready when the server's
+// delayed pairing looks for it, so the two pair (the server's end switches
+// from TCP as between two default ends). An eager server looks at accept()
+// and finds no rendezvous (peer_not_accelerated); the client, whose calls
+// go on over TCP meanwhile, learns it from the server's FIN, or at its
+// deadline (pair_timeout, and the server goes into its negative cache), or
+// its connection ended before its pairing began.
+class ModesDiffer : public FallbackTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(ModesDiffer, TheStreamIsIntact) {
+  const bool eager_server = GetParam();
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string rule = "127.0.0.1:" + std::to_string(port);
+  Env eager = {{"RSOCK_PEERS", rule}, {"RSOCK_TCP_FIRST", "0"}};
+  Env tcp_first = {{"RSOCK_PEERS", rule}, {"RSOCK_TCP_FIRST", "1"}};
+  exchange({true, eager_server ? eager : tcp_first}, {true, eager_server ? tcp_first : eager},
+           port);
+  if (HasFatalFailure()) return;
+  if (!eager_server) {
+    expect_stats(*client_, true, {});
+    expect_stats(*server_, true, {});
+    return;
+  }
+  expect_stats(*server_, false, {{"peer_not_accelerated", 1}});
+  auto cs = stats_of(*client_);
+  ASSERT_TRUE(cs);
+  expect_paths(*cs, 0, 1, "client");
+  EXPECT_EQ(cs->total_fallbacks(), 1u);
+  EXPECT_EQ(cs->fallback("peer_not_accelerated") + cs->fallback("pair_timeout") +
+                cs->fallback("closed_before_pairing"),
+            1u)
+      << "client";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fallback, ModesDiffer, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "EagerServer" : "EagerClient");
+});
+
 // Only the server has a rule; the client runs librsock without one and
 // connects plainly: the server finds no rendezvous and records why.
 TEST_F(FallbackTest, RuleOnServerOnly) {
