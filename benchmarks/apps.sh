@@ -13,10 +13,12 @@
 #                      wrk -t 1 -c 16 --latency: requests/s, p50, p99
 #   nginx-ab           the same nginx without keep-alive and
 #                      ab -n 2000 -c 1: a new connection per request (issue
-#                      9's complaint), requests/s and the mean us of one
-#   nginx-ab-tcpfirst  the same with RSOCK_TCP_FIRST=1 on both ends: each
-#                      connection must be counted on shm or as one that
-#                      ended before its pairing, or the run is INVALID
+#                      9's complaint), requests/s and the mean us of one;
+#                      each connection must be counted on shm or as one
+#                      that ended before its pairing, or the run is INVALID
+#   nginx-ab-eager     the same with eager pairing (RSOCK_TCP_FIRST=0 on
+#                      both ends): every connection pairs inside connect()
+#                      and accept(), and must be counted on shm
 #   java-echo          benchmarks/JavaEcho.java: 64-byte round trips over
 #                      blocking java.net sockets (OpenJDK), 20,000 after a
 #                      warm-up: p50 and p99 us of one round trip
@@ -43,12 +45,13 @@
 #                      connection
 #   conns-epoll        the same with nonblocking connects, 8 in flight, from
 #                      an epoll loop to an epoll server
-#   conns-block-tcpfirst, conns-epoll-tcpfirst
-#                      the same two with RSOCK_TCP_FIRST=1 on both ends
-#                      (experimental): every connection ends on TCP before
-#                      its pairing, which the stats must show on both ends
-#                      (closed_before_pairing for each one) or the run is
-#                      INVALID
+#                      In the default mode every connection ends on TCP
+#                      before its pairing, which the stats must show on
+#                      both ends (closed_before_pairing for each one) or
+#                      the run is INVALID
+#   conns-block-eager, conns-epoll-eager
+#                      the same two with eager pairing (RSOCK_TCP_FIRST=0
+#                      on both ends): every connection pairs, on shm
 #   stream-SIZE        benchmarks/stream.cpp: one connection streaming
 #                      SIZE-byte sends for BENCH_STREAM_SECONDS (default 1)
 #                      into a reader of 65,000-byte recvs, for SIZE = 64 B,
@@ -63,7 +66,9 @@
 #                      ring's pages back after a second)
 #   conns-10k          connrate hold/sink with 10,000 connections of one
 #                      byte each way: the seconds to open them all (one
-#                      after the other), then fds and KiB as above. A
+#                      after the other), the seconds until the client's
+#                      descriptor count held still (its last connection
+#                      paired in the background), then fds and KiB as above. A
 #                      librsock connection holds 3 fds today (issue 9), so
 #                      where RLIMIT_NOFILE cannot grow to 3 x 10,000 the
 #                      row opens as many as fit (both paths alike) and its
@@ -71,9 +76,11 @@
 # Each measurement runs BENCH_REPEAT times (default 3), TCP and librsock
 # alternating; the table shows the median of the runs, the spread (min-max)
 # and the ratio librsock/TCP (for latency TCP/librsock: above 1 is better
-# for librsock either way). A librsock run whose stats do not show shared
-# memory on both ends (or show a plain TCP connection) is INVALID and makes
-# the script exit 1. The table goes to stdout and to $BUILD/bench/apps.md.
+# for librsock either way). librsock runs in its default mode (a connection
+# starts on TCP and pairs RSOCK_PAIR_DELAY_MS later) except in the -eager
+# rows. A librsock run whose stats do not show shared memory on both ends
+# (or show a plain TCP connection that did not end before its pairing) is
+# INVALID and makes the script exit 1. The table goes to stdout and to $BUILD/bench/apps.md.
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_STREAM_SECONDS, BENCH_CPUS ("SERVER CLIENT", default "0 1"),
 # BENCH_APPS (a regex of row names to run), BUILD. Runtime: about
@@ -91,11 +98,14 @@ ONLY=${BENCH_APPS:-.}
 read -r CPU_SRV CPU_CLI <<<"${BENCH_CPUS:-0 1}"
 STREAM_SECS=${BENCH_STREAM_SECONDS:-1}
 # conns-10k holds 10,000 connections in each process: room for 3 fds each,
-# or as many connections as the hard limit allows.
+# or as many connections as the hard limit allows, less 2,000 for the
+# pairings in flight (in the default mode a burst of connections pairs in
+# the background, each pairing holding a few descriptors for a while: with
+# 200 to spare, 6,600 connections met EMFILE in 2 runs of 3).
 (($(ulimit -n) >= 65536)) || ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 MANY=10000
 NOFILE=$(ulimit -n)
-[[ $NOFILE == unlimited ]] || (((MANY * 3 + 200) <= NOFILE)) || MANY=$(((NOFILE - 200) / 3 / 100 * 100))
+[[ $NOFILE == unlimited ]] || (((MANY * 3 + 2000) <= NOFILE)) || MANY=$(((NOFILE - 2000) / 3 / 100 * 100))
 WORK=$(mktemp -d /tmp/rsock-bench-apps.XXXXXX)
 SERVER_PID=""
 FAILED=0
@@ -149,11 +159,12 @@ free_port() {
 }
 
 # path_env PATH SIDE TAG PORT: the env prefix of a process (PATH tcp: none).
-RSOCK_EXTRA=() # more environment for librsock runs (the tcp-first rows)
+RSOCK_EXTRA=() # more environment for librsock runs (pingpong-sleep)
+EAGER=0        # 1: the row's librsock runs pair eagerly (RSOCK_TCP_FIRST=0)
 path_env() {
   if [[ $1 == rsock ]]; then
     ENVP=(env LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$4" RSOCK_STATS="$WORK/$3.$2.stats"
-      "${RSOCK_EXTRA[@]}")
+      RSOCK_TCP_FIRST=$((1 - EAGER)) "${RSOCK_EXTRA[@]}")
   else
     ENVP=(env -u LD_PRELOAD)
   fi
@@ -208,17 +219,21 @@ run_client() {
   timeout -k 5 $((SECS + 120)) taskset -c "$CPU_CLI" "${ENVP[@]}" "$@" >"$WORK/$tag.cli.out" 2>&1
 }
 
-# check_shm TAG SERVER_PROG CLIENT_PROG: both ends over shm only; else a note.
+# check_shm TAG SERVER_PROG CLIENT_PROG: both ends over shm, and a
+# connection on TCP only where it ended before its pairing (a tool's short
+# connection beside the measured ones, in the default mode); else a note.
 check_shm() {
-  local tag=$1 side prog f v
+  local tag=$1 side prog f v shm tcp early
   for side in srv cli; do
     prog=$2
     [[ $side == cli ]] && prog=$3
     f=$WORK/$tag.$side.stats
     v=$(jq -s -r --arg p "$prog" '[.[] | select(.program == $p)] |
-      "\(map(.connections.shm) | add // 0) \(map(.connections.tcp) | add // 0)"' "$f" 2>/dev/null)
-    if [[ $v != [1-9]*" 0" ]]; then
-      R_NOTE+="NOT OVER SHM: $side $prog shm/tcp = ${v:-no stats}; "
+      "\(map(.connections.shm) | add // 0) \(map(.connections.tcp) | add // 0)" +
+      " \(map(.fallbacks.closed_before_pairing // 0) | add // 0)"' "$f" 2>/dev/null)
+    read -r shm tcp early <<<"${v:-x x x}"
+    if ! [[ $shm -ge 1 && $tcp == "$early" ]] 2>/dev/null; then
+      R_NOTE+="NOT OVER SHM: $side $prog shm/tcp/closed_before_pairing = ${v:-no stats}; "
       R_OK=0
     fi
   done
@@ -296,12 +311,11 @@ run_memcached() { # PATH CONNS
   [[ $path == rsock ]] && check_shm "$tag" memcached memcaslap
 }
 
-run_nginx() { # PATH [ab [tcpfirst]]: wrk with keep-alive, or ab with a connection per request
-  local path=$1 client=${2:-wrk} tcp_first=${3:-} port tag prefix keepalive=60
+run_nginx() { # PATH [ab]: wrk with keep-alive, or ab with a connection per request
+  local path=$1 client=${2:-wrk} port tag prefix keepalive=60
   port=$(free_port) tag=nginx-$client-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
   [[ $client == ab ]] && keepalive=0
-  [[ -n $tcp_first ]] && RSOCK_EXTRA=(RSOCK_TCP_FIRST=1)
   prefix=$WORK/$tag.nginx
   mkdir -p "$prefix/www" "$prefix/tmp" "$prefix/logs"
   head -c 4096 /dev/urandom >"$prefix/www/page.bin"
@@ -332,12 +346,10 @@ EOF
     -c "$prefix/nginx.conf" -e "$prefix/logs/error.log" || {
     R_OK=0 R_NOTE="nginx did not start"
     stop_server QUIT
-    RSOCK_EXTRA=()
     return
   }
   if [[ $client == ab ]]; then
-    run_nginx_ab "$path" "$tag" "$port" "$tcp_first"
-    RSOCK_EXTRA=()
+    run_nginx_ab "$path" "$tag" "$port"
     return
   fi
   run_client "$path" "$tag" "$port" wrk -t 1 -c 16 -d "${SECS}s" --latency \
@@ -360,8 +372,8 @@ EOF
 # The ab half of run_nginx (its server started): AB_REQUESTS requests, one
 # connection each.
 AB_REQUESTS=2000
-run_nginx_ab() { # PATH TAG PORT TCPFIRST
-  local path=$1 tag=$2 port=$3 tcp_first=$4 out=$WORK/$2.cli.out
+run_nginx_ab() { # PATH TAG PORT
+  local path=$1 tag=$2 port=$3 out=$WORK/$2.cli.out
   run_client "$path" "$tag" "$port" ab -q -n "$AB_REQUESTS" -c 1 "http://127.0.0.1:$port/page.bin" ||
     R_NOTE+="ab status $?; "
   stop_server QUIT
@@ -373,18 +385,13 @@ run_nginx_ab() { # PATH TAG PORT TCPFIRST
   [[ -n ${R[rps]} && $fails == 0 ]] || {
     R_OK=0 R_NOTE+="ab: ${R[rps]:-no rate}, failed requests ${fails:-?}; "
   }
-  [[ $path == rsock ]] || return
-  if [[ -n $tcp_first ]]; then
-    check_shm_or_early "$tag" nginx ab
-  else
-    check_shm "$tag" nginx ab
-  fi
+  [[ $path == rsock ]] && check_shm_or_early "$tag" nginx ab
 }
 
 # check_shm_or_early TAG SERVER_PROG CLIENT_PROG: every connection of both
 # ends counted over shm or on TCP as one that ended before its pairing
-# (RSOCK_TCP_FIRST), none for another reason, AB_REQUESTS of the client's;
-# else a note.
+# (none with eager pairing), none for another reason, AB_REQUESTS of the
+# client's; else a note.
 check_shm_or_early() {
   local tag=$1 side prog f v shm tcp early
   for side in srv cli; do
@@ -470,11 +477,10 @@ run_py() { # PATH MESSAGES SIZE
   [[ $path == rsock ]] && check_shm "$tag" "$(basename "$PYTHON")" "$(basename "$PYTHON")"
 }
 
-run_conns() { # PATH MODE [tcpfirst]
-  local path=$1 mode=$2 tcp_first=${3:-} port tag
+run_conns() { # PATH MODE
+  local path=$1 mode=$2 port tag
   port=$(free_port) tag=conns-$mode-$path-$RANDOM
   R_OK=1 R_NOTE="" R=()
-  [[ -n $tcp_first ]] && RSOCK_EXTRA=(RSOCK_TCP_FIRST=1)
   start_server "$path" "$tag" "$port" "$CONNRATE" server "$port" "$mode" || {
     R_OK=0 R_NOTE="connrate server did not start"
     stop_server TERM
@@ -493,8 +499,7 @@ run_conns() { # PATH MODE [tcpfirst]
   [[ $line == *" ok=$CONNS "* ]] || {
     R_OK=0 R_NOTE+="connrate: ${line:-no RESULT line}; "
   }
-  RSOCK_EXTRA=()
-  if [[ $path == rsock && -n $tcp_first ]]; then
+  if [[ $path == rsock && $EAGER == 0 ]]; then
     check_tcp_first "$tag" connrate
   elif [[ $path == rsock ]]; then
     check_shm "$tag" connrate connrate
@@ -555,7 +560,7 @@ run_idle() { # PATH K BYTES [IDLE_MS]
       R_OK=0 R_NOTE+="$side: no RESULT line; "
       continue
     }
-    for m in fds vm_kib rss_kib pinned_kib seconds; do
+    for m in fds vm_kib rss_kib pinned_kib seconds settled; do
       R[$side.$m]=$(sed -n "s/.* $m=\([0-9.-]*\).*/\1/p" <<<"$line")
     done
     [[ -n $idle_ms ]] || continue
@@ -599,12 +604,12 @@ record() { # ROW PATH METRIC...: appends R[metric] of the last run
 }
 
 STREAM_SIZES="64 1024 16384 65536 262144 1048576"
-for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk nginx-ab nginx-ab-tcpfirst \
+for row in redis-c1 redis-c50-P16 memcached-c1 memcached-c16 nginx-wrk nginx-ab nginx-ab-eager \
   java-echo pingpong-sleep \
   py-threaded \
   py-threaded-1m \
   conns-block conns-epoll \
-  conns-block-tcpfirst conns-epoll-tcpfirst \
+  conns-block-eager conns-epoll-eager \
   $(printf 'stream-%s ' $STREAM_SIZES) idle-conns conns-10k; do
   want "$row" && ROWS+=("$row")
 done
@@ -623,7 +628,9 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
   for path in tcp rsock; do
     for row in "${ROWS[@]}"; do
       echo "bench-apps: $row over $path (run $rep/$REPEAT)..." >&2
-      case $row in
+      EAGER=0
+      [[ $row == *-eager ]] && EAGER=1
+      case ${row%-eager} in
         redis-c1)
           run_redis "$path" 1 1 100000
           record "$row" "$path" SET.rps SET.p50 SET.p99 GET.rps GET.p50 GET.p99
@@ -648,10 +655,6 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
           run_nginx "$path" ab
           record "$row" "$path" rps mean
           ;;
-        nginx-ab-tcpfirst)
-          run_nginx "$path" ab tcpfirst
-          record "$row" "$path" rps mean
-          ;;
         java-echo)
           run_java "$path"
           record "$row" "$path" p50 p99
@@ -670,15 +673,11 @@ for ((rep = 1; rep <= REPEAT; rep++)); do
           ;;
         conns-10k)
           run_idle "$path" "$MANY" 1
-          record "$row" "$path" cli.seconds cli.fds cli.vm_kib cli.rss_kib srv.rss_kib
+          record "$row" "$path" cli.seconds cli.settled cli.fds cli.vm_kib cli.rss_kib srv.rss_kib
           ;;
-        conns-*-tcpfirst)
+        conns-block | conns-epoll)
           mode=${row#conns-}
-          run_conns "$path" "${mode%-tcpfirst}" tcpfirst
-          record "$row" "$path" rate p50 p99 cli_cpu srv_cpu
-          ;;
-        conns-*)
-          run_conns "$path" "${row#conns-}"
+          run_conns "$path" "${mode%-eager}"
           record "$row" "$path" rate p50 p99 cli_cpu srv_cpu
           ;;
         stream-*)
@@ -769,6 +768,7 @@ report=$WORK/apps.md
         ;;
       conns-10k)
         row_line "$row" cli.seconds "seconds to open $MANY (RLIMIT_NOFILE $NOFILE)" lat
+        row_line "$row" cli.settled "seconds until the client's fds held still (all paired)" lat
         row_line "$row" cli.fds "client fds per connection" lat
         row_line "$row" cli.vm_kib "client virtual KiB per connection" lat
         row_line "$row" cli.rss_kib "client resident KiB per connection" lat

@@ -21,7 +21,8 @@
 //   connrate sink PORT K BYTES [IDLE_MS]
 //       a server for hold: accepts K connections in an epoll loop, reads
 //       BYTES from each and answers one byte; once all K have, prints its
-//       own cost per connection (as hold does) and serves until killed.
+//       own cost per connection (as hold does, once its descriptor count
+//       has held still for half a second) and serves until killed.
 //       With IDLE_MS, it prints the cost again as an IDLE line after the
 //       connections have been idle for that long (its epoll loop runs on).
 //   connrate hold PORT K BYTES [IDLE_MS]
@@ -33,7 +34,11 @@
 //       pinned_kib=L" (descriptors, VmSize, VmRSS, RssShmem, and VmLck +
 //       VmPin, locked and pinned pages such as registered RDMA memory, from
 //       /proc/self/status), then " seconds=T", the time from the first
-//       socket() to the last answer, and waits to be killed. With
+//       socket() to the last answer, and " settled=U", the time from the
+//       first socket() to the last change of this process's descriptor
+//       count (a connection that pairs in the background gets its
+//       descriptors after its first bytes; the cost is measured once the
+//       count has held still for half a second), and waits to be killed. With
 //       IDLE_MS, "IDLE fds=..." (the same fields, no seconds) after sleeping
 //       that long.
 #include <arpa/inet.h>
@@ -320,9 +325,24 @@ Footprint footprint() {
   return f;
 }
 
-// seconds < 0: not reported.
-void report_cost(const Footprint& before, int k, double seconds = -1,
-                 const char* label = "RESULT") {
+// Whether this process's descriptor count has held still for kSteadyNs,
+// looked at every call (at least every 50 ms); last_change_ns is when it
+// last changed.
+struct Settle {
+  static constexpr int64_t kSteadyNs = 500 * 1000000L;
+  long fds = -1;
+  int64_t last_change_ns = 0;
+  bool steady() {
+    const long now_fds = footprint().fds;
+    const int64_t t = now_ns();
+    if (now_fds != fds) fds = now_fds, last_change_ns = t;
+    return t - last_change_ns >= kSteadyNs;
+  }
+};
+
+// seconds, settled < 0: not reported.
+void report_cost(const Footprint& before, int k, double seconds = -1, const char* label = "RESULT",
+                 double settled = -1) {
   const Footprint now = footprint();
   const double n = k > 0 ? k : 1;
   printf("%s fds=%.2f vm_kib=%.1f rss_kib=%.1f shmem_kib=%.1f pinned_kib=%.1f", label,
@@ -330,6 +350,7 @@ void report_cost(const Footprint& before, int k, double seconds = -1,
          (now.shmem - before.shmem) / n,
          (now.locked + now.pinned - before.locked - before.pinned) / n);
   if (seconds >= 0) printf(" seconds=%.3f", seconds);
+  if (settled >= 0) printf(" settled=%.3f", settled);
   printf("\n");
   fflush(stdout);
 }
@@ -367,9 +388,19 @@ int sink(int port, int k, long bytes, int idle_ms) {
   int done = 0;
   epoll_event evs[64];
   int64_t idle_at = -1;  // when to print the IDLE line (ns), once
+  Settle settle;
+  bool settling = false;  // all K done, the RESULT line not printed yet
   while (!g_stop) {
     int wait_ms = -1;
-    if (idle_at >= 0) {
+    if (settling) {
+      if (settle.steady()) {
+        report_cost(before, k);
+        settling = false;
+        if (idle_ms > 0) idle_at = now_ns() + int64_t{idle_ms} * 1000000;
+        continue;
+      }
+      wait_ms = 50;
+    } else if (idle_at >= 0) {
       const int64_t left = idle_at - now_ns();
       if (left <= 0) {
         report_cost(before, k, -1, "IDLE");
@@ -419,10 +450,7 @@ int sink(int port, int k, long bytes, int idle_ms) {
       if (left[fd] == 0) {
         char b = 'k';
         (void)!write(fd, &b, 1);
-        if (++done == k) {
-          report_cost(before, k);
-          if (idle_ms > 0) idle_at = now_ns() + int64_t{idle_ms} * 1000000;
-        }
+        if (++done == k) settling = true;
       }
     }
   }
@@ -460,7 +488,10 @@ int hold(int port, int k, long bytes, int idle_ms) {
     }
     fds.push_back(fd);
   }
-  report_cost(before, k, static_cast<double>(now_ns() - t0) / 1e9);
+  const double seconds = static_cast<double>(now_ns() - t0) / 1e9;
+  Settle settle;
+  while (!settle.steady() && !g_stop) usleep(50 * 1000);
+  report_cost(before, k, seconds, "RESULT", static_cast<double>(settle.last_change_ns - t0) / 1e9);
   if (idle_ms > 0) {
     timespec ts = {idle_ms / 1000, (idle_ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !g_stop) {
