@@ -3,8 +3,8 @@
 # "N passed, N failed". A tier that crashes or prints no summary counts as a
 # failure, so a run that executes no test can never pass.
 #
-# TIERS selects tiers (default: all): unit preload fuzz apps apps-tcpfirst
-# (the apps tier with RSOCK_TCP_FIRST=1, test/apps/run.sh) rdma
+# TIERS selects tiers (default: all): unit preload fuzz apps apps-eager
+# (the apps tier with RSOCK_TCP_FIRST=0, test/apps/run.sh) rdma
 # rdma-channel and the sanitizer tiers asan ubsan tsan. A sanitizer tier builds
 # build-<name>/ (make <name>-build) and runs the unit and preload tiers
 # there (test/sanitize/run.sh); `make asan` is TIERS=asan. Under a sanitizer
@@ -101,8 +101,8 @@ want preload && timed preload gtest_tier preload build/preload_tests
 # Every libFuzzer target briefly, one case each (test/fuzz/README.md).
 want fuzz && FUZZ_SECONDS=${FUZZ_TEST_SECONDS:-15} timed fuzz script_tier fuzz test/fuzz/run.sh
 want apps && [ -f test/apps/run.sh ] && timed apps script_tier apps test/apps/run.sh
-want apps-tcpfirst && [ -f test/apps/run.sh ] &&
-  APPS_TCP_FIRST=1 timed apps-tcpfirst script_tier apps-tcpfirst test/apps/run.sh
+want apps-eager && [ -f test/apps/run.sh ] &&
+  APPS_TCP_FIRST=0 timed apps-eager script_tier apps-eager test/apps/run.sh
 want rdma && [ -f test/rdma/run.sh ] && timed rdma script_tier rdma test/rdma/run.sh
 want rdma-channel && [ -f test/rdma/verbs.sh ] &&
   timed rdma-channel script_tier rdma-channel test/rdma/verbs.sh

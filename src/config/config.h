@@ -70,11 +70,12 @@ struct Config {
   size_t ring_bytes = kDefaultRingBytes;
   uint32_t spin_us = kDefaultSpinUs;
   uint32_t connect_timeout_ms = kDefaultConnectTimeoutMs;
-  // RSOCK_TCP_FIRST=1 (experimental): a shared-memory candidate starts on
-  // TCP and pairs in the background; the server's side starts its pairing
-  // pair_delay_ms after accept(), and never for a connection that ended
-  // first (docs/design.md, "Connection setup").
-  bool tcp_first = false;
+  // RSOCK_TCP_FIRST (1 by default): a shared-memory candidate starts on
+  // TCP and pairs in the background; each side starts its pairing
+  // pair_delay_ms after connect() and accept(), and never for a connection
+  // that ended first (docs/design.md, "Connection setup"). 0 pairs it
+  // inside connect() and accept() (eager pairing).
+  bool tcp_first = true;
   uint32_t pair_delay_ms = kDefaultPairDelayMs;
   // How many regions of closed shared-memory connections a process keeps
   // for its next connections with the same peer processes, and as many

@@ -44,9 +44,11 @@
 # 2), APPS_ONLY (a regex of case names to run), APPS_CONNECT_TIMEOUT_MS
 # (default 10000), RSOCK_LOG_LEVEL etc. are
 # passed through to the shim.
-# APPS_TCP_FIRST=1 runs every case with RSOCK_TCP_FIRST=1 (a connection
-# starts on kernel TCP and pairs RSOCK_PAIR_DELAY_MS later, so a short one
-# never pairs). The stats checks then count a connection that its end
+# APPS_TCP_FIRST=0 runs every case with RSOCK_TCP_FIRST=0 (eager pairing:
+# a connection pairs inside connect() and accept()); by default (1, the
+# library's default mode) a connection starts on kernel TCP and pairs
+# RSOCK_PAIR_DELAY_MS later, so a short one never pairs. The stats checks
+# then count a connection that its end
 # counted as closed_before_pairing (on TCP) with the shm ones, and the bytes
 # a paired connection carried before its switch (before_switch) with its
 # others; a case that compares the stats' bytes with the program's skips
@@ -72,8 +74,9 @@ KEEP=0
 # be a shell script, and the shim would run in the shell).
 PYTHON=/usr/bin/python3
 [[ -x $PYTHON ]] || PYTHON=$(command -v python3)
-TCP_FIRST=${APPS_TCP_FIRST:-0}
-[[ $TCP_FIRST == 1 ]] && export RSOCK_TCP_FIRST=1
+TCP_FIRST=${APPS_TCP_FIRST:-1}
+[[ $TCP_FIRST == 0 || $TCP_FIRST == 1 ]] || { echo "APPS_TCP_FIRST must be 0 or 1" >&2; exit 2; }
+export RSOCK_TCP_FIRST=$TCP_FIRST
 
 # Cases that fail today because of a librsock bug (see the README's
 # compatibility table); the note is printed after the reason when they fail.

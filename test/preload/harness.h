@@ -719,14 +719,18 @@ class PreloadTest : public ::testing::Test {
   }
 
   // The environment of a librsock process: LD_PRELOAD plus RSOCK_STATS.
-  // RSOCK_TCP_FIRST and RSOCK_PAIR_DELAY_MS of the test's own environment
-  // reach the programs (a run of the tier in that mode), unless the test
-  // sets them.
+  // The tier tests eager pairing (RSOCK_TCP_FIRST=0), whose connections
+  // are accelerated when connect() and accept() return, unless the test
+  // sets the mode; RSOCK_TCP_FIRST and RSOCK_PAIR_DELAY_MS of the test's
+  // own environment reach the programs (a run of the tier in that mode).
+  // The default mode has its own tests (tcp_first_test.cpp and the cases
+  // of others that name it) and the apps tier.
   Env preloaded(Env extra = {}) const {
     extra["LD_PRELOAD"] = lib_;
     if (!extra.count("RSOCK_STATS")) extra["RSOCK_STATS"] = stats_path_;
     for (const char* var : {"RSOCK_TCP_FIRST", "RSOCK_PAIR_DELAY_MS"})
       if (const char* v = getenv(var); v && !extra.count(var)) extra[var] = v;
+    if (!extra.count("RSOCK_TCP_FIRST")) extra["RSOCK_TCP_FIRST"] = "0";
     return extra;
   }
 

@@ -498,7 +498,7 @@ TEST(ConfigEnv, ConnectTimeout) {
 TEST(ConfigEnv, TcpFirstAndPairDelay) {
   std::vector<ConfigError> errors;
   Config c = parse_env({}, &errors);
-  EXPECT_FALSE(c.tcp_first);
+  EXPECT_TRUE(c.tcp_first);
   EXPECT_EQ(c.pair_delay_ms, kDefaultPairDelayMs);
   c = parse_env({{"RSOCK_TCP_FIRST", "1"}, {"RSOCK_PAIR_DELAY_MS", "0"}}, &errors);
   EXPECT_TRUE(errors.empty()) << join(errors);

@@ -90,6 +90,7 @@ TEST(DrivenPairing, BothEndsPairFromOneThread) {
   ASSERT_GE(rdv, 0) << "rendezvous: " << -rdv;
   ASSERT_TRUE(t.connect_and_accept());
   Config cfg;
+  cfg.tcp_first = false;           // the rendezvous was made before connect()
   cfg.connect_timeout_ms = 10000;  // a stalled step would reach it
   std::unique_ptr<Pairing> client = shm_client_pairing(t.client, rdv, cfg);
   std::unique_ptr<Pairing> server = shm_server_pairing(t.server, cfg);
@@ -110,6 +111,7 @@ TEST(DrivenPairing, AClientWithoutItsServerEndsAtItsDeadline) {
   ASSERT_GE(rdv, 0);
   ASSERT_TRUE(t.connect_and_accept());  // the server never pairs
   Config cfg;
+  cfg.tcp_first = false;  // the rendezvous was made before connect()
   cfg.connect_timeout_ms = 300;
   const int64_t start = monotonic_ms();
   std::unique_ptr<Pairing> client = shm_client_pairing(t.client, rdv, cfg);
@@ -125,6 +127,7 @@ TEST(DrivenPairing, AServerWhoseClientHasNoRendezvousFallsBackAtOnce) {
   ASSERT_TRUE(t.open());
   ASSERT_TRUE(t.connect_and_accept());  // a plain client: no rendezvous
   Config cfg;
+  cfg.tcp_first = false;  // the rendezvous was made before connect()
   std::unique_ptr<Pairing> server = shm_server_pairing(t.server, cfg);
   EXPECT_TRUE(server->step()) << "finished in one step";
   EXPECT_EQ(server->take_channel(), nullptr);
