@@ -297,9 +297,10 @@ int close_span(unsigned first, unsigned last, int flags) {
   for (int fd : gone) forget_fd(fd);
   // Ours, of the connections that stay, are skipped.
   std::vector<int> keep;
-  fd_table().for_each([&](int, FdState* s) {
-    if (s->kind() != FdState::Kind::kConnection) return;
-    Channel& ch = static_cast<ConnectionState*>(s)->stream().channel();
+  fd_table().for_each([&](int fd, FdState*) {
+    FdRef r = fd_table().get(fd);  // another thread may close it meanwhile
+    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
+    Channel& ch = r.as<ConnectionState>()->stream().channel();
     keep.push_back(ch.wait_fd());
     ch.own_fds(&keep);
   });

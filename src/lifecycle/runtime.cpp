@@ -273,11 +273,14 @@ void flush_stats(FlushAt when) {
   static std::atomic<bool> written{false};
   if (when == FlushAt::kExit && written.exchange(true)) return;
   uint64_t open_sent = 0, open_received = 0, before_sent = 0, before_received = 0;
-  for (ConnectionState* c : open_connections()) {
-    open_sent += c->stream().bytes_sent();
-    open_received += c->stream().bytes_received();
-    before_sent += c->stream().tcp_bytes_sent();
-    before_received += c->stream().tcp_bytes_received();
+  // Through references: at exit the pairing thread may still end a
+  // pairing and free what the table held (a TSan report, 2026-12-05).
+  for (const FdRef& r : connection_refs()) {
+    const Stream& s = r.as<ConnectionState>()->stream();
+    open_sent += s.bytes_sent();
+    open_received += s.bytes_received();
+    before_sent += s.tcp_bytes_sent();
+    before_received += s.tcp_bytes_received();
   }
   char line[2048];
   int n = stats_format(line, sizeof line, static_cast<int>(getpid()), g_runtime->program, open_sent,

@@ -751,9 +751,12 @@ int pending_start(PairJob& job, const Config& cfg) {
 }
 
 void pending_count_at_exit() {
-  fd_table().for_each([](int, FdState* s) {
-    if (s->kind() != FdState::Kind::kPending) return;
-    auto* p = static_cast<PendingState*>(s);
+  // Through a reference: the driver may end the pairing meanwhile, replace
+  // the fd's state and free this one.
+  fd_table().for_each([](int fd, FdState*) {
+    FdRef r = fd_table().get(fd);
+    if (!r || r.get()->kind() != FdState::Kind::kPending) return;
+    auto* p = r.as<PendingState>();
     if (p->live() && !p->resolved() && p->claim_count()) {
       stats_fallback(Fallback::kClosedEarly);
       stats_connection(Path::kTcp);
