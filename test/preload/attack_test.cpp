@@ -181,6 +181,14 @@ TEST_P(AttackModes, ForeignUserSquattingTheClientNameGetsNothing) {
   expect_paths(*cs, 0, 1, "client");
   expect_paths(*ss, 0, 1, "server");
   expect_fallbacks(*cs, {{"rendezvous_taken", 1}}, "client");
+  // In the default mode a slow run (a sanitizer) may end the connection
+  // before the server's pairing looks at the name: then it never met the
+  // squatter (closed_before_pairing, nothing rejected).
+  if (default_mode_ && ss->fallback("closed_before_pairing") == 1) {
+    expect_fallbacks(*ss, {{"closed_before_pairing", 1}}, "server");
+    EXPECT_EQ(ss->rejects("unproven"), 0u);
+    return;
+  }
   expect_fallbacks(*ss, {{"peer_unproven", 1}}, "server");
   EXPECT_EQ(ss->rejects("unproven"), 1u);
 }
