@@ -402,6 +402,18 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
             bool* ring = nullptr) {
   std::lock_guard<std::mutex> lock(s.mu);
   int n = 0;
+  // Members that are one connection (dup'd fds, wait_shared) report from
+  // one look at it per pass, as the kernel's wakeup queues all of a file's
+  // registrations at once: a byte that lands between two looks would have
+  // one report and its twin not (kTwinLooks: connections with twins whose
+  // looks are kept; more are looked at member by member).
+  constexpr int kTwinLooks = 4;
+  struct TwinLook {
+    const ConnectionState* conn;
+    StreamEvents ev;
+    ConnectionState* live;
+  } twin_looks[kTwinLooks];
+  int twin_count = 0;
   for (EpollMember *p = s.awake, *nx = nullptr; p; p = nx) {
     nx = p->next;
     EpollMember& m = *p;
@@ -426,7 +438,19 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
       if (on_tcp == OnTcp::kSkip) continue;
       if (!m.tcp_news && !m.tcp_level && m.tcp_conn == mc) continue;  // nothing new
     }
-    StreamEvents ev = mc->live_events(!st.channel().wait_fd_shows_carrier(), &mc);
+    const ConnectionState* looked = mc;
+    TwinLook* kept = nullptr;
+    if (m.wait_shared)
+      for (int i = 0; i < twin_count && !kept; ++i)
+        if (twin_looks[i].conn == looked) kept = &twin_looks[i];
+    StreamEvents ev;
+    if (kept) {
+      ev = kept->ev;
+      mc = kept->live;
+    } else {
+      ev = mc->live_events(!st.channel().wait_fd_shows_carrier(), &mc);
+      if (m.wait_shared && twin_count < kTwinLooks) twin_looks[twin_count++] = {looked, ev, mc};
+    }
     if (m.kernel_mask != EPOLLIN && !m.wait_shared) {
       // Both directions switched since: back to the level-triggered watch.
       const uint32_t k = kernel_events(m);
