@@ -8,8 +8,10 @@
 //       read is written back until EOF. Prints "RESULT connections=K
 //       echoed=BYTES" and exits 0 when every connection ended cleanly.
 //   rs_echo --role client --port P [--addr A] [--bind-port B] [--bytes N]
-//       [--seed S]
-//       binds source port B (if given), connects, sends N pseudo-random bytes
+//       [--seed S] [--hold-ms H]
+//       binds source port B (if given), connects, waits H ms (0: none; the
+//       connection open and idle, e.g. while a pairing is decided in
+//       librsock's default mode), sends N pseudo-random bytes
 //       (a function of S and the offset) from a writer thread, shuts down its
 //       sending side, and reads the echo to EOF, checking every byte. Prints
 //       "RESULT sent=N received=M ok=0|1" and exits 0 iff all N came back.
@@ -126,7 +128,8 @@ int run_server(const std::string& addr, int port, int connections, const std::st
   return failures.load() == 0 ? 0 : 1;
 }
 
-int run_client(const std::string& addr, int port, int bind_port, uint64_t bytes, uint64_t seed) {
+int run_client(const std::string& addr, int port, int bind_port, uint64_t bytes, uint64_t seed,
+               int hold_ms) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   if (bind_port > 0) {
     int one = 1;
@@ -144,6 +147,11 @@ int run_client(const std::string& addr, int port, int bind_port, uint64_t bytes,
   }
   printf("CONNECTED\n");
   fflush(stdout);
+  if (hold_ms > 0) {
+    timespec ts = {hold_ms / 1000, (hold_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
   std::atomic<bool> sent_ok{false};
   std::thread writer([&] {
     uint8_t buf[8192];
@@ -192,7 +200,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string role, addr = "127.0.0.1", gate;
-  int port = 0, bind_port = 0, connections = 1;
+  int port = 0, bind_port = 0, connections = 1, hold_ms = 0;
   uint64_t bytes = 1 << 20, seed = 7;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -210,6 +218,8 @@ int main(int argc, char** argv) {
       gate = v;
     else if (k == "--bytes")
       bytes = strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--hold-ms")
+      hold_ms = atoi(v.c_str());
     else if (k == "--seed")
       seed = strtoull(v.c_str(), nullptr, 10);
     else {
@@ -222,5 +232,5 @@ int main(int argc, char** argv) {
     return 2;
   }
   return role == "server" ? run_server(addr, port, connections, gate)
-                          : run_client(addr, port, bind_port, bytes, seed);
+                          : run_client(addr, port, bind_port, bytes, seed, hold_ms);
 }
