@@ -9,7 +9,8 @@
 //       client's rendezvous "rsock/C/..."). For each new one it opens a
 //       connection that sends a forged Hello carrying an O_PATH proof of a
 //       TCP socket of its own (a valid proof, of another connection), then N
-//       silent ones (to stall or flood it). Prints "ATTACKED <name>" once.
+//       silent ones (to stall or flood it), trying the name again at its
+//       next scan until a forged Hello went out. Prints "ATTACKED <name>" once.
 //   rs_attack squat --name NAME --stop FILE [--dgram]
 //       binds NAME first (a SEQPACKET listener, or a DGRAM socket like a
 //       server's advertisement), prints READY, accepts whatever connects,
@@ -191,9 +192,10 @@ int hijack(const std::string& prefix, const std::string& stop, int silent) {
   bool announced = false;
   while (!stopped(stop, end)) {
     for (const std::string& name : abstract_names(prefix)) {
-      if (!seen.insert(name).second) continue;
+      if (seen.count(name)) continue;
       sockaddr_un un;
       socklen_t len = abstract_addr(name, &un);
+      bool forged = false;
       for (int i = 0; i <= silent; ++i) {
         int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (connect(c, reinterpret_cast<sockaddr*>(&un), len) != 0) {
@@ -201,9 +203,16 @@ int hijack(const std::string& prefix, const std::string& stop, int silent) {
           continue;
         }
         ++t.connects;
-        if (i == 0 && send_forged_hello(c, tcp) == 0) ++t.forged;
+        if (!forged && send_forged_hello(c, tcp) == 0) {
+          ++t.forged;
+          forged = true;
+        }
         conns.push_back(c);
       }
+      // Bound but not listening yet (a slow victim between its bind and
+      // its listen): the next scan tries the name again.
+      if (!forged) continue;
+      seen.insert(name);
       if (!announced) {
         printf("ATTACKED %s\n", name.c_str());
         fflush(stdout);
