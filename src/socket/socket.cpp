@@ -42,9 +42,12 @@ bool is_tcp_stream(int fd) {
 // connect(): whether fd is a TCP socket with no connection (TCP_CLOSE: new,
 // or its last connect failed). connect() again on one that is connecting
 // or connected (APR asks so whether a nonblocking connect is done) is the
-// kernel's to answer: no new connection, to count or to pair.
+// kernel's to answer: no new connection, to count or to pair. One system
+// call: TCP_INFO is answered by TCP sockets of both domains and by MPTCP
+// (whose stream to a candidate peer is carried as TCP's would be; its
+// listeners are never candidates, is_tcp_stream); UDP, raw, SCTP and Unix
+// sockets refuse it.
 bool is_unconnected_tcp(int fd) {
-  if (!is_tcp_stream(fd)) return false;
   tcp_info ti = {};
   socklen_t len = sizeof ti;
   return real().getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_state == TCP_CLOSE;

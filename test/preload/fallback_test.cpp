@@ -23,7 +23,8 @@ class FallbackTest : public PreloadTest {
   // Runs a checked duplex exchange of kBytes each way between a server and
   // a client, on addr:port.
   void exchange(const Side& server_side, const Side& client_side, int port,
-                const std::string& addr = "127.0.0.1") {
+                const std::string& addr = "127.0.0.1",
+                const std::vector<std::string>& client_extra = {}) {
     const std::string n = std::to_string(kBytes);
     auto args = [&](const char* role, const char* tx, const char* rx) {
       return std::vector<std::string>{
@@ -41,7 +42,9 @@ class FallbackTest : public PreloadTest {
     server_ =
         &start_server("server", "rs_stream", args("server", "7", "8"), env_of(server_side), &ready);
     ASSERT_TRUE(ready) << "server: see its output below";
-    client_ = &spawn("client", "rs_stream", args("client", "8", "7"), env_of(client_side));
+    std::vector<std::string> client_args = args("client", "8", "7");
+    client_args.insert(client_args.end(), client_extra.begin(), client_extra.end());
+    client_ = &spawn("client", "rs_stream", client_args, env_of(client_side));
     ASSERT_TRUE(wait_exit(*client_, kExitTimeoutMs)) << "client hung";
     ASSERT_TRUE(wait_exit(*server_, kExitTimeoutMs)) << "server hung";
     ASSERT_TRUE(client_->exited_ok()) << "client: see its output below";
@@ -275,6 +278,25 @@ TEST_F(FallbackTest, Ipv6LoopbackAccelerated) {
   if (port <= 0) GTEST_SKIP() << "no IPv6 loopback on this machine";
   const Env env = {{"RSOCK_PEERS", "[::1]:" + std::to_string(port)}};
   exchange({true, env}, {true, env}, port, "::1");
+  if (HasFatalFailure()) return;
+  expect_stats(*client_, true, {});
+  expect_stats(*server_, true, {});
+}
+
+// An MPTCP client (socket(..., IPPROTO_MPTCP), as mptcpize makes of every
+// TCP socket) to a candidate peer: its stream is a byte stream like TCP's,
+// and is carried as one (connect() asks TCP_INFO only, which MPTCP answers).
+// The server's listener is plain TCP, so the kernel connection falls back
+// to TCP under MPTCP too.
+TEST_F(FallbackTest, MptcpClientIsCarriedAsTcp) {
+  constexpr int kMptcp = 262;  // IPPROTO_MPTCP, not in every libc's headers
+  const int probe = socket(AF_INET, SOCK_STREAM, kMptcp);
+  if (probe < 0) GTEST_SKIP() << "no MPTCP in this kernel: " << strerror(errno);
+  close(probe);
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}};
+  exchange({true, env}, {true, env}, port, "127.0.0.1", {"--protocol", std::to_string(kMptcp)});
   if (HasFatalFailure()) return;
   expect_stats(*client_, true, {});
   expect_stats(*server_, true, {});

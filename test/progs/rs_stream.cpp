@@ -39,6 +39,8 @@
 //   --linger-ms T          sleep T ms before close()
 //   --stay-ms T            sleep T ms after close(), before exit
 //   --no-close             exit with the connection open (no close())
+//   --protocol N           client: socket()'s protocol (262: IPPROTO_MPTCP);
+//                          exit 3 when the kernel refuses it
 // Output: one line "RESULT sent=.. received=.. tx_hash=.. rx_hash=.. tx_end=..
 // rx_end=.. tx_errors=.. cpu_ms=.." on stdout (cpu_ms: the process's user and
 // system time so far). tx_end is "done" or the errno name that
@@ -201,6 +203,7 @@ struct Options {
   int linger_ms = 0;
   int stay_ms = 0;
   bool no_close = false;
+  int protocol = 0;
 };
 
 Options g_opt;
@@ -305,6 +308,8 @@ bool parse_args(int argc, char** argv) {
       g_opt.stay_ms = atoi(val());
     else if (k == "--no-close")
       g_opt.no_close = true;
+    else if (k == "--protocol")
+      g_opt.protocol = atoi(val());
     else {
       fprintf(stderr, "rs_stream: unknown option %s\n", k.c_str());
       return false;
@@ -390,7 +395,11 @@ int open_connection() {
     fail("bad address %s", g_opt.addr.c_str());
     return -1;
   }
-  int s = socket(ss.ss_family, SOCK_STREAM, 0);
+  int s = socket(ss.ss_family, SOCK_STREAM, g_opt.role == "client" ? g_opt.protocol : 0);
+  if (s < 0 && g_opt.protocol != 0) {
+    fprintf(stderr, "rs_stream: socket protocol %d: %s\n", g_opt.protocol, strerror(errno));
+    exit(3);
+  }
   if (s < 0) {
     fail("socket: %s", strerror(errno));
     return -1;
