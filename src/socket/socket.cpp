@@ -461,6 +461,12 @@ ssize_t conn_recv(ConnectionState& c, const iovec* iov, int iovcnt, int flags) {
     }
     if (n == 0) return static_cast<ssize_t>(done);
     if (n != -EAGAIN) return done ? static_cast<ssize_t>(done) : n;
+    // A connection still on its kernel socket whose peer answered by now
+    // (a request and its reply): no O_NONBLOCK or timeout to read, no wait
+    // to prepare. (One known to be nonblocking returns at once instead.)
+    if (deadline == kNoDeadlineYet && !dontwait && c.prefix_only() && !c.nonblocking_known_true() &&
+        c.stream().socket_readable())
+      continue;
     if (dontwait || c.nonblocking()) return done ? static_cast<ssize_t>(done) : -EAGAIN;
     if (deadline == kNoDeadlineYet) deadline = deadline_after_us(c.rcv_timeout_us());
     int w = conn_wait(c, kWantData, deadline, on_signal_for(deadline, done));

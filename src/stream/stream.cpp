@@ -690,6 +690,11 @@ uint64_t Stream::tcp_bytes_received() const {
   return tcp_received_.load(std::memory_order_relaxed);
 }
 
+bool Stream::socket_readable() const {
+  pollfd p = {channel_->kernel_socket(), POLLIN | POLLRDHUP, 0};
+  return real().poll(&p, 1, 0) == 1;
+}
+
 size_t Stream::readable_bytes() {
   if (orphaned_.load(std::memory_order_acquire) || take_over() < 0) return 0;
   std::lock_guard<std::mutex> lock(rx_mu_);

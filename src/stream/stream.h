@@ -118,6 +118,10 @@ class Stream {
 
   // Bytes readable right now (FIONREAD).
   size_t readable_bytes();
+  // Whether the kernel socket has bytes, an end or an error for a read now
+  // (one poll): the readiness of a stream whose bytes all go on it
+  // (PrefixChannel), where nothing past the bytes can wait there.
+  bool socket_readable() const;
   // Bytes send() would take right now without waiting (0 when it would
   // fail or block).
   size_t writable_bytes();
