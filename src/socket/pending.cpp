@@ -102,11 +102,16 @@ void hand_over(Work& w, ConnectionState* c) {
   epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c);
   g_handovers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  std::vector<int> fds;
-  fd_table().for_each([&](int fd, FdState* s) {
-    if (s == p) fds.push_back(fd);
-  });
-  for (int fd : fds) fd_table().replace(fd, p, c);
+  // Every fd that holds p goes on with c. None does once p's last fd was
+  // closed (no fd can take p from then on): a connection that ended before
+  // its pairing, the usual job of a burst, skips the scan of the table.
+  if (!p->closed()) {
+    std::vector<int> fds;
+    fd_table().for_each([&](int fd, FdState* s) {
+      if (s == p) fds.push_back(fd);
+    });
+    for (int fd : fds) fd_table().replace(fd, p, c);
+  }
   // Threads asleep on the stream used meanwhile (a blocking call waiting on
   // its socket, a poll, an epoll set) look again, and go on with c: the
   // peer's wakeups now come through c's channel, which they do not watch.
