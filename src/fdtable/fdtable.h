@@ -103,9 +103,16 @@ class FdTable {
   // holds `expected`; returns whether it did. A hand-over is not a close:
   // expected's on_last_close() is not called.
   bool replace(int fd, FdState* expected, FdState* next);
-  // Calls fn(fd, state) for every slot (fork and exit handlers).
+  // Calls fn(fd, state) for every slot, with the table's bare pointer: only
+  // where no other thread can close an fd or hand it over meanwhile (a
+  // fork's child before it runs any), or to compare addresses.
   template <class Fn>
   void for_each(Fn fn) const;
+  // Calls fn(fd, ref) for every slot that holds a state, through a
+  // reference taken as get() takes it: the state outlives fn whatever other
+  // threads do to the fd meanwhile (close, dup2, a pairing's hand-over).
+  template <class Fn>
+  void for_each_ref(Fn fn) const;
   // In a fork's child, before any other use: releases the slot locks that
   // threads of the parent held at the moment of the fork (they would spin
   // forever otherwise).
@@ -131,6 +138,14 @@ void FdTable::for_each(Fn fn) const {
       if (v) fn(c * kChunkSlots + i, reinterpret_cast<FdState*>(v));
     }
   }
+}
+
+template <class Fn>
+void FdTable::for_each_ref(Fn fn) const {
+  for_each([&](int fd, FdState*) {
+    FdRef r = get(fd);
+    if (r) fn(fd, r);
+  });
 }
 
 }  // namespace rsock

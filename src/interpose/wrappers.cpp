@@ -297,13 +297,11 @@ int close_span(unsigned first, unsigned last, int flags) {
   for (int fd : gone) forget_fd(fd);
   // Ours, of the connections that stay, are skipped.
   std::vector<int> keep;
-  fd_table().for_each([&](int fd, FdState*) {
-    FdRef r = fd_table().get(fd);  // another thread may close it meanwhile
-    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
+  for (const FdRef& r : connection_refs()) {
     Channel& ch = r.as<ConnectionState>()->stream().channel();
     keep.push_back(ch.wait_fd());
     ch.own_fds(&keep);
-  });
+  }
   wakers_own_fds(&keep);  // threads' and epoll sets'
   pending_own_fds(&keep);
   transports_own_fds(&keep);

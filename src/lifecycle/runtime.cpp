@@ -38,17 +38,6 @@ std::atomic<int> g_state{kNotStarted};
 std::atomic<pthread_t> g_init_thread{};
 Runtime* g_runtime = nullptr;  // never freed: wrappers may run during exit
 
-// Each open connection once, though dup'd fds share one state.
-std::vector<ConnectionState*> open_connections() {
-  std::vector<ConnectionState*> out;
-  fd_table().for_each([&](int, FdState* s) {
-    if (s->kind() != FdState::Kind::kConnection) return;
-    auto* c = static_cast<ConnectionState*>(s);
-    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  });
-  return out;
-}
-
 // Reads the rule file whole. Only a regular file of at most
 // kMaxConfFileBytes: the open does not block and a FIFO or a device is
 // refused, so that RSOCK_CONF cannot hang the program in our constructor.
@@ -89,21 +78,6 @@ std::atomic<int> g_pid{0};  // this process's pid, as of init or its fork
 // fork, in the parent: counted in the child, a parent that closes its copy
 // right after fork() (fork per connection) could be seen as the last holder
 // first and tell the peer the connection closed.
-// Each open connection once, through a reference: the application's other
-// threads run on and may close one meanwhile (open_connections() only
-// looks at the table's bare pointers).
-std::vector<FdRef> connection_refs() {
-  std::vector<FdRef> conns;
-  fd_table().for_each([&](int fd, FdState*) {
-    FdRef r = fd_table().get(fd);
-    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
-    for (const FdRef& c : conns)
-      if (c.get() == r.get()) return;  // a dup of one already counted
-    conns.push_back(std::move(r));
-  });
-  return conns;
-}
-
 void before_fork() {
   pending_fork_prepare();
   transports_fork_prepare();
@@ -142,10 +116,9 @@ void after_fork_child() {
   wakers_after_fork_child();
   sleep_tokens_after_fork_child();
   // The connections' carriers stay the parent's (an RDMA queue pair): the
-  // first use here takes one over (Channel::after_fork_child). No other
-  // thread runs here yet: the table's bare pointers will do.
-  for (ConnectionState* c : open_connections()) {
-    if (!c->stream().after_fork_child()) continue;
+  // first use here takes one over (Channel::after_fork_child).
+  for (const FdRef& r : connection_refs()) {
+    if (!r.as<ConnectionState>()->stream().after_fork_child()) continue;
     stats_reset_connection(Reset::kHeldAtFork);
     LOG_WARN(
         "fork: an inherited accelerated connection is reset in the child: its parent holds "
@@ -223,6 +196,17 @@ __attribute__((destructor)) void rsock_destructor() {
 }
 
 }  // namespace
+
+std::vector<FdRef> connection_refs() {
+  std::vector<FdRef> conns;
+  fd_table().for_each_ref([&](int, FdRef& r) {
+    if (r.get()->kind() != FdState::Kind::kConnection) return;
+    for (const FdRef& c : conns)
+      if (c.get() == r.get()) return;  // a dup of one already listed
+    conns.push_back(std::move(r));
+  });
+  return conns;
+}
 
 bool in_vfork_child() {
   const int pid = g_pid.load(std::memory_order_relaxed);

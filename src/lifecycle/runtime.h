@@ -7,7 +7,10 @@
 // straight to libc); afterwards the Runtime is immutable.
 #pragma once
 
+#include <vector>
+
 #include "config/config.h"
+#include "fdtable/fdtable.h"
 
 namespace rsock {
 
@@ -36,6 +39,11 @@ void flush_stats(FlushAt when = FlushAt::kExit);
 // its connections switched (transports_at_exit). Not in a vfork child,
 // whose connections are its parent's. Once per process.
 void release_at_exit();
+
+// Each open connection once (dup'd fds share one state), through a
+// reference: the application's other threads run on, and may close one or
+// see it handed over meanwhile.
+std::vector<FdRef> connection_refs();
 
 // True in the child of vfork() (or of a clone sharing our memory) before it
 // execs: it sees this process's state, but it is another process.

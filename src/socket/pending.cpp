@@ -758,9 +758,8 @@ int pending_start(PairJob& job, const Config& cfg) {
 void pending_count_at_exit() {
   // Through a reference: the driver may end the pairing meanwhile, replace
   // the fd's state and free this one.
-  fd_table().for_each([](int fd, FdState*) {
-    FdRef r = fd_table().get(fd);
-    if (!r || r.get()->kind() != FdState::Kind::kPending) return;
+  fd_table().for_each_ref([](int, FdRef& r) {
+    if (r.get()->kind() != FdState::Kind::kPending) return;
     auto* p = r.as<PendingState>();
     if (p->live() && !p->resolved() && p->claim_count()) {
       stats_fallback(Fallback::kClosedEarly);
