@@ -235,7 +235,14 @@ namespace {
 int tcp_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal on_signal) {
   for (;;) {
     SleepWaker waker;
-    const WakeHub::Ticket t = c.wake.join_blocking(waker.get());
+    // Joined with its waker, never as the doorbell's owner (join_blocking):
+    // the owner is the one blocking call that watches the doorbell for the
+    // others, which sleep on the hub's word, and this sleep watches the
+    // socket for its own direction only. A sender here (POLLOUT) that owned
+    // it left a receiver on the ring asleep on the word through the peer's
+    // doorbell (SemanticsTcpFirstTest mt_recv_send: "the reader never woke
+    // for its byte").
+    const WakeHub::Ticket t = c.wake.join(waker.get());
     const StreamEvents ev = c.stream().events(false);
     if (want == kWantData ? ev.readable : ev.writable) {
       c.wake.leave(t);

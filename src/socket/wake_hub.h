@@ -34,6 +34,10 @@
 //    one thread per connection sleeps in sleep_on_fd, whose handling of a
 //    process-directed signal cannot tell which thread's handler ran; the
 //    kernel ends or restarts a futex sleep itself (interruptible.h).
+//    A blocking call whose direction is still on the kernel socket
+//    (tcp_wait) joins as a poll sleeper does, never as the owner: it
+//    watches the socket for its own direction only (a sender: POLLOUT),
+//    not for the doorbell the others would then sleep through.
 // A sleeper that never leaves (its thread was cancelled, or a signal
 // handler longjmp'd out of its sleep) keeps its waker named: later kicks
 // poke it for nothing, and it takes one of the kMaxWakers places.
