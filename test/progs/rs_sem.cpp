@@ -31,7 +31,7 @@
 //   cases: nonblock sendfull peek timeo epipe addr dup poll select epoll_lt
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll mt_recv_send
 //          mt_poll_send mt_epoll_send mt_poll_poll mt_epoll_epoll
-//          mt_poll_epoll mt_epoll_poll
+//          mt_poll_epoll mt_epoll_poll mt_send_then_recv
 //          epoll_dormant epoll_dup
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
 //          nb_fill nb_reconnect
@@ -1427,6 +1427,51 @@ void mt_wait_case(WaitKind reader_kind, WaitKind writer_kind) {
   say("OK mt_reader_and_writer");
 }
 
+// mt_send_then_recv: the two sleepers of mt_recv_send the other way round.
+// The writer sleeps in send() first, for long enough that a connection
+// started on TCP pairs meanwhile (its sleep then goes on on the paired
+// stream, its direction still on the socket full of the fill), and only
+// then the reader sleeps in recv() for the peer's byte, which comes on the
+// ring. The reader's wakeup is the peer's doorbell: the writer's sleep on
+// the socket for room must not keep it from anyone.
+void case_mt_send_then_recv() {
+  constexpr uint64_t kFillSeed = 161;
+  constexpr int kSeed = 171;
+  uint64_t filled = 0;
+  for (;;) {
+    auto chunk = stream_bytes(kFillSeed, filled, 4096);
+    ssize_t r = a_send(A, chunk.data(), chunk.size(), MSG_DONTWAIT);
+    if (r < 0) {
+      CHECK(errno == EAGAIN, "fill");
+      break;
+    }
+    filled += static_cast<uint64_t>(r);
+  }
+  std::thread writer([&, filled] {
+    const uint8_t b = stream_byte(kFillSeed, filled);
+    ssize_t r = a_send(A, &b, 1, 0);
+    CHECK(r == 1, "writer thread: send returned %zd", r);
+  });
+  sleep_ms(200);  // the writer asleep (and, started on TCP, the pairing over)
+  std::atomic<bool> got{false};
+  std::thread reader([&] {
+    uint8_t b;
+    ssize_t r = a_recv(A, &b, 1, 0);
+    CHECK(r == 1, "reader thread: recv returned %zd", r);
+    CHECK(b == stream_byte(kSeed, 0), "reader thread: wrong byte");
+    got.store(true);
+  });
+  cmd("sendA 1 %d 50", kSeed);  // while both threads sleep
+  const int64_t end = now_ms() + 5000;
+  while (!got.load() && now_ms() < end) sleep_ms(2);
+  CHECK(got.load(), "the reader never woke for its byte (lost wakeup)");
+  cmd("readA %llu %llu", (unsigned long long)(filled + 1), (unsigned long long)kFillSeed);
+  writer.join();
+  reader.join();
+  expect_reply("ok " + std::to_string(filled + 1));
+  say("OK mt_send_then_recv");
+}
+
 // Waits up to 5 s for a sleeping thread to set `done`: longer means its
 // wakeup was lost (its call has no timeout of its own, so as not to hide it).
 void wait_for(const std::atomic<int>& done) {
@@ -2038,6 +2083,8 @@ int run_client(const std::string& name) {
     case_mt_epoll();
   else if (name == "mt_recv_send")
     mt_wait_case(WaitKind::kCall, WaitKind::kCall);
+  else if (name == "mt_send_then_recv")
+    case_mt_send_then_recv();
   else if (name == "mt_poll_send")
     mt_wait_case(WaitKind::kPoll, WaitKind::kCall);
   else if (name == "mt_epoll_send")
