@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -236,6 +238,17 @@ void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counte
 // connect(): whether the TCP handshake is over, from a poll for POLLOUT that
 // returned pr with revents. false: it is not, or it failed; then the job is
 // done (client_done ran).
+// Whether sock's TCP handshake is over (established, or the peer's FIN in
+// already). POLLOUT tells it too, but not once the application has filled
+// the send buffer: a connection on TCP while it pairs (RSOCK_TCP_FIRST) may
+// have, before the pairing's first look, and is connected all the same.
+bool tcp_connected(int sock) {
+  tcp_info ti = {};
+  socklen_t len = sizeof ti;
+  return real().getsockopt(sock, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+         (ti.tcpi_state == TCP_ESTABLISHED || ti.tcpi_state == TCP_CLOSE_WAIT);
+}
+
 bool tcp_handshake_done(Work& w, int pr, short revents) {
   if (pr == 1 && revents == POLLOUT && !w.pending->cancelled()) return true;
   w.job.client.reset();
@@ -256,9 +269,14 @@ void run_client(Work& w) {
   // The TCP handshake first, bounded like the pairing.
   pollfd pf = {w.sock, POLLOUT, 0};
   int pr;
-  do {
-    pr = real().poll(&pf, 1, static_cast<int>(w.cfg->connect_timeout_ms));
-  } while (pr < 0 && errno == EINTR);
+  if (tcp_connected(w.sock)) {
+    pr = 1;
+    pf.revents = POLLOUT;
+  } else {
+    do {
+      pr = real().poll(&pf, 1, static_cast<int>(w.cfg->connect_timeout_ms));
+    } while (pr < 0 && errno == EINTR);
+  }
   if (!tcp_handshake_done(w, pr, pf.revents)) return;
   std::unique_ptr<Pairing> pairing = w.job.client->pairing(w.sock, *w.cfg);
   pairing->run(INT64_MAX);
@@ -404,7 +422,11 @@ bool advance(Work& w, int64_t now) {
   }
   if (w.tcp_waiting) {
     pollfd pf = {w.sock, POLLOUT, 0};
-    const int pr = real().poll(&pf, 1, 0);
+    int pr = real().poll(&pf, 1, 0);
+    if (pr == 0 && tcp_connected(w.sock)) {
+      pr = 1;
+      pf.revents = POLLOUT;
+    }
     if (pr == 0 && now < w.tcp_deadline_ms) return false;
     w.tcp_waiting = false;
     if (!tcp_handshake_done(w, pr, pf.revents)) return true;

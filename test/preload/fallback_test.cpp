@@ -24,8 +24,9 @@ class FallbackTest : public PreloadTest {
   // a client, on addr:port.
   void exchange(const Side& server_side, const Side& client_side, int port,
                 const std::string& addr = "127.0.0.1",
-                const std::vector<std::string>& client_extra = {}) {
-    const std::string n = std::to_string(kBytes);
+                const std::vector<std::string>& client_extra = {},
+                const std::vector<std::string>& server_extra = {}, uint64_t bytes = kBytes) {
+    const std::string n = std::to_string(bytes);
     auto args = [&](const char* role, const char* tx, const char* rx) {
       return std::vector<std::string>{
           "--role",    role, "--addr",     addr,    "--port",    std::to_string(port),
@@ -39,8 +40,9 @@ class FallbackTest : public PreloadTest {
       return e;
     };
     bool ready = false;
-    server_ =
-        &start_server("server", "rs_stream", args("server", "7", "8"), env_of(server_side), &ready);
+    std::vector<std::string> server_args = args("server", "7", "8");
+    server_args.insert(server_args.end(), server_extra.begin(), server_extra.end());
+    server_ = &start_server("server", "rs_stream", server_args, env_of(server_side), &ready);
     ASSERT_TRUE(ready) << "server: see its output below";
     std::vector<std::string> client_args = args("client", "8", "7");
     client_args.insert(client_args.end(), client_extra.begin(), client_extra.end());
@@ -51,10 +53,10 @@ class FallbackTest : public PreloadTest {
     ASSERT_TRUE(server_->exited_ok()) << "server: see its output below";
     auto c = parse_result(client_->out());
     auto s = parse_result(server_->out());
-    EXPECT_EQ(to_u64(c["sent"]), kBytes);
-    EXPECT_EQ(to_u64(c["received"]), kBytes);
-    EXPECT_EQ(to_u64(s["sent"]), kBytes);
-    EXPECT_EQ(to_u64(s["received"]), kBytes);
+    EXPECT_EQ(to_u64(c["sent"]), bytes);
+    EXPECT_EQ(to_u64(c["received"]), bytes);
+    EXPECT_EQ(to_u64(s["sent"]), bytes);
+    EXPECT_EQ(to_u64(s["received"]), bytes);
     EXPECT_EQ(c["tx_hash"], s["rx_hash"]);
     EXPECT_EQ(s["tx_hash"], c["rx_hash"]);
   }
@@ -300,6 +302,28 @@ TEST_F(FallbackTest, MptcpClientIsCarriedAsTcp) {
   if (HasFatalFailure()) return;
   expect_stats(*client_, true, {});
   expect_stats(*server_, true, {});
+}
+
+// The default mode: a client that has filled its socket by its pairing's
+// first look (200 ms after connect(); 32 MiB, more than the kernel buffers
+// of both ends hold, and its server reads only 1.5 s later) still pairs.
+// The pairing took POLLOUT for the end of the TCP handshake, which a full
+// socket never gave before the connect timeout (1 s): pair_timeout, and
+// TCP for good.
+TEST_F(FallbackTest, DefaultModeClientThatFillsItsSocketStillPairs) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const Env env = {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)},
+                   {"RSOCK_TCP_FIRST", "1"},
+                   {"RSOCK_PAIR_DELAY_MS", "200"}};
+  exchange({true, env}, {true, env}, port, "127.0.0.1", {}, {"--read-after-ms", "1500"}, 32u << 20);
+  if (HasFatalFailure()) return;
+  for (const Proc* p : {client_, server_}) {
+    auto st = stats_of(*p);
+    ASSERT_TRUE(st);
+    expect_paths(*st, 1, 0, p->name);
+    expect_fallbacks(*st, {}, p->name);
+  }
 }
 
 // An IPv4 rule does not match an IPv6 connection to the same port.
