@@ -407,7 +407,12 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
   const int entered = channel_->enter();
   if (entered < 0) return entered;
   const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
-  if (rx_tcp_.load(std::memory_order_acquire) && !reset_.load(std::memory_order_acquire)) {
+  // A reset does not end the prefix: what the socket still holds came
+  // before it, and the kernel delivers it first (tcp_recvmsg reads its
+  // queue before the error); recv_tcp goes on to the ring's loop below,
+  // which reports the error, once the socket has nothing more. Not after
+  // bytes behind our back (broken): nothing more is delivered then.
+  if (rx_tcp_.load(std::memory_order_acquire) && !broken_.load(std::memory_order_acquire)) {
     const ssize_t n = recv_tcp(iov, iovcnt, peek);
     if (n != kOnRing) return n;
   }
@@ -595,6 +600,9 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
     // The peer may have switched with nothing more before its count (its
     // doorbell not here yet).
     if (e == EAGAIN && rx_prefix_done_locked()) return kOnRing;
+    // Nothing queued, and the stream knows of a reset: the ring's loop
+    // reports it.
+    if (e == EAGAIN && reset_.load(std::memory_order_acquire)) return kOnRing;
     // shutdown(SHUT_RD): what is queued is still read, then EOF.
     if (e == EAGAIN && shut_rd_.load(std::memory_order_relaxed)) return 0;
     return -e;
@@ -606,6 +614,10 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
     // The peer's socket closed. Having switched first (its count is all
     // read), its end is the ring's to report; else an end on plain TCP.
     if (at2 != kNotSwitched && rx_prefix_done_locked()) return kOnRing;
+    // The peer's FIN, as tcp_recvmsg reports it before a pending error;
+    // a reset that follows finds us in CLOSE_WAIT (EPIPE).
+    std::lock_guard<std::mutex> state(state_mu_);
+    fin_rcvd_.store(true, std::memory_order_release);
     return 0;
   }
   size_t keep = static_cast<size_t>(n);

@@ -84,10 +84,10 @@ TEST_F(CloseTest, SameAsKernel) { same_as_kernel({}, true); }
 // until 2026-12-05 (poll right after the shutdown still went to the stream
 // it used, which did not know; 3 runs in 3).
 // Not under a sanitizer: slowed down, the pairings land inside the
-// scenarios, and where the peer resets (close_unread, peer_linger0) a
-// connection that switched meanwhile reports the reset before bytes the
-// kernel delivers first: a fault of the mode not fixed yet (docs/design.md,
-// "The default mode").
+// scenarios, where an end can still read as a FIN that the kernel reports
+// as a reset (close_unread): a fault of the mode not fixed yet
+// (docs/design.md, "The end of a connection whose pairing lands inside
+// it"; bytes before a reset, the larger part, were fixed on 2026-12-05).
 TEST_F(CloseTest, SameAsKernelStartingOnTcp) {
   if (sanitizers().slowdown > 1)
     GTEST_SKIP() << "the switch inside a reset scenario differs from the kernel (known)";

@@ -1387,6 +1387,28 @@ TEST(ShmSwitch, APeerThatLeftOurBytesUnreadResets) {
   EXPECT_EQ(end, "<-104>");
 }
 
+// The peer wrote on the socket and then reset (SO_LINGER {1, 0}) before
+// either side switched, and we learned of the reset (a poll) before we read:
+// the kernel delivers what it queued first, then the error, then EOF. Until
+// 2026-12-05 the reset came first and the bytes were lost (CloseTest
+// peer_linger0 in the default mode, when the pairing landed inside it).
+TEST(ShmSwitch, BytesThePeerWroteOnTheSocketComeBeforeItsReset) {
+  TcpFirst t = make_tcp_first(1 << 16, true);
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.server, "late"), 4);  // on the socket: nobody attached
+  for (int i = 0; i < 200 && queued_bytes(t.client_fd) < 4; ++i) usleep(1000);
+  ASSERT_EQ(queued_bytes(t.client_fd), 4);
+  t.server->close(/*abort=*/true);  // the region says: a reset
+  const StreamEvents ev = t.client->events();
+  EXPECT_TRUE(ev.readable && ev.error) << "readable " << ev.readable << " error " << ev.error;
+  EXPECT_EQ(recv_str(*t.client, 100, /*peek=*/true), "late");
+  EXPECT_EQ(recv_str(*t.client, 3), "lat");
+  EXPECT_EQ(recv_str(*t.client, 100), "e");
+  EXPECT_EQ(recv_str(*t.client, 100), "<-104>");  // ECONNRESET, once
+  EXPECT_EQ(recv_str(*t.client, 100), "");
+  t.server.reset();
+}
+
 // Both ends attach at random moments while a stream runs each way.
 class ShmSwitchThreaded : public ::testing::TestWithParam<int> {};
 
