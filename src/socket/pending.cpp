@@ -234,10 +234,6 @@ void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counte
   p->finish();
 }
 
-// connect(): the TCP handshake, the client side's pairing, the hand-over.
-// connect(): whether the TCP handshake is over, from a poll for POLLOUT that
-// returned pr with revents. false: it is not, or it failed; then the job is
-// done (client_done ran).
 // Whether sock's TCP handshake is over (established, or the peer's FIN in
 // already). POLLOUT tells it too, but not once the application has filled
 // the send buffer: a connection on TCP while it pairs (RSOCK_TCP_FIRST) may
@@ -249,6 +245,9 @@ bool tcp_connected(int sock) {
          (ti.tcpi_state == TCP_ESTABLISHED || ti.tcpi_state == TCP_CLOSE_WAIT);
 }
 
+// connect(): whether the TCP handshake is over, from a poll for POLLOUT that
+// returned pr with revents. false: it is not, or it failed; then the job is
+// done (client_done ran).
 bool tcp_handshake_done(Work& w, int pr, short revents) {
   if (pr == 1 && revents == POLLOUT && !w.pending->cancelled()) return true;
   w.job.client.reset();
