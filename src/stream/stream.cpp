@@ -594,6 +594,9 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
       // FIN, as kernel TCP would have sent). The region tells.
       channel_->tcp_closed(true);
       observe(poll_peer().flags);
+      // A FIN, in the region's word: EOF before a pending error (ours,
+      // from a send since), as tcp_recvmsg reads it.
+      if (fin_rcvd_.load(std::memory_order_acquire)) return 0;
       if (const int err = take_pending(false)) return -err;
       return 0;
     }
@@ -614,6 +617,15 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
     // The peer's socket closed. Having switched first (its count is all
     // read), its end is the ring's to report; else an end on plain TCP.
     if (at2 != kNotSwitched && rx_prefix_done_locked()) return kOnRing;
+    if (!peek && channel_->peer_told_close()) {
+      // A reset the peer told (it closed over unread bytes, or with
+      // SO_LINGER 0: its kernel sent no FIN) is the end, though a
+      // doorbell of ours took the socket's error and left an EOF: the
+      // ring's loop reports it.
+      observe(poll_peer().flags);
+      if (reset_.load(std::memory_order_acquire) && !fin_rcvd_.load(std::memory_order_acquire))
+        return kOnRing;
+    }
     // The peer's FIN, as tcp_recvmsg reports it before a pending error;
     // a reset that follows finds us in CLOSE_WAIT (EPIPE).
     std::lock_guard<std::mutex> state(state_mu_);

@@ -224,6 +224,11 @@ class Channel {
   // kernel_reset: the kernel reported a reset (ECONNRESET, POLLERR), which
   // a channel without a region (PrefixChannel) takes as the verdict.
   virtual void tcp_closed(bool /*kernel_reset*/) {}
+  // Whether the peer's librsock told us it closed its end (its counts are
+  // final, so the end it told, a FIN or a reset, is exact). An EOF read on
+  // the socket after it told a reset is that reset, whose error a send of
+  // ours on the socket (a doorbell) met first.
+  virtual bool peer_told_close() const { return false; }
 
   // The private dup of the connection's kernel TCP socket, or -1.
   virtual int kernel_socket() const { return -1; }

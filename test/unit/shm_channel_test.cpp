@@ -1409,6 +1409,56 @@ TEST(ShmSwitch, BytesThePeerWroteOnTheSocketComeBeforeItsReset) {
   t.server.reset();
 }
 
+// The peer closed over our unread bytes (a reset, told through the region)
+// and its kernel reset the socket, whose error a send of ours (a doorbell)
+// then took: the socket reads EOF, but the end is the reset the peer told,
+// as kernel TCP reports it. Until 2026-12-05 it read as a FIN
+// (CloseTest close_unread in the default mode).
+TEST(ShmSwitch, AResetThePeerToldStaysAResetWhenADoorbellTookTheSocketsError) {
+  TcpFirst t = make_tcp_first(1 << 16, true);
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.client, "unread"), 6);  // on the socket
+  t.server->attach();
+  t.client->attach();
+  t.server->close();
+  t.server.reset();  // its socket closes over our bytes: its kernel resets
+  pollfd p = {t.client_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 2000), 1);
+  ASSERT_TRUE(p.revents & POLLERR)
+      << "no reset on the socket: revents " << p.revents << " queued " << queued_bytes(t.client_fd);
+  int err = 0;
+  socklen_t len = sizeof err;
+  ASSERT_EQ(getsockopt(t.client_fd, SOL_SOCKET, SO_ERROR, &err, &len), 0);  // the doorbell's
+  ASSERT_EQ(err, ECONNRESET);
+  EXPECT_EQ(recv_str(*t.client, 100), "<-104>");  // ECONNRESET, once
+  EXPECT_EQ(recv_str(*t.client, 100), "");
+}
+
+// The peer read everything and closed (a FIN, in the region's word), but
+// left a doorbell of ours unread, so its kernel reset the socket; a send of
+// ours since (on the ring, to a peer that is gone) left EPIPE pending. The
+// kernel reads EOF and gives the error only after (SO_ERROR): the FIN came
+// first. Until 2026-12-05 the recv failed with EPIPE (CloseTest
+// close_read_all_data_left in the default mode).
+TEST(ShmSwitch, AFinThePeerToldComesBeforeAnErrorOfOurs) {
+  TcpFirst t = make_tcp_first(1 << 16, true);
+  ASSERT_TRUE(t.server && t.client);
+  ASSERT_EQ(send_str(*t.server, "bye"), 3);  // on the socket: nobody attached
+  t.server->attach();
+  t.client->attach();  // switches at 0: one doorbell to the server, unread
+  EXPECT_FALSE(t.client->tx_on_tcp());
+  EXPECT_EQ(recv_str(*t.client, 100), "bye");  // so the server's end does not linger
+  t.server->close();
+  t.server.reset();  // a FIN in the region, a reset on the socket
+  pollfd p = {t.client_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 2000), 1);
+  ASSERT_TRUE(p.revents & POLLERR) << "no reset on the socket: revents " << p.revents;
+  (void)t.client->events();                 // learns of the peer's end
+  EXPECT_EQ(send_str(*t.client, "x"), 1);   // to a peer that is gone: EPIPE pending
+  EXPECT_EQ(recv_str(*t.client, 100), "");  // EOF first
+  EXPECT_EQ(t.client->take_error(), EPIPE);
+}
+
 // Both ends attach at random moments while a stream runs each way.
 class ShmSwitchThreaded : public ::testing::TestWithParam<int> {};
 

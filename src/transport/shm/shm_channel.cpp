@@ -560,6 +560,12 @@ void ShmChannel::signal(uint32_t flags) {
   ring_doorbell();
 }
 
+bool ShmChannel::peer_told_close() const {
+  return ((rx_->producer_flags.load(std::memory_order_acquire) |
+           tx_->consumer_flags.load(std::memory_order_acquire)) &
+          kSendClosed) != 0;
+}
+
 PeerState ShmChannel::poll() {
   PeerState s;
   // Flags before totals: the peer stores its last head before it sets FIN

@@ -135,6 +135,7 @@ class ShmChannel final : public Channel {
   bool doorbell_owed() const override { return owed_.load(std::memory_order_acquire); }
   void switch_rx(uint64_t taken) override;
   void tcp_closed(bool) override { peer_gone(kPeerClosed); }
+  bool peer_told_close() const override;
   void foreign_bytes() override { kernel_bytes_seen(); }
   void own_fds(std::vector<int>* out) override {
     if (memfd_ >= 0) out->push_back(memfd_);
