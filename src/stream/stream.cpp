@@ -627,9 +627,12 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
         return kOnRing;
     }
     // The peer's FIN, as tcp_recvmsg reports it before a pending error;
-    // a reset that follows finds us in CLOSE_WAIT (EPIPE).
-    std::lock_guard<std::mutex> state(state_mu_);
-    fin_rcvd_.store(true, std::memory_order_release);
+    // a reset that follows finds us in CLOSE_WAIT (EPIPE). Not after our
+    // own shutdown(SHUT_RD) on the socket, which reads EOF by itself.
+    if (!shut_rd_.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> state(state_mu_);
+      fin_rcvd_.store(true, std::memory_order_release);
+    }
     return 0;
   }
   size_t keep = static_cast<size_t>(n);

@@ -1600,6 +1600,33 @@ TEST(ShmPrefix, AKernelResetIsAReset) {
   close(tcp[1]);
 }
 
+// Our own shutdown(SHUT_RDWR) on a connection still on TCP makes the socket
+// read EOF; that is no FIN of the peer's. When the peer then resets (it
+// closes over our unread byte), the error is ECONNRESET, as the kernel's
+// (FIN_WAIT2 meets the reset); taken for both FINs, the reset was dropped.
+TEST(ShmPrefix, OurOwnShutdownIsNoFinOfThePeers) {
+  int tcp[2];
+  tcp_pair(tcp);
+  auto server =
+      std::make_unique<Stream>(std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0)));
+  const int cfd = fcntl(tcp[1], F_DUPFD_CLOEXEC, 0);
+  Stream client(std::make_unique<PrefixChannel>(cfd));
+  ASSERT_EQ(send_str(client, "x"), 1);
+  for (int i = 0; i < 200 && queued_bytes(tcp[0]) < 1; ++i) usleep(1000);
+  ASSERT_EQ(shutdown(tcp[1], SHUT_RDWR), 0);  // the application's, on the kernel socket
+  client.shut_on_tcp(true);
+  EXPECT_EQ(recv_str(client, 100), "");  // our own SHUT_RD
+  server->close();
+  server.reset();
+  close(tcp[0]);  // the server's last holder: our byte unread, a reset
+  pollfd p = {cfd, POLLIN, 0};
+  for (int i = 0; i < 2000 && !(p.revents & POLLERR); ++i) ASSERT_GE(poll(&p, 1, 1), 0);
+  ASSERT_TRUE(p.revents & POLLERR) << "no reset on the socket: revents " << p.revents;
+  EXPECT_TRUE(client.events().error);
+  EXPECT_EQ(client.take_error(), ECONNRESET);
+  close(tcp[1]);
+}
+
 // The pairing ended while the connection had carried bytes: the sealed
 // stream hands its counts to a paired one, which reads the rest of the
 // peer's socket bytes before the ring, and calls on the sealed one are
