@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -1240,7 +1241,16 @@ bool ctl_known_member(int epfd, int op, int fd, const epoll_event* ev, int* r) {
 
 int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   if (int r; ctl_known_member(epfd, op, fd, ev, &r)) return r;
-  FdRef st = pending_settle(fd, fd_table().get(fd));
+  FdRef st = fd_table().get(fd);
+  if (st && st.get()->kind() == FdState::Kind::kPending) {
+    // An outcome whose members are still being converted: the set's
+    // registrations are the pairing's until then. A DEL of a connection
+    // left on TCP would reach the kernel before the conversion's
+    // registration (ENOENT; ab aborts on it).
+    auto* p = st.as<PendingState>();
+    while (p->resolved() && !p->converted()) sched_yield();
+  }
+  st = pending_settle(fd, std::move(st));
   const bool pending = st && st.get()->kind() == FdState::Kind::kPending;
   if (!as_conn(st) && !pending) {
     int r = real().epoll_ctl(epfd, op, fd, ev);
@@ -1321,8 +1331,10 @@ void register_converted(EpollState& s, EpollMember& m, int fd) {
     if (&o != &m && o.st.get() == m.st.get()) o.wait_shared = m.wait_shared = true;
 }
 
-void epoll_pending_resolved(FdState* pending, FdState* outcome) {
+void epoll_pending_resolved(FdState* pending, FdState* outcome,
+                            const std::function<void()>& publish) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
+  publish();
   for (EpollState* s : live_sets()) {
     std::lock_guard<std::mutex> l2(s->mu);
     // Every member on the pairing: its fd, and the dup'd fds of it that the
@@ -1351,6 +1363,12 @@ void epoll_pending_resolved(FdState* pending, FdState* outcome) {
           // and the generations count from the stream's first byte): an
           // edge-triggered member reports what is new since its last report,
           // not the switch.
+        } else if (m.parked) {
+          // The application deleted it (parked: kept for an ADD to take
+          // back): it stays out of the kernel's set, where an ADD of it
+          // would then fail with EEXIST.
+          --s->parked;
+          erase = true;
         } else {
           epoll_event kev = {};
           kev.events = m.disabled ? 0 : m.events;

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace rsock {
@@ -60,8 +61,10 @@ void epoll_forget(int fd);
 // goes to the kernel with the application's events and data. pending: what
 // the members hold, the PendingState or the stream it lent the fd
 // meanwhile (RSOCK_TCP_FIRST). Called before any fd changes hands (see
-// socket/pending.h).
+// socket/pending.h). publish makes the outcome known (PendingState::resolve)
+// under the lock the conversion holds, before it converts.
 class FdState;
-void epoll_pending_resolved(FdState* pending, FdState* outcome);
+void epoll_pending_resolved(FdState* pending, FdState* outcome,
+                            const std::function<void()>& publish);
 
 }  // namespace rsock

@@ -100,8 +100,8 @@ void hand_over(Work& w, ConnectionState* c) {
     c->ref();
     live->seal_to(c);
   }
-  p->resolve(c);
-  epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c);
+  epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c, [&] { p->resolve(c); });
+  p->set_converted();
   g_handovers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // Every fd that holds p goes on with c. None does once p's last fd was
@@ -805,7 +805,9 @@ FdRef pending_settle(int fd, FdRef r) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (!p->resolved()) return r;
   FdRef out = p->outcome();
-  fd_table().replace(fd, p, out.get());
+  // The fd keeps p until its epoll members are converted (rs_epoll_ctl
+  // waits for that on p); the calls go on with the outcome meanwhile.
+  if (p->converted()) fd_table().replace(fd, p, out.get());
   return out;
 }
 
@@ -876,6 +878,7 @@ void pending_after_fork_child() {
   for (auto& [fd, s] : stuck) {
     auto* p = static_cast<PendingState*>(s);
     p->resolve(nullptr);
+    p->set_converted();
     fd_table().replace(fd, p, nullptr);
   }
 }

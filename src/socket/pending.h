@@ -76,6 +76,11 @@ class PendingState final : public FdState {
   bool shut_before_pairing();
   // RSOCK_TCP_FIRST: the connection the fd uses until the outcome, or null.
   ConnectionState* live() const { return live_; }
+  // The outcome is in and the epoll members are the outcome's (or the
+  // kernel's): until then an fd keeps its PendingState in the table, so
+  // that an epoll_ctl on it waits for the conversion (pending_settle).
+  bool converted() const { return converted_.load(std::memory_order_acquire); }
+  void set_converted() { converted_.store(true, std::memory_order_release); }
   // The stats count a connection once: whoever claims it first (the
   // outcome, or a close that comes first) counts it.
   bool claim_count() { return !counted_.exchange(true); }
@@ -106,6 +111,7 @@ class PendingState final : public FdState {
   FdState* outcome_ = nullptr;  // holds a reference; under mu_
   bool done_ = false;  // under mu_: finish() ran
   std::atomic<bool> resolved_{false};
+  std::atomic<bool> converted_{false};
 };
 
 // What the background pairing needs to know of a connect() or accept().

@@ -16,6 +16,11 @@
 //   --answer 1 (both roles): the server answers each connection's byte with
 //       one of its own and closes it at once, and the client reads that byte
 //       and then EOF before it closes: the server's side ends first.
+//   --epoll 1 (client, with --answer 1): one connection at a time, driven
+//       from an epoll set as apr's pollset drives ab's: the socket added for
+//       EPOLLOUT, deleted once writable, its byte written, added again for
+//       EPOLLIN, and deleted once the answer and EOF are read. Every
+//       epoll_ctl must succeed (ab aborts on a failed delete).
 //   --count-threads 1 (either role): also counts this process's threads
 //       whose name starts with "rsock-pair" (librsock's pairing threads)
 //       after every burst or accept batch, and prints "PAIRING
@@ -43,6 +48,7 @@ constexpr int kWaitMs = 10000;
 
 bool g_count_threads = false;
 bool g_answer = false;
+bool g_epoll = false;
 int g_max_threads = 0;
 
 // Notes how many of this process's threads are librsock's pairing threads.
@@ -71,7 +77,7 @@ void report_threads() {
 int usage() {
   fprintf(stderr,
           "usage: rs_storm --role server|client --port P --connections N [--burst K] "
-          "[--answer 1] [--count-threads 1]\n");
+          "[--answer 1] [--epoll 1] [--count-threads 1]\n");
   return 2;
 }
 
@@ -154,7 +160,72 @@ bool read_answer(int fd) {
   }
 }
 
+// Waits in ep for fd's events; false (with a message) on a timeout or error.
+bool epoll_once(int ep, int fd, uint32_t events, long i) {
+  epoll_event e = {};
+  e.events = events;
+  e.data.fd = fd;
+  if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e) != 0) {
+    fprintf(stderr, "client: connection %ld: epoll add: %s\n", i, strerror(errno));
+    return false;
+  }
+  epoll_event got;
+  const int k = epoll_wait(ep, &got, 1, kWaitMs);
+  if (k != 1 || got.data.fd != fd) {
+    fprintf(stderr, "client: connection %ld: epoll_wait: %s\n", i,
+            k < 0 ? strerror(errno) : "timeout");
+    return false;
+  }
+  return true;
+}
+
+bool epoll_del(int ep, int fd, long i, const char* after) {
+  if (epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr) == 0) return true;
+  fprintf(stderr, "client: connection %ld: epoll delete after %s: %s\n", i, after, strerror(errno));
+  return false;
+}
+
+// --epoll: as ab -c 1 does with apr's pollset (see the usage above).
+int run_epoll_client(const sockaddr_in& a, long n) {
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  for (long i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0 || (connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0 &&
+                   errno != EINPROGRESS)) {
+      fprintf(stderr, "client: connect %ld: %s\n", i, strerror(errno));
+      return 1;
+    }
+    if (!epoll_once(ep, fd, EPOLLOUT, i) || !epoll_del(ep, fd, i, "connect")) return 1;
+    if (write(fd, "x", 1) != 1) {
+      fprintf(stderr, "client: connection %ld: write: %s\n", i, strerror(errno));
+      return 1;
+    }
+    std::string got;
+    bool eof = false;
+    while (!eof) {
+      if (!epoll_once(ep, fd, EPOLLIN, i)) return 1;
+      char buf[16];
+      ssize_t r;
+      while ((r = read(fd, buf, sizeof buf)) > 0) got.append(buf, static_cast<size_t>(r));
+      if (r < 0 && errno != EAGAIN) {
+        fprintf(stderr, "client: connection %ld: read: %s\n", i, strerror(errno));
+        return 1;
+      }
+      eof = r == 0;
+      if (!epoll_del(ep, fd, i, eof ? "EOF" : "bytes")) return 1;
+    }
+    if (got != "y") {
+      fprintf(stderr, "client: connection %ld: answer '%s'\n", i, got.c_str());
+      return 1;
+    }
+    close(fd);
+  }
+  printf("RESULT connected=%ld\n", n);
+  return 0;
+}
+
 int run_client(const sockaddr_in& a, long n, int burst) {
+  if (g_epoll) return run_epoll_client(a, n);
   std::vector<pollfd> p(static_cast<size_t>(burst));
   long connected = 0;
   for (long done = 0; done < n;) {
@@ -223,6 +294,8 @@ int main(int argc, char** argv) {
       g_count_threads = atoi(argv[i + 1]) != 0;
     else if (k == "--answer")
       g_answer = atoi(argv[i + 1]) != 0;
+    else if (k == "--epoll")
+      g_epoll = atoi(argv[i + 1]) != 0;
     else
       return usage();
   }
