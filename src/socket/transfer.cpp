@@ -116,6 +116,19 @@ ssize_t conn_sendfile(ConnectionState& conn, int in_fd, off_t* offset, size_t co
                       bool* sigpipe) {
   *sigpipe = false;
   ConnectionState* c = &conn;
+  // A connection still on TCP (before its pairing, or before its sender
+  // switched) whose socket does not block: the kernel's sendfile does it
+  // all, checks, errors and SIGPIPE included, in one system call instead
+  // of the copy's six (nginx answers each fresh connection so).
+  while (c->nonblocking()) {
+    const ssize_t k = c->stream().sendfile_tcp(in_fd, offset, count);
+    if (k == Stream::kForwarded) {
+      c = c->next();
+      continue;
+    }
+    if (k != Stream::kNotOnTcp) return k;
+    break;
+  }
   const int mode = open_mode(in_fd);
   if (mode < 0) return mode;
   if ((mode & O_ACCMODE) == O_WRONLY) return -EBADF;

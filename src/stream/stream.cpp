@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -547,6 +548,26 @@ ssize_t Stream::send_tcp(const iovec* iov, int iovcnt) {
   tcp_sent_.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
   // A receiver of ours granted meanwhile (doorbell owed), or the peer has
   // attached since: switch now, so that the next call uses the ring.
+  if (channel_->doorbell_owed() || prefix_->peer_attached->load(std::memory_order_acquire) != 0)
+    (void)switch_tx_locked();
+  return sent;
+}
+
+ssize_t Stream::sendfile_tcp(int in_fd, off_t* offset, size_t count) {
+  if (orphaned_.load(std::memory_order_acquire) || take_over() < 0) return kNotOnTcp;
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  if (sealed_.load(std::memory_order_acquire)) return kForwarded;
+  const int entered = channel_->enter();
+  if (entered < 0) return kNotOnTcp;
+  const Bracket bracket{entered == 0 ? channel_.get() : nullptr};
+  if (!tx_tcp_.load(std::memory_order_acquire) || reset_.load(std::memory_order_acquire) ||
+      switch_tx_locked())
+    return kNotOnTcp;
+  const ssize_t sent = real().sendfile(channel_->kernel_socket(), in_fd, offset, count);
+  if (sent < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+  prefix_->tcp_sent->store(prefix_->tcp_sent->load(std::memory_order_relaxed) + sent,
+                           std::memory_order_release);
+  tcp_sent_.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
   if (channel_->doorbell_owed() || prefix_->peer_attached->load(std::memory_order_acquire) != 0)
     (void)switch_tx_locked();
   return sent;

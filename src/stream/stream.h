@@ -60,6 +60,16 @@ class Stream {
   // pending error is then left for the next call, as the kernel leaves it.
   ssize_t send(const struct iovec* iov, int iovcnt, bool moved = false);
 
+  // sendfile(2) while our sending side is still on the kernel socket: the
+  // kernel's own sendfile on it, its result and errors as they are, the
+  // bytes counted as send() counts them on the socket. kNotOnTcp when the
+  // side is on the ring (or the stream is reset, moved or taken over): the
+  // caller copies through send(). Only for a socket that does not block
+  // (O_NONBLOCK): a blocking one would sleep in the kernel holding the send
+  // lock, which the pairing's seal waits for.
+  static constexpr ssize_t kNotOnTcp = INT64_MIN + 1;
+  ssize_t sendfile_tcp(int in_fd, off_t* offset, size_t count);
+
   // Copies up to the readable bytes. Returns the count (> 0), 0 at end of
   // stream, -EAGAIN when nothing is readable yet, the pending error after a
   // reset (once the ring is drained; then 0). With peek, nothing is
