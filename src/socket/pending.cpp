@@ -707,6 +707,7 @@ int pending_start(PairJob& job, const Config& cfg) {
   // RSOCK_TCP_FIRST: the fd carries its bytes on TCP until the outcome,
   // and its pairing takes the socket only when it begins (take_socket).
   ConnectionState* live = job.live && driven ? new_prefix_connection(fd, job.path) : nullptr;
+  if (live && job.nonblocking) live->set_nonblocking(true);
   int efd = -1;
   int sock = -1;
   if (!live) {

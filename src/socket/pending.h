@@ -129,6 +129,9 @@ struct PairJob {
   // RSOCK_TCP_FIRST: the fd carries its bytes on TCP meanwhile (a driven
   // pairing only); the server's side starts pairing cfg.pair_delay_ms later.
   bool live = false;
+  // The socket is known to be O_NONBLOCK (accept4's SOCK_NONBLOCK): the
+  // live connection need not ask the kernel at its first use.
+  bool nonblocking = false;
 };
 
 // RSOCK_TCP_FIRST: the connection a socket still pairing uses meanwhile

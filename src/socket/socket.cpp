@@ -670,6 +670,7 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accep
     job.server = true;
     job.path = path;
     job.live = live;
+    job.nonblocking = (how.flags & SOCK_NONBLOCK) != 0;
     job.pairing = std::move(p);
     l->ref();
     job.listener = FdRef(l);  // the pairing may use the listener's rdma_cm id
