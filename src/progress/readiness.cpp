@@ -1242,15 +1242,16 @@ bool ctl_known_member(int epfd, int op, int fd, const epoll_event* ev, int* r) {
 int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   if (int r; ctl_known_member(epfd, op, fd, ev, &r)) return r;
   FdRef st = fd_table().get(fd);
-  if (st && st.get()->kind() == FdState::Kind::kPending) {
-    // An outcome whose members are still being converted: the set's
+  if (st && st.get()->kind() == FdState::Kind::kPending && st.as<PendingState>()->resolved()) {
+    // An outcome whose members may still be being converted: the set's
     // registrations are the pairing's until then. A DEL of a connection
     // left on TCP would reach the kernel before the conversion's
-    // registration (ENOENT; ab aborts on it).
+    // registration (ENOENT; ab aborts on it). A pairing not resolved yet
+    // stays pending here: the branch below decides under g_sets_mu.
     auto* p = st.as<PendingState>();
-    while (p->resolved() && !p->converted()) sched_yield();
+    while (!p->converted()) sched_yield();
+    st = pending_settle(fd, std::move(st));
   }
-  st = pending_settle(fd, std::move(st));
   const bool pending = st && st.get()->kind() == FdState::Kind::kPending;
   if (!as_conn(st) && !pending) {
     int r = real().epoll_ctl(epfd, op, fd, ev);
