@@ -873,13 +873,17 @@ void pending_after_fork_child() {
   g_flight_mu.unlock();
   std::vector<std::pair<int, FdState*>> stuck;
   fd_table().for_each([&](int fd, FdState* s) {
-    if (s->kind() == FdState::Kind::kPending && !static_cast<PendingState*>(s)->resolved())
-      stuck.emplace_back(fd, s);
+    if (s->kind() == FdState::Kind::kPending) {
+      auto* p = static_cast<PendingState*>(s);
+      // One whose hand-over the fork cut short is converted as far as it
+      // will ever be here: an epoll_ctl on it must not wait for the rest.
+      p->set_converted();
+      if (!p->resolved()) stuck.emplace_back(fd, s);
+    }
   });
   for (auto& [fd, s] : stuck) {
     auto* p = static_cast<PendingState*>(s);
     p->resolve(nullptr);
-    p->set_converted();
     fd_table().replace(fd, p, nullptr);
   }
 }
