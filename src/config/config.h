@@ -49,6 +49,7 @@ inline constexpr uint32_t kDefaultPairDelayMs = 5;           // RSOCK_PAIR_DELAY
 inline constexpr uint32_t kMaxPairDelayMs = 60000;
 inline constexpr uint32_t kDefaultRegionCache = 16;  // RSOCK_REGION_CACHE
 inline constexpr uint32_t kMaxRegionCache = 4096;
+inline constexpr uint32_t kMaxTestHandoverPauseUs = 100000;  // RSOCK_TEST_HANDOVER_PAUSE_US
 
 // Messages about configuration (and the files it names) echo values from
 // the environment and the rule file, which may be hostile: a value is cut to
@@ -81,6 +82,12 @@ struct Config {
   // for its next connections with the same peer processes, and as many
   // mappings (transport/shm/region_cache.h); 0 keeps none.
   uint32_t region_cache = kDefaultRegionCache;
+  // RSOCK_TEST_HANDOVER_PAUSE_US, for tests: the pairing's thread pauses
+  // this long in each hand-over, after the outcome is published and the
+  // epoll members converted, before the fds change hands (socket/pending.cpp,
+  // hand_over). A thread that loses the processor there opens the same
+  // window; the pause makes it wide enough for a test to meet often.
+  uint32_t test_handover_pause_us = 0;
   std::vector<PeerRule> rules;  // RSOCK_PEERS rules first, then the rule file's, in order
 };
 

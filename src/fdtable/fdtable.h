@@ -36,6 +36,8 @@ class FdState {
   }
   // Called when the last fd referring to this state is closed.
   virtual void on_last_close() {}
+  // How many fds of the table refer to this state now.
+  int fds() const { return fds_.load(std::memory_order_acquire); }
 
   std::atomic<int> epoll_refs{0};  // epoll shadows with this state as a member
 

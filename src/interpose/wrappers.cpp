@@ -159,9 +159,12 @@ void forget_fd(int fd) {
     // A socket still pairing whose bytes go on TCP (RSOCK_TCP_FIRST) is
     // in epoll sets as that connection.
     FdRef live = r ? pending_live(fd_table().get(fd)) : FdRef();
-    if (handover || (r && r.get()->epoll_refs.load() > 0) ||
-        (live && live.get()->epoll_refs.load() > 0))
-      epoll_forget(fd);
+    // From its epoll conversion on, a pairing's outcome holds the fd's
+    // members, while the fd may still hold the pairing (pending_settle
+    // hands it over here once the conversion is done).
+    FdRef out = r ? pending_settle(fd, fd_table().get(fd)) : FdRef();
+    auto watched = [](const FdRef& s) { return s && s.get()->epoll_refs.load() > 0; };
+    if (handover || watched(r) || watched(live) || watched(out)) epoll_forget(fd);
   }
   fd_table().clear(fd);
 }

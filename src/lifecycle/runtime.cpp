@@ -200,7 +200,11 @@ __attribute__((destructor)) void rsock_destructor() {
 std::vector<FdRef> connection_refs() {
   std::vector<FdRef> conns;
   fd_table().for_each_ref([&](int, FdRef& r) {
-    if (r.get()->kind() != FdState::Kind::kConnection) return;
+    // An fd may use its pairing's outcome before the table hands it over
+    // (pending_settle).
+    if (r.get()->kind() == FdState::Kind::kPending && r.as<PendingState>()->resolved())
+      r = r.as<PendingState>()->outcome();
+    if (!r || r.get()->kind() != FdState::Kind::kConnection) return;
     for (const FdRef& c : conns)
       if (c.get() == r.get()) return;  // a dup of one already listed
     conns.push_back(std::move(r));
@@ -241,6 +245,7 @@ void release_at_exit() {
   // the same, and then the queue pair, which dies with this process, first
   // delivers what was posted; an owner that other processes still hold
   // hands the end to them (Channel::at_exit).
+  pending_finish_at_exit();
   for (const FdRef& r : connection_refs()) r.as<ConnectionState>()->stream().release_at_exit();
   pending_count_at_exit();
   transports_at_exit();

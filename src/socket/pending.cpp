@@ -84,6 +84,9 @@ struct Work {
 };
 
 std::atomic<int> g_handovers{0};  // hand_over calls between the seal and the epoll conversion
+// Outcomes between their hand-over and close_if_closed, which may end one
+// whose fd the application closed meanwhile (pending_finish_at_exit).
+std::atomic<int> g_finishing{0};
 
 // Publishes the outcome (c: one reference, taken over; nullptr: plain TCP),
 // converts the epoll members, then hands every fd over.
@@ -101,6 +104,8 @@ void hand_over(Work& w, ConnectionState* c) {
     live->seal_to(c);
   }
   epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c, [&] { p->resolve(c); });
+  const uint32_t pause_us = w.cfg->test_handover_pause_us;  // tests only (Config)
+  if (pause_us) usleep(pause_us);
   p->set_converted();
   g_handovers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -158,6 +163,12 @@ bool ended_while_pairing(const Work& w, Fallback why) {
   return real().poll(&p, 1, wait_ms) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+// The application's close of the outcome c, which no fd holds (one that
+// does, a dup the outcome was handed to, ends it at its own close).
+void end_outcome(ConnectionState* c) {
+  if (c->fds() == 0) c->on_last_close();
+}
+
 // A pairing that made its channel after the application closed the fd of a
 // connection running on TCP meanwhile (RSOCK_TCP_FIRST): the peer has
 // committed to it, and what went on the socket is counted by the stream the
@@ -166,8 +177,15 @@ bool ended_while_pairing(const Work& w, Fallback why) {
 // application's close would have closed it, which tells the peer where our
 // bytes end. (Dropped instead, its bytes would be read past a count of 0,
 // as bytes behind librsock: a reset.)
+//
+// The same for any outcome whose fd the application closed while it still
+// held p: an fd may use the outcome before hand_over replaces its state
+// (pending_settle), so the exchange may be over and the fd closed before
+// this thread gets here. Exactly one side ends c: this one when the close
+// came first, else the close (PendingState::on_last_close), decided under
+// p's lock.
 void close_if_closed(PendingState* p, ConnectionState* c) {
-  if (c && p->live() && p->closed()) c->on_last_close();
+  if (p->handed_over() && c) end_outcome(c);
 }
 
 // accept(): the server side's pairing is over (ran: it finished; else the
@@ -195,8 +213,10 @@ void server_done(Work& w, bool ran, bool ended_early = false) {
   else
     discard(std::move(ch));
   if (claimed) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
+  g_finishing.fetch_add(1, std::memory_order_seq_cst);
   hand_over(w, c);
   close_if_closed(p, c);
+  g_finishing.fetch_sub(1, std::memory_order_seq_cst);
   p->finish();
 }
 
@@ -229,8 +249,10 @@ void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counte
   const bool claimed = counted && p->claim_count();
   ConnectionState* c = keep ? new_connection(w.sock, std::move(ch), job.path, claimed) : nullptr;
   if (claimed) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
+  g_finishing.fetch_add(1, std::memory_order_seq_cst);
   hand_over(w, c);
   close_if_closed(p, c);
+  g_finishing.fetch_sub(1, std::memory_order_seq_cst);
   p->finish();
 }
 
@@ -573,12 +595,24 @@ PendingState::~PendingState() {
 }
 
 void PendingState::on_last_close() {
-  bool started;
+  bool started, handed;
+  FdRef outcome;
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
     closed_ = true;
     started = started_;
+    handed = handed_;
+    if (handed && outcome_) {
+      outcome_->ref();
+      outcome = FdRef(outcome_);
+    }
+  }
+  // The hand-over is over, and this fd had not changed hands: the
+  // application ends the outcome (close_if_closed).
+  if (outcome && outcome.get()->kind() == FdState::Kind::kConnection) {
+    end_outcome(outcome.as<ConnectionState>());
+    return;
   }
   if (!live_) return;
   // The connection ran on TCP and ends before its outcome: counted now,
@@ -647,6 +681,12 @@ bool PendingState::cancelled() {
 
 bool PendingState::closed() {
   std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+bool PendingState::handed_over() {
+  std::lock_guard<std::mutex> lock(mu_);
+  handed_ = true;
   return closed_;
 }
 
@@ -798,6 +838,12 @@ void pending_own_fds(std::vector<int>* out) {
   if (const int dead = prefix_dead_socket(false); dead >= 0) out->push_back(dead);
 }
 
+void pending_finish_at_exit() {
+  // Bounded: the hand-over takes no lock an exiting thread could hold, but
+  // its thread may be slow to run (a loaded machine).
+  for (int i = 0; i < 500 && g_finishing.load(std::memory_order_seq_cst) > 0; ++i) usleep(1000);
+}
+
 bool pending_handover_in_flight() { return g_handovers.load(std::memory_order_seq_cst) != 0; }
 
 FdRef pending_settle(int fd, FdRef r) {
@@ -863,6 +909,7 @@ void pending_after_fork_child() {
   // workers) do not exist here, and must not take a notification.
   g_in_flight = 0;
   g_idle = 0;
+  g_finishing.store(0);
   // Nor a driver: its eventfd is the parent's too (a read here would eat a
   // wakeup of the parent's driver).
   g_driver_running = false;

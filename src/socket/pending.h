@@ -62,6 +62,11 @@ class PendingState final : public FdState {
   bool cancelled();
   // The application closed every fd.
   bool closed();
+  // The pairing's thread, once hand_over has given every fd the outcome:
+  // from now on the close of the last fd that still holds this state is
+  // the outcome's close (on_last_close makes it). Returns whether that
+  // close came first: then the caller makes it.
+  bool handed_over();
   // RSOCK_TCP_FIRST, the driver, when the delayed pairing of a live one
   // begins: a private dup of its socket, or -ECANCELED when the application
   // closed the fd first (nothing may begin then), or another negative
@@ -108,6 +113,7 @@ class PendingState final : public FdState {
   bool cancelled_ = false;      // under mu_
   bool closed_ = false;         // under mu_
   bool started_ = false;        // under mu_: take_socket() gave the socket
+  bool handed_ = false;         // under mu_: handed_over() ran
   FdState* outcome_ = nullptr;  // holds a reference; under mu_
   bool done_ = false;  // under mu_: finish() ran
   std::atomic<bool> resolved_{false};
@@ -154,6 +160,11 @@ FdRef pending_settle(int fd, FdRef r);
 // has no state left, or the conversion could act on the fd number after
 // it names another file.
 bool pending_handover_in_flight();
+// At exit, before the connections are let go and the stats written: waits
+// (up to half a second) for the hand-overs in progress, which may still end
+// the outcome of an fd the application has closed (its bytes are counted
+// then).
+void pending_finish_at_exit();
 
 // The process exits (RSOCK_TCP_FIRST): a connection that ran on TCP and is
 // still pairing ends with it, before its outcome, and is counted as one

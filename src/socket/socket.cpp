@@ -213,6 +213,7 @@ StreamEvents ConnectionState::live_events(bool look, ConnectionState** live) {
 }
 
 void ConnectionState::on_last_close() {
+  if (ended_.exchange(true, std::memory_order_acq_rel)) return;
   // SO_LINGER {1, 0}: the application asks for a reset, not a FIN.
   bool abort = false;
   if (const int ks = stream_.channel().kernel_socket(); ks >= 0) {

@@ -112,6 +112,9 @@ class ConnectionState final : public FdState {
   Path path_;
   bool prefix_only_ = false;
   std::atomic<ConnectionState*> next_{nullptr};
+  // on_last_close ran: a pairing's outcome may be ended by the close of
+  // its PendingState's fd and by its own (socket/pending.cpp, end_outcome).
+  std::atomic<bool> ended_{false};
 };
 
 // I/O on accelerated connections. Each returns the libc result or a

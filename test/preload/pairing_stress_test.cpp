@@ -37,6 +37,10 @@ struct StressCase {
   // Pairing timeouts (ms), cycled over the server and the clients; empty:
   // the default.
   std::vector<int> timeouts;
+  // RSOCK_TEST_HANDOVER_PAUSE_US of every process: each hand-over pauses
+  // after the outcome is out and before the fds change hands, so that
+  // programs use, finish and close connections inside that window.
+  int handover_pause_us = 0;
 };
 
 void PrintTo(const StressCase& c, std::ostream* os) { *os << c.name; }
@@ -85,6 +89,8 @@ TEST_P(PairingStress, BothEndsAgreeOnEveryConnection) {
     if (!c.timeouts.empty())
       e["RSOCK_CONNECT_TIMEOUT_MS"] =
           std::to_string(c.timeouts[next_timeout++ % c.timeouts.size()]);
+    if (c.handover_pause_us)
+      e["RSOCK_TEST_HANDOVER_PAUSE_US"] = std::to_string(c.handover_pause_us);
     return preloaded(e);
   };
 
@@ -215,6 +221,24 @@ INSTANTIATE_TEST_SUITE_P(
             "ForkWorkersBlocking", "fork", "block", 2, 8, 8, 250, 4, "block", 1, 0, 4096, {}},
         StressCase{
             "ForkWorkersEventLoop", "fork", "epoll", 2, 8, 8, 250, 8, "epoll", 1, 0, 4096, {}},
+        // The hand-over's window held open (3 ms each): an event loop that
+        // reads, answers and closes before its fd changes hands must
+        // still end the connection (its stats count its bytes) and drop
+        // its epoll member (the number's next connection is added afresh).
+        StressCase{"ForkWorkersEventLoopSlowHandOver",
+                   "fork",
+                   "epoll",
+                   2,
+                   8,
+                   8,
+                   250,
+                   8,
+                   "epoll",
+                   1,
+                   0,
+                   4096,
+                   {},
+                   3000},
         StressCase{
             "ReuseportMixed", "reuseport", "mixed", 3, 8, 8, 250, 6, "mixed", 1, 0, 4096, {}},
         StressCase{"LongLivedMixed", "fork", "mixed", 2, 8, 8, 24, 12, "mixed", 6, 40, 16384, {}},

@@ -512,6 +512,19 @@ TEST(ConfigEnv, TcpFirstAndPairDelay) {
     expect_rejected("RSOCK_PAIR_DELAY_MS", bad, "integer from 0 to 60000");
 }
 
+TEST(ConfigEnv, TestHandoverPause) {
+  std::vector<ConfigError> errors;
+  Config c = parse_env({}, &errors);
+  EXPECT_EQ(c.test_handover_pause_us, 0u);
+  c = parse_env({{"RSOCK_TEST_HANDOVER_PAUSE_US", " 3000 "}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_EQ(c.test_handover_pause_us, 3000u);
+  c = parse_env({{"RSOCK_TEST_HANDOVER_PAUSE_US", "100000"}}, &errors);
+  EXPECT_EQ(c.test_handover_pause_us, kMaxTestHandoverPauseUs);
+  for (const char* bad : {"100001", "x", "-5", "3ms"})
+    expect_rejected("RSOCK_TEST_HANDOVER_PAUSE_US", bad, "integer from 0 to 100000");
+}
+
 TEST(ConfigEnv, RegionCache) {
   std::vector<ConfigError> errors;
   Config c = parse_env({}, &errors);
