@@ -180,8 +180,8 @@ TEST_P(XferTcpFirstTest, PairedMidwaySameAsKernelTcp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, XferTcpFirstTest,
-                         ::testing::Values("sendfile", "sendfile_nonblock", "splice_in",
-                                           "splice_out"),
+                         ::testing::Values("sendfile", "sendfile_errors_nonblock",
+                                           "sendfile_nonblock", "splice_in", "splice_out"),
                          [](const auto& info) { return std::string(info.param); });
 
 // ---- exec ------------------------------------------------------------------------

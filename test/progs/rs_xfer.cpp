@@ -23,7 +23,7 @@
 //        rs_xfer --role client --port P --case NAME --dir SCRATCH [--pause-ms MS]
 //   --pause-ms: aio_fclose sleeps this long before its shutdown, so that a
 //   pairing due meanwhile (RSOCK_TCP_FIRST) begins before it
-//   cases: sendfile sendfile_errors sendfile_nonblock sendfile_epipe
+//   cases: sendfile sendfile_errors sendfile_errors_nonblock sendfile_nonblock sendfile_epipe
 //          splice_in splice_out mmsg rwv2 aio_fclose pwait2
 #include <aio.h>
 #include <arpa/inet.h>
@@ -292,7 +292,11 @@ void case_sendfile(int s, const std::string& dir) {
 }
 
 // Bad arguments: the kernel's errno, in the kernel's order.
-void case_sendfile_errors(int s, const std::string& dir) {
+// nonblock: the same on an O_NONBLOCK socket (a connection still on TCP
+// then makes the kernel's own sendfile), less the whole-file send, whose
+// count would be what the send buffer took at that moment.
+void case_sendfile_errors(int s, const std::string& dir, bool nonblock = false) {
+  if (nonblock) CHECK(fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK) == 0, "O_NONBLOCK");
   int fd = make_file(dir, "data");
   int wfd = open((dir + "/data").c_str(), O_WRONLY);
   int pfd[2];
@@ -318,7 +322,7 @@ void case_sendfile_errors(int s, const std::string& dir) {
   off = -1;
   probe("negoff", sendfile(s, fd, &off, 10), &off);
   off = 0;
-  probe("hugecount", sendfile(s, fd, &off, static_cast<size_t>(-1)), &off);
+  if (!nonblock) probe("hugecount", sendfile(s, fd, &off, static_cast<size_t>(-1)), &off);
   off = 0x7fffffffffff0000ll;
   probe("offwrap", sendfile(s, fd, &off, 1 << 20), &off);
   probe("sock_in", sendfile(s, s, nullptr, 10), nullptr);
@@ -742,6 +746,8 @@ int main(int argc, char** argv) {
     case_sendfile(s, dir);
   else if (g_case == "sendfile_errors")
     case_sendfile_errors(s, dir);
+  else if (g_case == "sendfile_errors_nonblock")
+    case_sendfile_errors(s, dir, true);
   else if (g_case == "sendfile_nonblock")
     case_sendfile_nonblock(s, dir);
   else if (g_case == "sendfile_epipe")
