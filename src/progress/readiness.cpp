@@ -117,6 +117,10 @@ struct EpollMember {
   bool tcp_news = true;
   bool tcp_level = false;
   const ConnectionState* tcp_conn = nullptr;
+  // What the kernel last reported of that registration (filter_kernel)
+  // since the last look: the socket's readiness when the kernel woke us,
+  // which that look takes instead of a poll (Stream::events).
+  uint32_t tcp_kev = 0;
   // Another member of the set is the same connection (dup'd fds): they
   // share one kernel registration of the wakeup fd, tagged with one's fd.
   bool wait_shared = false;
@@ -165,7 +169,7 @@ struct EpollMember {
 uint32_t kernel_events(const EpollMember& m) {
   ConnectionState* c = m.conn();
   if (c && (c->stream().rx_on_tcp() || c->stream().tx_on_tcp()))
-    return EPOLLIN | EPOLLOUT | EPOLLET;
+    return EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
   return EPOLLIN;
 }
 
@@ -449,7 +453,10 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
       ev = kept->ev;
       mc = kept->live;
     } else {
-      ev = mc->live_events(!st.channel().wait_fd_shows_carrier(), &mc);
+      // The kernel's report stands for a poll of a socket that carries
+      // nothing but the application's bytes.
+      const uint32_t kev = on_kernel_tcp && st.peer_sends_on_tcp() ? m.tcp_kev : 0;
+      ev = mc->live_events(!st.channel().wait_fd_shows_carrier(), &mc, kev);
       if (m.wait_shared && twin_count < kTwinLooks) twin_looks[twin_count++] = {looked, ev, mc};
     }
     if (m.kernel_mask != EPOLLIN && !m.wait_shared) {
@@ -464,6 +471,7 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
     }
     uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
     m.tcp_news = false;
+    m.tcp_kev = 0;
     m.tcp_level = mask != 0 && !(m.events & EPOLLET);
     m.tcp_conn = on_kernel_tcp ? mc : nullptr;
     if (m.events & EPOLLET) {
@@ -718,6 +726,7 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
       if (ConnectionState* c = m.conn())
         if (c->stream().channel().drain_wakeups()) c->wake.kick(m.dormant || has_joined(joined, c));
       m.tcp_news = true;
+      m.tcp_kev = ev[i].events;
       wake_member(m, others_asleep(s, joined));
       for_each_twin(s, m, [&](EpollMember& o) {
         o.tcp_news = true;
@@ -1358,6 +1367,7 @@ void epoll_pending_resolved(FdState* pending, FdState* outcome,
         if (outcome) {
           outcome->ref();
           m.st = FdRef(outcome);
+          m.tcp_kev = 0;  // the pairing's report: the outcome looks anew
           outcome->epoll_refs.fetch_add(1);
           register_converted(*s, m, fd);
           // The successor goes on from the same counts (Stream::continue_from,
@@ -1383,6 +1393,7 @@ void epoll_pending_resolved(FdState* pending, FdState* outcome,
         outcome->ref();
         m.stale = std::move(m.st);
         m.st = FdRef(outcome);
+        m.tcp_kev = 0;
         outcome->epoll_refs.fetch_add(1);
         register_converted(*s, m, fd);
         m.last_mask = 0;
@@ -1569,12 +1580,12 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     disarm_all(*s, &joined, sleep);
     if (k < 0 && err == EINTR) return -EINTR;
     if (k < 0) return -err;
-    if (n > 0) {
-      // Kernel members woke us: add whatever accelerated ones are ready too
-      // (not when n came from the re-check above: those are collected).
-      if (k > 0) n += collect(*s, events + n, maxevents - n);
-      return n;
-    }
+    // Kernel members woke us: add whatever accelerated ones are ready too
+    // (not when n came from the re-check above: those are collected). The
+    // wait drained the kernel's news of our members (filter_kernel): they
+    // are looked at now, with no second ask of the kernel.
+    if (k > 0) n += collect(*s, events + n, maxevents - n);
+    if (n > 0) return n;
     iter = -1;  // the next pass (0) looks at the kernel members too
   }
 }

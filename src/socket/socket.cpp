@@ -197,7 +197,8 @@ void ConnectionState::seal_to(ConnectionState* next) {
   });
 }
 
-StreamEvents ConnectionState::live_events(bool look, ConnectionState** live) {
+StreamEvents ConnectionState::live_events(bool look, ConnectionState** live,
+                                          uint32_t socket_events) {
   ConnectionState* c = this;
   for (;;) {
     // seal() stores next before it marks the stream sealed.
@@ -205,7 +206,8 @@ StreamEvents ConnectionState::live_events(bool look, ConnectionState** live) {
       c = n;
       continue;
     }
-    const StreamEvents ev = c->stream().events(look);
+    // The socket's report is this stream's only: a successor looks anew.
+    const StreamEvents ev = c->stream().events(look, c == this ? socket_events : 0);
     if (c->stream().sealed()) continue;
     if (live) *live = c;
     return ev;

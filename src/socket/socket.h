@@ -96,7 +96,8 @@ class ConnectionState final : public FdState {
   // events, which then say ready to every caller (so that its waiters wake
   // and find the successor): a poll or epoll_wait reporting that would
   // report a spurious event. Here the successor answers.
-  StreamEvents live_events(bool look, ConnectionState** live = nullptr);
+  // socket_events: Stream::events'.
+  StreamEvents live_events(bool look, ConnectionState** live = nullptr, uint32_t socket_events = 0);
   // A prefix-only connection whose fd was closed before its pairing began:
   // its socket ends now (PrefixChannel::retire_socket).
   void retire_prefix_socket();

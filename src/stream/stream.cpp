@@ -673,7 +673,7 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
 
 // The directions still on the kernel socket take its readiness (one may
 // have switched already, and shows the ring's).
-void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx) {
+void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_events) {
   {
     std::unique_lock<std::mutex> lock(rx_mu_, std::try_to_lock);
     if (lock.owns_lock() && rx_tcp_.load(std::memory_order_acquire)) (void)rx_prefix_done_locked();
@@ -685,9 +685,16 @@ void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx) {
   const bool rx_tcp = rx_tcp_.load(std::memory_order_acquire);
   const bool tx_tcp = tx_tcp_.load(std::memory_order_acquire);
   if (!rx_tcp && !tx_tcp) return;
-  pollfd p = {channel_->kernel_socket(), POLLIN | POLLOUT | POLLRDHUP, 0};
-  if (real().poll(&p, 1, 0) < 0) p.revents = 0;
-  short r = p.revents;
+  // The poll bits are epoll's (the same values).
+  static_assert(POLLIN == EPOLLIN && POLLOUT == EPOLLOUT && POLLRDHUP == EPOLLRDHUP &&
+                POLLERR == EPOLLERR && POLLHUP == EPOLLHUP);
+  short r =
+      static_cast<short>(socket_events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLERR | EPOLLHUP));
+  if (r == 0) {
+    pollfd p = {channel_->kernel_socket(), POLLIN | POLLOUT | POLLRDHUP, 0};
+    if (real().poll(&p, 1, 0) < 0) p.revents = 0;
+    r = p.revents;
+  }
   if (r & (POLLERR | POLLHUP)) {
     // The peer's kernel reset (or both FINs went): its end is gone. Whether
     // the application sees a FIN or a reset the region tells, as recv_tcp
@@ -848,7 +855,7 @@ bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_g
   return true;
 }
 
-StreamEvents Stream::events(bool look) {
+StreamEvents Stream::events(bool look, uint32_t socket_events) {
   StreamEvents ev;
   if (sealed_.load(std::memory_order_acquire)) {
     // A waiter wakes, calls again and is forwarded to the successor.
@@ -875,7 +882,7 @@ StreamEvents Stream::events(bool look) {
   uint64_t tcp_rx = prefix_->tcp_read->load(std::memory_order_acquire);
   const uint64_t tcp_tx = prefix_->tcp_sent->load(std::memory_order_acquire);
   if (tx_tcp_.load(std::memory_order_acquire) || rx_tcp_.load(std::memory_order_acquire))
-    tcp_overlay(&ev, &tcp_rx);
+    tcp_overlay(&ev, &tcp_rx, socket_events);
   ev.rx_gen = tcp_rx + ring_rx;
   ev.tx_gen = tcp_tx + ring_tx;
   return ev;

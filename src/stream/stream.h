@@ -166,7 +166,11 @@ class Stream {
   // so a peer that died without a word must show (Channel::probe, rate-
   // limited); a caller that only decides whether to wait (conn_wait)
   // passes false: its sleep learns of a death by itself.
-  StreamEvents events(bool look = true);
+  //
+  // socket_events: what an epoll registration of the kernel socket reported
+  // just now (EPOLLIN, EPOLLOUT, EPOLLRDHUP, EPOLLERR, EPOLLHUP), which
+  // stands for the poll() of the directions still on the socket; 0: poll.
+  StreamEvents events(bool look = true, uint32_t socket_events = 0);
 
   // A process that holds this end but not its carrier (a fork's child, an
   // exec'd image over verbs: Channel::needs_take_over) takes it over before
@@ -216,6 +220,11 @@ class Stream {
   // socket layer then waits on the socket itself (POLLOUT, POLLIN).
   bool tx_on_tcp() const { return tx_tcp_.load(std::memory_order_acquire); }
   bool rx_on_tcp() const { return rx_tcp_.load(std::memory_order_acquire); }
+  // The peer's sender has not switched: every byte on the socket is the
+  // application's (after its switch the peer's doorbells come there too).
+  bool peer_sends_on_tcp() const {
+    return prefix_ && prefix_->peer_switch_at->load(std::memory_order_acquire) == kNotSwitched;
+  }
   // The stream is the fd's state now: this end reads the region, and the
   // peer may switch. Then our own sender switches too, if it may.
   void attach();
@@ -280,7 +289,7 @@ class Stream {
   bool rx_prefix_done_locked();
   // *tcp_rx: the bytes that arrived on the socket so far (a receiver
   // still on it: what it read and what waits there).
-  void tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx);
+  void tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_events);
   ssize_t foreign_prefix_bytes();  // under rx_mu_: the reset, and what recv returns
   StreamEvents ring_events(bool look);
 

@@ -17,13 +17,15 @@ namespace {
 class SemanticsTest : public PreloadTest, public ::testing::WithParamInterface<const char*> {
  protected:
   // tcp_first: RSOCK_TCP_FIRST=1, pairing at once in the background, so
-  // that the connection's switch from TCP to the ring falls inside the case.
-  void run_case(bool tcp_first);
+  // that the connection's switch from TCP to the ring falls inside the case;
+  // never_pairs: with the pairing a minute away, so that the whole case
+  // runs on the kernel socket.
+  void run_case(bool tcp_first, bool never_pairs = false);
 };
 
 TEST_P(SemanticsTest, OnSharedMemory) { run_case(false); }
 
-void SemanticsTest::run_case(bool tcp_first) {
+void SemanticsTest::run_case(bool tcp_first, bool never_pairs) {
   const int port = free_port();
   const int port2 = free_port_besides(port);
   ASSERT_GT(port, 0);
@@ -36,7 +38,7 @@ void SemanticsTest::run_case(bool tcp_first) {
   if (fallback) env["RSOCK_CONNECT_TIMEOUT_MS"] = "300";
   if (tcp_first) {
     env["RSOCK_TCP_FIRST"] = "1";
-    env["RSOCK_PAIR_DELAY_MS"] = "0";
+    env["RSOCK_PAIR_DELAY_MS"] = never_pairs ? "60000" : "0";
   }
   // Under a sanitizer the nb_* cases' accept delay grows (RS_TEST_SLOWDOWN,
   // rs_sem.cpp): the pairing timeout grows with it, so that the server's
@@ -70,7 +72,13 @@ void SemanticsTest::run_case(bool tcp_first) {
   auto cs = stats_of(client);
   auto ss = stats_of(server);
   ASSERT_TRUE(cs && ss);
-  if (fallback) {
+  if (never_pairs) {
+    // Over before either side's pairing was due: TCP throughout.
+    expect_paths(*cs, 0, 2, "client");
+    expect_paths(*ss, 0, 2, "server");
+    expect_fallbacks(*cs, {{"closed_before_pairing", 1}}, "client");
+    expect_fallbacks(*ss, {{"closed_before_pairing", 1}}, "server");
+  } else if (fallback) {
     // Both on TCP: the client's pairing timed out; the server found no
     // client waiting to pair.
     expect_paths(*cs, 0, 2, "client");
@@ -129,6 +137,24 @@ INSTANTIATE_TEST_SUITE_P(
 class SemanticsTcpFirstTest : public SemanticsTest {};
 
 TEST_P(SemanticsTcpFirstTest, StartingOnTcp) { run_case(true); }
+
+// The readiness cases on a connection that stays on TCP for the whole case
+// (RSOCK_TCP_FIRST=1, its pairing a minute away): poll, select and epoll
+// report the kernel socket's readiness as kernel TCP does, the kernel's own
+// reports included (an epoll wait takes them for a look at the socket).
+// Not shut_poll: a shutdown(SHUT_RD) alone before the pairing waits for its
+// outcome (README, the default mode's gaps).
+class SemanticsOnTcpTest : public SemanticsTest {};
+
+TEST_P(SemanticsOnTcpTest, NeverPaired) { run_case(true, true); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, SemanticsOnTcpTest,
+                         ::testing::Values("poll", "select", "epoll_lt", "epoll_et",
+                                           "epoll_oneshot", "mt_poll", "mt_epoll", "mt_epoll_send",
+                                           "mt_epoll_epoll", "shut_epoll", "epoll_add_asleep",
+                                           "epoll_add_ready", "epoll_mod_ready", "epoll_dormant",
+                                           "epoll_dup"),
+                         [](const auto& info) { return std::string(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTcpFirstTest,
                          ::testing::Values("nonblock", "peek", "timeo", "addr", "dup", "poll",
