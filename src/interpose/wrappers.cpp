@@ -260,17 +260,18 @@ EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
 
 EXPORT int shutdown(int fd, int how) {
   // A connection still on TCP whose pairing has not begun (RSOCK_TCP_FIRST)
-  // is shut down as kernel TCP, and never pairs; one whose pairing has
-  // begun, or a shutdown of the receiving side only, waits for the outcome
-  // (io_ref).
-  if ((how == SHUT_WR || how == SHUT_RDWR) && fd_table().has(fd)) {
+  // is shut down as kernel TCP, and never pairs (a shutdown of either side
+  // is a connection on its way out, or a thread that stops a reader); one
+  // whose pairing has begun waits for the outcome (io_ref).
+  if ((how == SHUT_RD || how == SHUT_WR || how == SHUT_RDWR) && fd_table().has(fd)) {
     FdRef r = pending_settle(fd, fd_table().get(fd));
     if (r && r.get()->kind() == FdState::Kind::kPending &&
         r.as<PendingState>()->shut_before_pairing()) {
       // Until the pairing's end turns the fd plain TCP its calls still go
       // to the stream (poll right after: HUP once both FINs went).
       const int rc = real().shutdown(fd, how);
-      if (rc == 0) r.as<PendingState>()->live()->stream().shut_on_tcp(how == SHUT_RDWR);
+      if (rc == 0)
+        r.as<PendingState>()->live()->stream().shut_on_tcp(how != SHUT_WR, how != SHUT_RD);
       return rc;
     }
   }

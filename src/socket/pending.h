@@ -73,11 +73,12 @@ class PendingState final : public FdState {
   // errno. Until then no pairing holds the socket, so that a close before
   // it (on_last_close) ends the connection at once, with no thread woken.
   int take_socket();
-  // RSOCK_TCP_FIRST: the application shuts the connection down for writing
+  // RSOCK_TCP_FIRST: the application shuts the connection down (either side)
   // before its pairing began. The pairing then never begins (the fd stays on
-  // TCP, counted as closed_before_pairing, and the FIN the caller sends on
-  // the kernel socket ends the peer's pairing too): true. false when there
-  // is no such pairing, or it has begun (the caller waits for its outcome).
+  // TCP, counted as closed_before_pairing; the FIN of a shutdown for writing
+  // ends the peer's pairing too, which otherwise finds no rendezvous): true.
+  // false when there is no such pairing, or it has begun (the caller waits
+  // for its outcome).
   bool shut_before_pairing();
   // RSOCK_TCP_FIRST: the connection the fd uses until the outcome, or null.
   ConnectionState* live() const { return live_; }

@@ -952,9 +952,9 @@ int Stream::shutdown(bool rd, bool wr) {
   return 0;
 }
 
-void Stream::shut_on_tcp(bool rd) {
+void Stream::shut_on_tcp(bool rd, bool wr) {
   if (rd) shut_rd_.store(true, std::memory_order_relaxed);
-  shut_wr_.store(true, std::memory_order_relaxed);
+  if (wr) shut_wr_.store(true, std::memory_order_relaxed);
 }
 
 void Stream::close(bool abort) {

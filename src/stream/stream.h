@@ -192,10 +192,10 @@ class Stream {
   // yet: the caller waits a little and calls again.
   int shutdown(bool rd, bool wr);
   // The kernel socket of a stream that will never switch was shut down for
-  // writing (and reading, with rd) as kernel TCP: its calls and readiness
+  // reading (rd) and/or writing (wr) as kernel TCP: its calls and readiness
   // say so from now on, as the kernel's would (a send fails with EPIPE;
-  // both FINs make HUP). Nothing is signalled: the FIN went on the socket.
-  void shut_on_tcp(bool rd);
+  // both FINs make HUP). Nothing is signalled: a FIN went on the socket.
+  void shut_on_tcp(bool rd, bool wr);
   // The peer never took the connection over from TCP (shutdown waited in
   // vain): the stream resets, as a broken carrier does.
   void abort_stuck_switch();

@@ -141,9 +141,10 @@ TEST_P(SemanticsTcpFirstTest, StartingOnTcp) { run_case(true); }
 // The readiness cases on a connection that stays on TCP for the whole case
 // (RSOCK_TCP_FIRST=1, its pairing a minute away): poll, select and epoll
 // report the kernel socket's readiness as kernel TCP does, the kernel's own
-// reports included (an epoll wait takes them for a look at the socket).
-// Not shut_poll: a shutdown(SHUT_RD) alone before the pairing waits for its
-// outcome (README, the default mode's gaps).
+// reports included (an epoll wait takes them for a look at the socket), and
+// a shutdown() of either side wakes a thread asleep on it (shut_recv and
+// shut_poll shut the receiving side alone, which waited for the pairing's
+// outcome, a minute here, before 2026-12-06).
 class SemanticsOnTcpTest : public SemanticsTest {};
 
 TEST_P(SemanticsOnTcpTest, NeverPaired) { run_case(true, true); }
@@ -151,9 +152,9 @@ TEST_P(SemanticsOnTcpTest, NeverPaired) { run_case(true, true); }
 INSTANTIATE_TEST_SUITE_P(Cases, SemanticsOnTcpTest,
                          ::testing::Values("poll", "select", "epoll_lt", "epoll_et",
                                            "epoll_oneshot", "mt_poll", "mt_epoll", "mt_epoll_send",
-                                           "mt_epoll_epoll", "shut_epoll", "epoll_add_asleep",
-                                           "epoll_add_ready", "epoll_mod_ready", "epoll_dormant",
-                                           "epoll_dup"),
+                                           "mt_epoll_epoll", "shut_recv", "shut_epoll", "shut_poll",
+                                           "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready",
+                                           "epoll_dormant", "epoll_dup"),
                          [](const auto& info) { return std::string(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTcpFirstTest,

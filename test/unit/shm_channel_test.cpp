@@ -1614,7 +1614,7 @@ TEST(ShmPrefix, OurOwnShutdownIsNoFinOfThePeers) {
   ASSERT_EQ(send_str(client, "x"), 1);
   for (int i = 0; i < 200 && queued_bytes(tcp[0]) < 1; ++i) usleep(1000);
   ASSERT_EQ(shutdown(tcp[1], SHUT_RDWR), 0);  // the application's, on the kernel socket
-  client.shut_on_tcp(true);
+  client.shut_on_tcp(true, true);
   EXPECT_EQ(recv_str(client, 100), "");  // our own SHUT_RD
   server->close();
   server.reset();
