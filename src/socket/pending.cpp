@@ -188,6 +188,17 @@ void close_if_closed(PendingState* p, ConnectionState* c) {
   if (p->handed_over() && c) end_outcome(c);
 }
 
+// Either side's last step: the hand-over of the outcome c (or nullptr),
+// the close of one whose fd is gone, then the job's end. Counted in
+// g_finishing throughout, which an exit waits for.
+void conclude(Work& w, ConnectionState* c) {
+  g_finishing.fetch_add(1, std::memory_order_seq_cst);
+  hand_over(w, c);
+  close_if_closed(w.pending, c);
+  g_finishing.fetch_sub(1, std::memory_order_seq_cst);
+  w.pending->finish();
+}
+
 // accept(): the server side's pairing is over (ran: it finished; else the
 // application closed the fd first): the hand-over.
 void server_done(Work& w, bool ran, bool ended_early = false) {
@@ -213,11 +224,7 @@ void server_done(Work& w, bool ran, bool ended_early = false) {
   else
     discard(std::move(ch));
   if (claimed) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
-  g_finishing.fetch_add(1, std::memory_order_seq_cst);
-  hand_over(w, c);
-  close_if_closed(p, c);
-  g_finishing.fetch_sub(1, std::memory_order_seq_cst);
-  p->finish();
+  conclude(w, c);
 }
 
 // accept(), on a thread of its own: the rest of the server side's pairing.
@@ -249,11 +256,7 @@ void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counte
   const bool claimed = counted && p->claim_count();
   ConnectionState* c = keep ? new_connection(w.sock, std::move(ch), job.path, claimed) : nullptr;
   if (claimed) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
-  g_finishing.fetch_add(1, std::memory_order_seq_cst);
-  hand_over(w, c);
-  close_if_closed(p, c);
-  g_finishing.fetch_sub(1, std::memory_order_seq_cst);
-  p->finish();
+  conclude(w, c);
 }
 
 // Whether sock's TCP handshake is over (established, or the peer's FIN in
