@@ -148,23 +148,25 @@ ssize_t do_send(ConnectionState* c, const void* buf, size_t len, int flags) {
 void forget_fd(int fd) {
   // A pairing thread converting fd's epoll members (its outcome may already
   // have handed fd over, leaving it no state): drop them here, before the
-  // number can name another file.
-  const bool handover = pending_handover_in_flight();
+  // number can name another file. So too a registration a pairing handed
+  // to the kernel as plain TCP, which outlives the fd while we hold a dup
+  // of its socket.
   if (!fd_table().has(fd)) {
-    if (handover) epoll_forget(fd);
+    if (pending_handover_in_flight() || epoll_plain_handed()) epoll_forget(fd);
     return;
   }
   {
     FdRef r = fd_table().get(fd);
-    // A socket still pairing whose bytes go on TCP (RSOCK_TCP_FIRST) is
-    // in epoll sets as that connection.
-    FdRef live = r ? pending_live(fd_table().get(fd)) : FdRef();
-    // From its epoll conversion on, a pairing's outcome holds the fd's
-    // members, while the fd may still hold the pairing (pending_settle
-    // hands it over here once the conversion is done).
-    FdRef out = r ? pending_settle(fd, fd_table().get(fd)) : FdRef();
-    auto watched = [](const FdRef& s) { return s && s.get()->epoll_refs.load() > 0; };
-    if (handover || watched(r) || watched(live) || watched(out)) epoll_forget(fd);
+    // A pairing's members change hands when its thread converts them (the
+    // stream the fd used meanwhile, RSOCK_TCP_FIRST, seals into the outcome
+    // first), so what they hold at this moment does not tell whether there
+    // are any: they go under the lock the conversion holds, whatever they
+    // hold by then. (pending_settle hands the fd over once the conversion
+    // is done.)
+    const bool pairing = r && r.get()->kind() == FdState::Kind::kPending;
+    if (pairing) (void)pending_settle(fd, fd_table().get(fd));
+    const bool watched = r && r.get()->epoll_refs.load() > 0;
+    if (pairing || watched || epoll_plain_handed()) epoll_forget(fd);
   }
   fd_table().clear(fd);
 }

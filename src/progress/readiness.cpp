@@ -182,6 +182,9 @@ constexpr int64_t kTrimIdleMs = kTrimIdleNs / 1000000;
 constexpr int64_t kTrimSweepMs = 250;
 
 std::mutex g_sets_mu;
+// How many registrations a pairing's conversion gave the kernel as plain
+// TCP (EpollState::plain_handed), which a close of their fd must drop.
+std::atomic<int> g_plain_handed{0};
 class EpollState;
 bool wake_member(EpollMember& m, bool others_asleep);
 void drop_own_arm(EpollMember& m);
@@ -204,6 +207,8 @@ class EpollState final : public FdState {
       std::lock_guard<std::mutex> lock(g_sets_mu);
       std::vector<EpollState*>& sets = live_sets();
       sets.erase(std::remove(sets.begin(), sets.end(), this), sets.end());
+      g_plain_handed.fetch_sub(static_cast<int>(plain_handed.size()));
+      plain_handed.clear();
     }
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [fd, m] : members) {
@@ -222,6 +227,13 @@ class EpollState final : public FdState {
   SpinGovernor spin;                      // epoll_wait's spin length
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
+  // The fds a pairing's conversion registered in the kernel's set as plain
+  // TCP (epoll_pending_resolved). The kernel drops a registration when the
+  // socket's file closes, not the fd: the dups librsock may still hold of
+  // it (the pairing's, the stream the fd used meanwhile) would keep it
+  // reporting under the fd's data after the application closed the fd, so
+  // that close drops it (epoll_forget). Under g_sets_mu.
+  std::vector<int> plain_handed;
   EpollMember* awake = nullptr;        // the members not dormant (a list)
   int parked = 0;                      // members parked (see park())
   int lent = 0;                        // members lent (see EpollMember::lent)
@@ -1341,6 +1353,14 @@ void register_converted(EpollState& s, EpollMember& m, int fd) {
     if (&o != &m && o.st.get() == m.st.get()) o.wait_shared = m.wait_shared = true;
 }
 
+// The kernel takes the application's registration of fd over (a pairing
+// that ended on plain TCP); under g_sets_mu.
+static void hand_plain(EpollState& s, int fd, epoll_event& kev) {
+  if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, fd, &kev) != 0) return;
+  s.plain_handed.push_back(fd);
+  g_plain_handed.fetch_add(1);
+}
+
 void epoll_pending_resolved(FdState* pending, FdState* outcome,
                             const std::function<void()>& publish) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
@@ -1384,7 +1404,7 @@ void epoll_pending_resolved(FdState* pending, FdState* outcome,
           epoll_event kev = {};
           kev.events = m.disabled ? 0 : m.events;
           kev.data = m.data;
-          real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
+          hand_plain(*s, fd, kev);
           erase = true;
         }
       } else if (outcome) {
@@ -1404,7 +1424,7 @@ void epoll_pending_resolved(FdState* pending, FdState* outcome,
         kev.events = m.disabled ? 0 : m.events;
         kev.data = m.data;
         real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
-        real().epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev);
+        hand_plain(*s, fd, kev);
         erase = true;
       }
       if (erase) {
@@ -1613,10 +1633,18 @@ void epoll_after_fork_child() {
   }
 }
 
+bool epoll_plain_handed() { return g_plain_handed.load() != 0; }
+
 void epoll_forget(int fd) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
   for (EpollState* s : live_sets()) {
     std::lock_guard<std::mutex> l2(s->mu);
+    if (auto h = std::find(s->plain_handed.begin(), s->plain_handed.end(), fd);
+        h != s->plain_handed.end()) {
+      real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, nullptr);
+      s->plain_handed.erase(h);
+      g_plain_handed.fetch_sub(1);
+    }
     auto it = s->members.find(fd);
     if (it == s->members.end()) continue;
     unregister(*s, it->second);

@@ -53,8 +53,13 @@ int rs_epoll_after_kernel_wait(int epfd, struct epoll_event* events, int maxeven
 // dormant epoll members stay the parent's.
 void epoll_after_fork_child();
 
-// Drops fd from every epoll shadow (called on its last close).
+// Drops fd from every epoll shadow (called on its last close), and the
+// registrations a pairing handed to the kernel as plain TCP under fd's
+// number (which would outlive the close while librsock holds a dup of the
+// socket).
 void epoll_forget(int fd);
+// Whether any such plain registration is there to drop.
+bool epoll_plain_handed();
 
 // A pairing has its outcome (nullptr: plain TCP): every epoll member for
 // it (its fd and any dup of it a set holds) becomes the connection's, or
