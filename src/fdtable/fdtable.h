@@ -38,6 +38,8 @@ class FdState {
   virtual void on_last_close() {}
   // How many fds of the table refer to this state now.
   int fds() const { return fds_.load(std::memory_order_acquire); }
+  // How many references it has now (a snapshot).
+  int refs() const { return refs_.load(std::memory_order_acquire); }
 
   std::atomic<int> epoll_refs{0};  // epoll shadows with this state as a member
 

@@ -171,6 +171,20 @@ void forget_fd(int fd) {
   fd_table().clear(fd);
 }
 
+// Before oldfd gets a second number (dup, F_DUPFD, dup2 and dup3 from it):
+// a connection on TCP until its pairing whose stream uses oldfd's number for
+// its socket takes a dup of its own (PrefixChannel::own_socket), since
+// either number may be closed first. -errno when it cannot (no descriptor
+// left: the call fails, as the kernel's would with none).
+int before_share(int oldfd) {
+  if (!fd_table().has(oldfd)) return 0;
+  FdRef r = fd_table().get(oldfd);
+  if (!r || r.get()->kind() != FdState::Kind::kPending) return 0;
+  ConnectionState* live = r.as<PendingState>()->live();
+  // A sealed stream (paired) never touches its socket again.
+  return live && !live->next() ? live->own_prefix_socket() : 0;
+}
+
 // newfd now names the same open file as oldfd: share its state.
 void share_state(int oldfd, int newfd) {
   FdRef r = fd_table().get(oldfd);
@@ -817,6 +831,8 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event* ev, int maxevents, const s
 
 static int fcntl_common(bool is64, int fd, int cmd, long arg) {
   auto fn = is64 && real().fcntl64 ? real().fcntl64 : real().fcntl;
+  if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+    if (const int rc = before_share(fd); rc < 0) return finish(rc);
   int r = fn(fd, cmd, arg);
   if (r < 0 || !fd_table().has(fd)) return r;
   if (cmd == F_SETFL) {
@@ -921,6 +937,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t le
 }
 
 EXPORT int dup(int fd) {
+  if (const int rc = before_share(fd); rc < 0) return finish(rc);
   int r = real().dup(fd);
   if (r >= 0 && fd_table().has(fd)) share_state(fd, r);
   return r;
@@ -928,6 +945,17 @@ EXPORT int dup(int fd) {
 
 static int dup_onto(int oldfd, int newfd, int flags, bool three) {
   if (oldfd == newfd) return three ? (errno = EINVAL, -1) : real().dup2(oldfd, newfd);
+  if (const int rc = before_share(oldfd); rc < 0) return finish(rc);
+  if (fd_table().has(newfd)) {
+    // What newfd carries goes first, as its close would drop it, while the
+    // number still names its file: a stream may use the number for its
+    // socket, and an epoll set may hold a registration under it, which the
+    // kernel would keep for the file once the number names another.
+    // Past these checks the kernel's dup cannot fail (newfd is open).
+    if (three && (flags & ~O_CLOEXEC) != 0) return finish(-EINVAL);
+    if (real().fcntl(oldfd, F_GETFD) < 0) return -1;  // EBADF
+    forget_fd(newfd);
+  }
   int r = three ? real().dup3(oldfd, newfd, flags) : real().dup2(oldfd, newfd);
   if (r < 0) return r;
   // newfd was closed by the kernel: drop what it carried, then share.

@@ -91,6 +91,11 @@ struct EpollMember {
     ConnectionState* c = conn();
     return c ? c->stream().channel().wait_fd() : st.as<PendingState>()->event_fd();
   }
+  // The number its registration was made under: wait_fd then, which may
+  // have changed since (a stream on TCP that took its own dup of the
+  // application's socket, PrefixChannel::own_socket). The kernel keys a
+  // registration by number and file, so a MOD or DEL must name this one.
+  int reg_fd = -1;
   // How the kernel watches wait_fd for it (kernel_events).
   uint32_t kernel_mask = EPOLLIN;
   // A converted member's former pairing, whose eventfd stays registered
@@ -279,7 +284,7 @@ template <class F>
 void for_each_twin(EpollState& s, const EpollMember& m, F f) {
   if (!m.wait_shared) return;
   for (auto& [fd, o] : s.members)
-    if (&o != &m && o.st.get() == m.st.get()) f(o);
+    if (&o != &m && o.st.get() == m.st.get() && o.reg_fd == m.reg_fd) f(o);
 }
 
 // Undoes a member's own arm (dormant or lent) and leaves its hub.
@@ -478,7 +483,7 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
         epoll_event kev = {};
         kev.events = m.kernel_mask = k;
         kev.data.u64 = kTag | static_cast<uint32_t>(m.fd);
-        real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.wait_fd(), &kev);
+        real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.reg_fd, &kev);
       }
     }
     uint32_t mask = epoll_mask_of(ev) & (m.events | EPOLLERR | EPOLLHUP);
@@ -1068,10 +1073,10 @@ void unregister(EpollState& s, EpollMember& m) {
     epoll_event kev = {};
     kev.events = heir->kernel_mask;
     kev.data.u64 = kTag | static_cast<uint32_t>(heir->fd);
-    real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.wait_fd(), &kev);
+    real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.reg_fd, &kev);
     if (twins == 1) heir->wait_shared = false;
   } else {
-    real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+    real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.reg_fd, nullptr);
   }
   if (m.stale)
     real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
@@ -1314,18 +1319,19 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   epoll_event kev = {};
   kev.events = m.kernel_mask = kernel_events(m);
   kev.data.u64 = kTag | static_cast<uint32_t>(fd);
-  if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
+  m.reg_fd = m.wait_fd();
+  if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.reg_fd, &kev) < 0) {
     if (errno != EEXIST) return -errno;
     // Another fd of the same connection holds the registration. A parked
     // one goes, and the ADD is tried once more; a member stays, and the
     // two share it (the kernel keys a registration by fd and file, and
     // reports each).
     if (s->parked > 0) purge_parked(*s);
-    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) < 0) {
+    if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.reg_fd, &kev) < 0) {
       if (errno != EEXIST || !m.conn()) return -errno;
       EpollMember* twin = nullptr;
       for (auto& [ofd, o] : s->members)
-        if (o.st.get() == m.st.get()) twin = &o;
+        if (o.st.get() == m.st.get() && o.reg_fd == m.reg_fd) twin = &o;
       if (!twin) return -EEXIST;
       twin->wait_shared = m.wait_shared = true;
     }
@@ -1348,9 +1354,11 @@ void register_converted(EpollState& s, EpollMember& m, int fd) {
   epoll_event kev = {};
   kev.data.u64 = kTag | static_cast<uint32_t>(fd);
   kev.events = m.kernel_mask = kernel_events(m);
-  if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, m.wait_fd(), &kev) == 0 || errno != EEXIST) return;
+  m.reg_fd = m.wait_fd();
+  if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, m.reg_fd, &kev) == 0 || errno != EEXIST) return;
   for (auto& [ofd, o] : s.members)
-    if (&o != &m && o.st.get() == m.st.get()) o.wait_shared = m.wait_shared = true;
+    if (&o != &m && o.st.get() == m.st.get() && o.reg_fd == m.reg_fd)
+      o.wait_shared = m.wait_shared = true;
 }
 
 // The kernel takes the application's registration of fd over (a pairing
@@ -1382,7 +1390,7 @@ void epoll_pending_resolved(FdState* pending, FdState* outcome,
         // go, and its wakeup fd (a dup of the socket, whose file stays open)
         // leaves the kernel's set (ENOENT for a twin that shared it).
         disarm_member(m);
-        real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+        real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.reg_fd, nullptr);
         m.wait_shared = false;
         if (outcome) {
           outcome->ref();
@@ -1423,7 +1431,7 @@ void epoll_pending_resolved(FdState* pending, FdState* outcome,
         epoll_event kev = {};
         kev.events = m.disabled ? 0 : m.events;
         kev.data = m.data;
-        real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.wait_fd(), nullptr);
+        real().epoll_ctl(s->epfd, EPOLL_CTL_DEL, m.reg_fd, nullptr);
         hand_plain(*s, fd, kev);
         erase = true;
       }

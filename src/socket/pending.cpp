@@ -104,6 +104,17 @@ void hand_over(Work& w, ConnectionState* c) {
     live->seal_to(c);
   }
   epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c, [&] { p->resolve(c); });
+  // A pairing that ends on plain TCP leaves the fd to the kernel. A call
+  // inside the stream it used meanwhile (a thread blocked in its recv)
+  // goes on there, with the socket under the application's number, which
+  // the application may now close and reuse unseen: that stream takes its
+  // own dup first. (Calls from now on find the outcome: the kernel. The
+  // pairing's PendingState holds the stream's one other reference.)
+  if (!c && live && !p->closed() && live->refs() > 1) {
+    if (const int rc = live->own_prefix_socket(); rc < 0)
+      LOG_WARN("fd %d: no descriptor for a call still inside its stream (%s)", p->fd(),
+               strerror(-rc));
+  }
   const uint32_t pause_us = w.cfg->test_handover_pause_us;  // tests only (Config)
   if (pause_us) usleep(pause_us);
   p->set_converted();
@@ -618,6 +629,8 @@ void PendingState::on_last_close() {
     return;
   }
   if (!live_) return;
+  // The application's number is no longer the stream's socket.
+  if (!live_->prefix_socket_owned()) live_->retire_prefix_socket();
   // The connection ran on TCP and ends before its outcome: counted now,
   // before the process may exit (and write its stats) ahead of the
   // driver.

@@ -177,9 +177,7 @@ ConnectionState::~ConnectionState() {
 }
 
 ConnectionState* new_prefix_connection(int sock_fd, Path path) {
-  const int dup = dup_high(sock_fd);
-  if (dup < 0) return nullptr;
-  auto* c = new ConnectionState(std::make_unique<PrefixChannel>(dup), path, sock_fd);
+  auto* c = new ConnectionState(std::make_unique<PrefixChannel>(sock_fd), path, sock_fd);
   c->prefix_only_ = true;
   // Its options are read at their first use, and getpeername() asks the
   // kernel socket, whose state is the connection's while it runs on TCP.
@@ -188,6 +186,14 @@ ConnectionState* new_prefix_connection(int sock_fd, Path path) {
 
 void ConnectionState::retire_prefix_socket() {
   if (prefix_only_) static_cast<PrefixChannel&>(stream_.channel()).retire_socket();
+}
+
+int ConnectionState::own_prefix_socket() {
+  return prefix_only_ ? static_cast<PrefixChannel&>(stream_.channel()).own_socket() : 0;
+}
+
+bool ConnectionState::prefix_socket_owned() {
+  return !prefix_only_ || static_cast<PrefixChannel&>(stream_.channel()).owns_socket();
 }
 
 void ConnectionState::seal_to(ConnectionState* next) {

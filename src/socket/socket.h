@@ -98,9 +98,15 @@ class ConnectionState final : public FdState {
   // report a spurious event. Here the successor answers.
   // socket_events: Stream::events'.
   StreamEvents live_events(bool look, ConnectionState** live = nullptr, uint32_t socket_events = 0);
-  // A prefix-only connection whose fd was closed before its pairing began:
-  // its socket ends now (PrefixChannel::retire_socket).
+  // A prefix-only connection whose application fd is closed: its socket is
+  // no longer the stream's (PrefixChannel::retire_socket).
   void retire_prefix_socket();
+  // A prefix-only connection's stream uses the application's fd for its
+  // socket until this makes it a private dup (PrefixChannel::own_socket):
+  // before that number may come to name another file while the stream
+  // still runs. 0 or -errno; 0 for any other connection.
+  int own_prefix_socket();
+  bool prefix_socket_owned();
 
  private:
   friend ConnectionState* new_prefix_connection(int sock_fd, Path path);

@@ -154,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, SemanticsOnTcpTest,
                                            "epoll_oneshot", "mt_poll", "mt_epoll", "mt_epoll_send",
                                            "mt_epoll_epoll", "shut_recv", "shut_epoll", "shut_poll",
                                            "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready",
-                                           "epoll_dormant", "epoll_dup"),
+                                           "epoll_dormant", "epoll_dup", "dup"),
                          [](const auto& info) { return std::string(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTcpFirstTest,

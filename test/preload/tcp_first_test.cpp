@@ -301,6 +301,59 @@ TEST_F(TcpFirstTest, AStreamThatStartsOnTcpSwitchesIntact) {
   EXPECT_GT(r.server.bytes_sent, 0u);
 }
 
+// A connection on TCP until its pairing (here a minute away: the whole test)
+// costs one descriptor, as on kernel TCP: its stream uses the application's
+// own fd for the socket, and takes a dup only when the number could come to
+// name another file while it still needs the socket (a dup of the fd, a
+// dup2 onto it: SemanticsOnTcpTest dup). Until 2026-12-06 it held a dup
+// from the start: two per connection. 40 connections, 1,000 bytes echoed
+// on each; both programs count their descriptors with all of them open,
+// on kernel TCP and under librsock, in the same test.
+TEST_F(TcpFirstTest, AConnectionOnTcpCostsOneDescriptor) {
+  const int n = 40;
+  auto fds = [&](bool preload, int* client_fds, int* server_fds) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    const Env env = preload ? preloaded(tcp_first_env(port, "60000")) : Env{};
+    bool ready = false;
+    Proc& server = start_server(
+        "server", "rs_idle",
+        {"--role", "server", "--port", std::to_string(port), "--connections", std::to_string(n)},
+        env, &ready);
+    ASSERT_TRUE(ready) << server.describe();
+    Proc& client = spawn("client", "rs_idle",
+                         {"--role", "client", "--port", std::to_string(port), "--connections",
+                          std::to_string(n), "--bytes", "1000", "--idle-ms", "0"},
+                         env);
+    ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+    ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+    ASSERT_TRUE(client.exited_ok()) << client.describe();
+    ASSERT_TRUE(server.exited_ok()) << server.describe();
+    auto c = parse_result(client.out(), "RESULT");
+    auto s = parse_result(server.out(), "RESULT");
+    EXPECT_EQ(c["bytes"], std::to_string(2 * 1000 * n));
+    ASSERT_FALSE(c["fds"].empty() || s["fds"].empty()) << client.out() << server.out();
+    *client_fds = std::stoi(c["fds"]);
+    *server_fds = std::stoi(s["fds"]);
+  };
+  int tcp_c = 0, tcp_s = 0, rs_c = 0, rs_s = 0;
+  fds(false, &tcp_c, &tcp_s);
+  fds(true, &rs_c, &rs_s);
+  ASSERT_GE(tcp_c, n);
+  ASSERT_GE(tcp_s, n);
+  // librsock's own descriptors do not grow with the connections: the
+  // pairing driver's eventfd, a thread's waker and the like.
+  EXPECT_LE(rs_c, tcp_c + 4) << "client: " << rs_c << " fds against " << tcp_c << " on TCP";
+  EXPECT_LE(rs_s, tcp_s + 4) << "server: " << rs_s << " fds against " << tcp_s << " on TCP";
+  // They were librsock's connections, on TCP for the whole test.
+  const std::vector<Stats> all = stats();
+  ASSERT_EQ(all.size(), 2u);
+  for (const Stats& st : all) {
+    EXPECT_EQ(st.conn("tcp"), static_cast<uint64_t>(n));
+    EXPECT_EQ(st.conn("shm"), 0u);
+  }
+}
+
 // 30 connections, each watched by the client with epoll_wait (EPOLLIN,
 // level-triggered) and poll, timeout 0, for 30 ms from its connect on
 // (rs_idle --watch-ms), while its pairing (no delay) switches it to the

@@ -10,13 +10,15 @@
 //       blocking, one thread per connection in blocking recv and send;
 //       poll, one thread in poll() on all of them. Prints READY after
 //       listen(), "RESULT echoed=B closed=N" once every connection has
-//       ended; exits 0.
+//       ended (epoll: and "fds=F", the descriptors it held once it had
+//       accepted them all); exits 0.
 //   rs_idle --role client --port P --connections N --bytes B --idle-ms M
 //       opens N connections; sends B pattern bytes on each and reads the
 //       echo back, checking it; reads its RssShmem (KiB, /proc/self/status),
 //       sleeps M ms, reads it again; then a second burst like the first.
-//       Prints "RESULT bytes=T shmem_busy_kib=S1 shmem_idle_kib=S2" and
-//       exits 0 iff every echo came back intact.
+//       Prints "RESULT bytes=T shmem_busy_kib=S1 shmem_idle_kib=S2 fds=F"
+//       (F: the descriptors it held once connected) and exits 0 iff every
+//       echo came back intact.
 //   rs_idle --role client ... --watch-ms W
 //       before the first burst, right after each connect, watches every
 //       connection so far for W ms with epoll_wait (level-triggered
@@ -28,6 +30,7 @@
 //       looks made) to the RESULT line.
 // Every wait is bounded (10 s); exit 1 on any failure, 2 on bad usage.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -69,6 +72,17 @@ long shmem_kib() {
   while (fgets(line, sizeof line, f)) sscanf(line, "RssShmem: %ld", &v);
   fclose(f);
   return v;
+}
+
+// The descriptors this process holds now (its own and librsock's).
+int open_fds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) fail("/proc/self/fd");
+  int n = 0;
+  while (const dirent* e = readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  closedir(d);
+  return n - 1;  // the directory's own
 }
 
 // One thread per connection, blocking calls: returns the bytes echoed.
@@ -164,6 +178,7 @@ int server(int port, int n, const std::string& wait) {
     ev.data.fd = c;
     if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) != 0) fail("epoll_ctl ADD");
   }
+  const int fds = open_fds();
   close(l);
   while (closed < n) {
     epoll_event evs[16];
@@ -181,7 +196,8 @@ int server(int port, int n, const std::string& wait) {
       }
     }
   }
-  printf("RESULT echoed=%llu closed=%d\n", static_cast<unsigned long long>(echoed), closed);
+  printf("RESULT echoed=%llu closed=%d fds=%d\n", static_cast<unsigned long long>(echoed), closed,
+         fds);
   return 0;
 }
 
@@ -270,6 +286,7 @@ int client(int port, int n, uint64_t bytes, int idle_ms, int watch_ms) {
     looks += watch_quiet(ep, fds, i + 1, watch_ms);
   }
   close(ep);
+  const int open = open_fds();
   for (int i = 0; i < n; ++i) burst(i, fds[i], 0, bytes);
   const long busy = shmem_kib();
   timespec ts = {idle_ms / 1000, (idle_ms % 1000) * 1000000L};
@@ -278,9 +295,9 @@ int client(int port, int n, uint64_t bytes, int idle_ms, int watch_ms) {
   const long idle = shmem_kib();
   for (int i = 0; i < n; ++i) burst(i, fds[i], bytes, bytes);
   for (int fd : fds) close(fd);
-  printf("RESULT bytes=%llu shmem_busy_kib=%ld shmem_idle_kib=%ld watches=%llu\n",
+  printf("RESULT bytes=%llu shmem_busy_kib=%ld shmem_idle_kib=%ld watches=%llu fds=%d\n",
          static_cast<unsigned long long>(2 * bytes * static_cast<uint64_t>(n)), busy, idle,
-         static_cast<unsigned long long>(looks));
+         static_cast<unsigned long long>(looks), open);
   return 0;
 }
 

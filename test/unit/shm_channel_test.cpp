@@ -1514,8 +1514,8 @@ TEST(ShmPrefix, AStreamBeforeThePairingMovesItsBytesOnTheSocketCounted) {
   int tcp[2];
   tcp_pair(tcp);
   auto server = std::make_unique<Stream>(
-      std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0)));
-  Stream client(std::make_unique<PrefixChannel>(fcntl(tcp[1], F_DUPFD_CLOEXEC, 0)));
+      std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0), true));
+  Stream client(std::make_unique<PrefixChannel>(fcntl(tcp[1], F_DUPFD_CLOEXEC, 0), true));
   EXPECT_TRUE(client.tx_on_tcp() && client.rx_on_tcp());
   // No peer ever attaches: attaching ours changes nothing.
   client.attach();
@@ -1556,7 +1556,7 @@ TEST(ShmPrefix, ARetiredSocketEndsAtOnceAndKeepsItsNumber) {
   int tcp[2];
   tcp_pair(tcp);
   const int dup = fcntl(tcp[0], F_DUPFD_CLOEXEC, 0);
-  Stream server(std::make_unique<PrefixChannel>(dup));
+  Stream server(std::make_unique<PrefixChannel>(dup, true));
   ASSERT_EQ(send_str(server, "bye"), 3);
   close(tcp[0]);  // the application's close: the channel's dup holds the socket
   char buf[8];
@@ -1580,12 +1580,77 @@ TEST(ShmPrefix, ARetiredSocketEndsAtOnceAndKeepsItsNumber) {
   close(tcp[1]);
 }
 
+// A connection's stream before its pairing uses the application's own fd
+// for its socket (one descriptor per connection, as on TCP): it closes
+// nothing of it. own_socket makes it a private dup of the same socket (the
+// application's number may then go first); retire_socket at the
+// application's last close takes the number out of the stream, with the
+// dead placeholder in its place, and leaves the socket to the application.
+TEST(ShmPrefix, AStreamOnTheApplicationsFdTakesItsOwnDupOnlyWhenAsked) {
+  int tcp[2];
+  tcp_pair(tcp);
+  auto same_file = [](int a, int b) {
+    struct stat sa, sb;
+    return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_ino == sb.st_ino &&
+           sa.st_dev == sb.st_dev;
+  };
+  {
+    Stream s(std::make_unique<PrefixChannel>(tcp[0]));
+    auto& ch = static_cast<PrefixChannel&>(s.channel());
+    EXPECT_EQ(ch.kernel_socket(), tcp[0]);
+    EXPECT_EQ(ch.wait_fd(), tcp[0]);
+    EXPECT_FALSE(ch.owns_socket());
+    std::vector<int> own;
+    ch.own_fds(&own);
+    EXPECT_TRUE(own.empty()) << "the application's fd is not librsock's to keep";
+    ASSERT_EQ(send_str(s, "ab"), 2);
+    ASSERT_EQ(ch.own_socket(), 0);
+    const int d = ch.kernel_socket();
+    EXPECT_NE(d, tcp[0]);
+    EXPECT_TRUE(ch.owns_socket());
+    EXPECT_TRUE(same_file(d, tcp[0]));
+    ch.own_fds(&own);
+    EXPECT_EQ(own, std::vector<int>{d});
+    ASSERT_EQ(ch.own_socket(), 0);  // again: the same dup
+    EXPECT_EQ(ch.kernel_socket(), d);
+    // The application's number goes first: the stream goes on on its dup.
+    const int saved = fcntl(tcp[0], F_DUPFD_CLOEXEC, 0);
+    close(tcp[0]);
+    ASSERT_EQ(send_str(s, "cd"), 2);
+    char buf[8];
+    pollfd p = {tcp[1], POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 2000), 1);
+    EXPECT_EQ(read(tcp[1], buf, sizeof buf), 4);
+    tcp[0] = saved;
+  }  // its dup closes with it; the application's socket stays
+  ASSERT_EQ(fcntl(tcp[0], F_GETFD), FD_CLOEXEC);
+  {
+    Stream s(std::make_unique<PrefixChannel>(tcp[0]));
+    auto& ch = static_cast<PrefixChannel&>(s.channel());
+    ch.retire_socket();
+    EXPECT_NE(ch.kernel_socket(), tcp[0]);
+    EXPECT_FALSE(same_file(ch.kernel_socket(), tcp[0]));
+    char buf[8];
+    EXPECT_EQ(recv_str(s, 8), "");  // the placeholder: an ended socket
+    EXPECT_EQ(read(ch.kernel_socket(), buf, sizeof buf), 0);
+    EXPECT_EQ(ch.own_socket(), 0);  // retired: nothing to own
+    EXPECT_FALSE(ch.owns_socket());
+  }
+  // The socket is still the application's, and open.
+  ASSERT_EQ(write(tcp[0], "e", 1), 1);
+  char c = 0;
+  ASSERT_EQ(read(tcp[1], &c, 1), 1);
+  EXPECT_EQ(c, 'e');
+  close(tcp[0]);
+  close(tcp[1]);
+}
+
 TEST(ShmPrefix, AKernelResetIsAReset) {
   int tcp[2];
   tcp_pair(tcp);
   auto server = std::make_unique<Stream>(
-      std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0)));
-  Stream client(std::make_unique<PrefixChannel>(fcntl(tcp[1], F_DUPFD_CLOEXEC, 0)));
+      std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0), true));
+  Stream client(std::make_unique<PrefixChannel>(fcntl(tcp[1], F_DUPFD_CLOEXEC, 0), true));
   ASSERT_EQ(send_str(client, "unread"), 6);
   // The server closes with our bytes unread: its kernel resets.
   for (int i = 0; i < 200 && queued_bytes(tcp[0]) < 6; ++i) usleep(1000);
@@ -1607,10 +1672,10 @@ TEST(ShmPrefix, AKernelResetIsAReset) {
 TEST(ShmPrefix, OurOwnShutdownIsNoFinOfThePeers) {
   int tcp[2];
   tcp_pair(tcp);
-  auto server =
-      std::make_unique<Stream>(std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0)));
+  auto server = std::make_unique<Stream>(
+      std::make_unique<PrefixChannel>(fcntl(tcp[0], F_DUPFD_CLOEXEC, 0), true));
   const int cfd = fcntl(tcp[1], F_DUPFD_CLOEXEC, 0);
-  Stream client(std::make_unique<PrefixChannel>(cfd));
+  Stream client(std::make_unique<PrefixChannel>(cfd, true));
   ASSERT_EQ(send_str(client, "x"), 1);
   for (int i = 0; i < 200 && queued_bytes(tcp[0]) < 1; ++i) usleep(1000);
   ASSERT_EQ(shutdown(tcp[1], SHUT_RDWR), 0);  // the application's, on the kernel socket
@@ -1635,8 +1700,8 @@ TEST(ShmPrefix, ASealedStreamForwardsAndItsSuccessorGoesOnFromItsCounts) {
   ShmPair p = make_shm_pair(1 << 16, kNonce, false, /*on_ring=*/false);
   ASSERT_TRUE(p.server && p.client);
   const int sfd = p.server->kernel_socket(), cfd = p.client->kernel_socket();
-  auto server0 = std::make_unique<Stream>(std::make_unique<PrefixChannel>(dup(sfd)));
-  auto client0 = std::make_unique<Stream>(std::make_unique<PrefixChannel>(dup(cfd)));
+  auto server0 = std::make_unique<Stream>(std::make_unique<PrefixChannel>(dup(sfd), true));
+  auto client0 = std::make_unique<Stream>(std::make_unique<PrefixChannel>(dup(cfd), true));
   ASSERT_EQ(send_str(*client0, "ab"), 2);
   EXPECT_EQ(recv_str(*server0, 1), "a");
   ASSERT_EQ(send_str(*server0, "xyz"), 3);

@@ -10,13 +10,20 @@
 
 namespace rsock {
 
-PrefixChannel::PrefixChannel(int socket_fd)
-    : socket_fd_(socket_fd), switch_at_(kNotSwitched), peer_switch_at_(kNotSwitched) {
+PrefixChannel::PrefixChannel(int socket_fd, bool owned)
+    : socket_fd_(socket_fd),
+      owned_(owned),
+      switch_at_(kNotSwitched),
+      peer_switch_at_(kNotSwitched) {
   prefix_ = {&tcp_sent_, &tcp_read_, &switch_at_, &peer_switch_at_, &peer_attached_, &peer_tcp_read_};
 }
 
 PrefixChannel::~PrefixChannel() {
-  if (socket_fd_ >= 0) real().close(socket_fd_);
+  if (owned_.load(std::memory_order_acquire)) real().close(socket_fd_.load());
+}
+
+void PrefixChannel::own_fds(std::vector<int>* out) {
+  if (owned_.load(std::memory_order_acquire)) out->push_back(socket_fd_.load());
 }
 
 namespace {
@@ -36,11 +43,28 @@ int prefix_dead_socket(bool make) {
   return fd;
 }
 
+int PrefixChannel::own_socket() {
+  std::lock_guard<std::mutex> lock(own_mu_);
+  if (owned_.load(std::memory_order_relaxed) || retired_.load()) return 0;
+  const int d = dup_high(socket_fd_.load(std::memory_order_relaxed));
+  if (d < 0) return -errno;
+  socket_fd_.store(d, std::memory_order_release);
+  owned_.store(true, std::memory_order_release);
+  return 0;
+}
+
 void PrefixChannel::retire_socket() {
+  std::lock_guard<std::mutex> lock(own_mu_);
   if (retired_.exchange(true)) return;
   const int dead = prefix_dead_socket();
-  // Without a placeholder the socket stays until the channel goes.
-  if (dead >= 0) real().dup3(dead, socket_fd_, O_CLOEXEC);
+  if (owned_.load(std::memory_order_relaxed)) {
+    // Without a placeholder the socket stays until the channel goes.
+    if (dead >= 0) real().dup3(dead, socket_fd_.load(std::memory_order_relaxed), O_CLOEXEC);
+    return;
+  }
+  // The application's number: nothing of ours to close, and the number is
+  // no longer the socket's.
+  socket_fd_.store(dead, std::memory_order_release);
 }
 
 const uint8_t* PrefixChannel::rx_ring() const {

@@ -7,12 +7,22 @@
 // from its counts (Stream::seal, Stream::continue_from); when it never
 // pairs, the connection is plain TCP through this channel to its end, and
 // its end is the kernel socket's: a reset only when the kernel reports
-// one. Thread-safety: as Channel; the words are atomics, the rest is
-// immutable.
+// one.
+//
+// The socket is the application's own fd while that number is sure to name
+// it: a connection that never pairs costs one fd, as on TCP. The channel
+// takes a private dup (own_socket) before the number could come to name
+// something else while the stream still needs the socket: the
+// application's dup of it (a second fd may outlive the first), a dup2 onto
+// it, a pairing that ends on plain TCP while a call is inside the stream.
+// At the application's last close the number stops being ours
+// (retire_socket). Thread-safety: as Channel; the words are atomics.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "transport/channel.h"
 
@@ -25,8 +35,9 @@ int prefix_dead_socket(bool make = true);
 
 class PrefixChannel final : public Channel {
  public:
-  // socket_fd: a private dup of the connection's kernel socket (owned).
-  explicit PrefixChannel(int socket_fd);
+  // socket_fd: the application's fd of the connection's kernel socket (not
+  // owned), or with owned a dup of it that the channel closes.
+  explicit PrefixChannel(int socket_fd, bool owned = false);
   ~PrefixChannel() override;
 
   const char* name() const override { return "tcp"; }
@@ -41,24 +52,29 @@ class PrefixChannel final : public Channel {
   PeerState poll() override;
   bool arm(uint32_t, uint64_t) override { return false; }
   void disarm(uint32_t) override {}
-  int wait_fd() const override { return socket_fd_; }
+  int wait_fd() const override { return socket_fd_.load(std::memory_order_acquire); }
   bool drain_wakeups() override { return false; }  // the socket holds data, never doorbells
   // What the peer read of ours is not known here, and not needed: whether
   // its end was a FIN or a reset is the kernel's word (tcp_closed).
   uint64_t peer_read_total() override { return UINT64_MAX / 2; }
   TcpPrefix* tcp_prefix() override { return &prefix_; }
   void tcp_closed(bool kernel_reset) override;
-  int kernel_socket() const override { return socket_fd_; }
-  void own_fds(std::vector<int>* out) override { out->push_back(socket_fd_); }
+  int kernel_socket() const override { return socket_fd_.load(std::memory_order_acquire); }
+  void own_fds(std::vector<int>* out) override;
   // No bracket: nothing here is shared with another process but the socket.
   int enter() override { return 1; }
 
-  // The application closed its last fd before the pairing began: the
-  // socket's file goes now (its FIN, or the reset SO_LINGER asks for, as
-  // the application's close would have sent it), but the number stays the
-  // channel's: a dead socket takes its place, so that a thread still
-  // polling or calling on it meets an ended socket, never another file
-  // that took the number. Idempotent.
+  // From now on the channel holds a private dup of the socket, not the
+  // application's number (which must still name it). Returns 0 or -errno
+  // (EMFILE: no descriptor left). Idempotent.
+  int own_socket();
+  bool owns_socket() const { return owned_.load(std::memory_order_acquire); }
+
+  // The application closes its last fd: a dead socket takes the socket's
+  // place in the channel, so that a thread still polling or calling on it
+  // meets an ended socket, never another file that took the number. An
+  // owned dup goes with it (its FIN, or the reset SO_LINGER asks for, as
+  // the application's close would have sent it). Idempotent.
   void retire_socket();
 
   // The bytes that went on the socket each way (what a successor goes on
@@ -69,7 +85,8 @@ class PrefixChannel final : public Channel {
  private:
   static constexpr size_t kRingBytes = 4096;  // the smallest ring; never used
 
-  const int socket_fd_;
+  std::atomic<int> socket_fd_;
+  std::atomic<bool> owned_;  // socket_fd_ is our dup, closed with us
   std::atomic<uint64_t> tcp_sent_{0};
   std::atomic<uint64_t> tcp_read_{0};
   std::atomic<uint64_t> switch_at_;       // kNotSwitched, always
@@ -78,6 +95,7 @@ class PrefixChannel final : public Channel {
   std::atomic<uint64_t> peer_tcp_read_{0};
   std::atomic<uint32_t> flags_{0};  // PeerFlag: the socket's end, once seen
   std::atomic<bool> retired_{false};
+  std::mutex own_mu_;  // own_socket against retire_socket
   TcpPrefix prefix_;
 };
 
