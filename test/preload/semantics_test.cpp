@@ -144,7 +144,10 @@ TEST_P(SemanticsTcpFirstTest, StartingOnTcp) { run_case(true); }
 // reports included (an epoll wait takes them for a look at the socket), and
 // a shutdown() of either side wakes a thread asleep on it (shut_recv and
 // shut_poll shut the receiving side alone, which waited for the pairing's
-// outcome, a minute here, before 2026-12-06).
+// outcome, a minute here, before 2026-12-06), and a connection whose fd
+// is dup'd goes on under its other numbers once the first is closed (dup:
+// the stream, which uses the application's fd for its socket, takes its
+// own dup at the first dup of it).
 class SemanticsOnTcpTest : public SemanticsTest {};
 
 TEST_P(SemanticsOnTcpTest, NeverPaired) { run_case(true, true); }
