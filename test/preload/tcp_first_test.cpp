@@ -354,6 +354,57 @@ TEST_F(TcpFirstTest, AConnectionOnTcpCostsOneDescriptor) {
   }
 }
 
+// A closed fd leaves nothing in an epoll set, as on kernel TCP, where a
+// registration goes with the socket's file. A pairing that ends on plain
+// TCP (here the server has no librsock: peer_not_accelerated, a
+// millisecond after the connect) hands the set's registration of the fd to
+// the kernel under the fd's number, while its own dup of the socket lives
+// on until the pairing's thread is done (held 100 ms here by the test knob
+// RSOCK_TEST_HANDOVER_PAUSE_US). The client closes the fd 20 ms after its
+// connect, inside that window and without EPOLL_CTL_DEL, as programs do;
+// the server then writes a byte on its end, and the set, watched for 50
+// ms, must report nothing (rs_stale). Before 2026-12-06 it reported the
+// closed fd readable in 9 runs of 10. Three client processes, one
+// connection each (the first failure puts the server in the negative
+// cache of the process).
+TEST_F(TcpFirstTest, AClosedFdLeavesNoRegistrationBehind) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const int runs = 3;
+  bool ready = false;
+  Proc& server = start_server("server", "rs_stale",
+                              {"--role", "server", "--port", std::to_string(port), "--connections",
+                               std::to_string(runs), "--send-after-ms", "30"},
+                              Env{}, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  Env env = preloaded(tcp_first_env(port, "0"));
+  env["RSOCK_TEST_HANDOVER_PAUSE_US"] = "100000";
+  for (int i = 0; i < runs; ++i) {
+    Proc& client = spawn("client", "rs_stale",
+                         {"--role", "client", "--port", std::to_string(port), "--connections", "1",
+                          "--close-after-ms", "20", "--watch-ms", "50"},
+                         env);
+    ASSERT_TRUE(wait_exit(client, 30000)) << "client hung";
+    ASSERT_TRUE(client.exited_ok()) << client.describe();
+    EXPECT_EQ(parse_result(client.out(), "RESULT")["clean"], "1");
+  }
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  // Each pairing ran and ended on plain TCP before the close (the path
+  // under test). Under a sanitizer the pairing may take longer than the
+  // 20 ms: the close then comes first and ends it (closed_before_pairing),
+  // which must leave nothing behind either.
+  const std::vector<Stats> all = stats();
+  ASSERT_EQ(all.size(), static_cast<size_t>(runs));
+  for (const Stats& st : all) {
+    EXPECT_EQ(st.conn("tcp"), 1u);
+    if (sanitizers().slowdown > 1)
+      EXPECT_EQ(st.fallback("peer_not_accelerated") + st.fallback("closed_before_pairing"), 1u);
+    else
+      EXPECT_EQ(st.fallback("peer_not_accelerated"), 1u);
+  }
+}
+
 // 30 connections, each watched by the client with epoll_wait (EPOLLIN,
 // level-triggered) and poll, timeout 0, for 30 ms from its connect on
 // (rs_idle --watch-ms), while its pairing (no delay) switches it to the

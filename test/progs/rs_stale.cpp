@@ -1,0 +1,123 @@
+// rs_stale: an epoll set must say nothing of an fd once it is closed, for
+// the preload test TcpFirstTest.AClosedFdLeavesNoRegistrationBehind. On
+// kernel TCP a registration goes with the socket's file at its close; a
+// pairing that ended on plain TCP hands librsock's registration of the fd
+// to the kernel while librsock may still hold a dup of the socket, which
+// would keep it reporting the closed fd's socket.
+//
+//   rs_stale --role server --port P --connections N --send-after-ms S
+//       accepts N connections one after the other; S ms after each accept
+//       writes one byte on it, then waits for the client's close (EOF).
+//       Prints READY after listen(), "RESULT served=N" at the end.
+//   rs_stale --role client --port P --connections N --close-after-ms C
+//            --watch-ms W
+//       for each connection: socket, connect, EPOLL_CTL_ADD for EPOLLIN
+//       with data.fd = the fd, sleeps C ms, closes the fd (without
+//       EPOLL_CTL_DEL, as programs do), then watches the set for W ms. An
+//       event there names a closed fd: "STALE" and exit 1. Prints
+//       "RESULT clean=N" when none came.
+// Every wait is bounded; exit 1 on any failure, 2 on bad usage.
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "progs.h"
+
+namespace {
+
+[[noreturn]] void fail(const char* what) {
+  fprintf(stderr, "rs_stale: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+void sleep_ms(int ms) {
+  timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int server(int port, int n, int send_after_ms) {
+  const int l = listen_loopback(port, 16);
+  if (l < 0) fail("listen");
+  printf("READY\n");
+  fflush(stdout);
+  for (int i = 0; i < n; ++i) {
+    const int c = accept(l, nullptr, nullptr);
+    if (c < 0) fail("accept");
+    sleep_ms(send_after_ms);
+    if (write(c, "x", 1) != 1) fail("write");
+    pollfd p = {c, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) fail("the client's close never came");
+    char b;
+    // The client closes over our unread byte: a reset, or its FIN.
+    if (read(c, &b, 1) != 0 && errno != ECONNRESET) fail("read: no end");
+    close(c);
+  }
+  printf("RESULT served=%d\n", n);
+  return 0;
+}
+
+int client(int port, int n, int close_after_ms, int watch_ms) {
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) fail("epoll_create1");
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const sockaddr_in a = loopback(port);
+    if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
+      fail("connect");
+    epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) fail("epoll_ctl ADD");
+    sleep_ms(close_after_ms);
+    if (close(fd) != 0) fail("close");
+    epoll_event got;
+    const int k = epoll_wait(ep, &got, 1, watch_ms);
+    if (k < 0) fail("epoll_wait");
+    if (k > 0) {
+      printf("STALE connection %d: fd %d (closed) reported, events 0x%x\n", i, got.data.fd,
+             got.events);
+      return 1;
+    }
+  }
+  printf("RESULT clean=%d\n", n);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string role;
+  int port = 0, n = 0, send_after = 0, close_after = 0, watch = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int v = atoi(argv[i + 1]);
+    if (k == "--role")
+      role = argv[i + 1];
+    else if (k == "--port")
+      port = v;
+    else if (k == "--connections")
+      n = v;
+    else if (k == "--send-after-ms")
+      send_after = v;
+    else if (k == "--close-after-ms")
+      close_after = v;
+    else if (k == "--watch-ms")
+      watch = v;
+  }
+  if (port <= 0 || n <= 0 || (role != "server" && role != "client")) {
+    fprintf(stderr,
+            "usage: rs_stale --role server --port P --connections N --send-after-ms S\n"
+            "       rs_stale --role client --port P --connections N --close-after-ms C "
+            "--watch-ms W\n");
+    return 2;
+  }
+  return role == "server" ? server(port, n, send_after) : client(port, n, close_after, watch);
+}
