@@ -5,7 +5,8 @@
 // to the kernel while librsock may still hold a dup of the socket, which
 // would keep it reporting the closed fd's socket.
 //
-//   rs_stale --role server --port P --connections N --send-after-ms S
+//   rs_stale --role server --port P --connections N --send-after-ms S (ms,
+//       like C and W below, under 1000)
 //       accepts N connections one after the other; S ms after each accept
 //       writes one byte on it, then waits for the client's close (EOF).
 //       Prints READY after listen(), "RESULT served=N" at the end.
@@ -37,12 +38,6 @@ namespace {
   exit(1);
 }
 
-void sleep_ms(int ms) {
-  timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
 int server(int port, int n, int send_after_ms) {
   const int l = listen_loopback(port, 16);
   if (l < 0) fail("listen");
@@ -51,7 +46,7 @@ int server(int port, int n, int send_after_ms) {
   for (int i = 0; i < n; ++i) {
     const int c = accept(l, nullptr, nullptr);
     if (c < 0) fail("accept");
-    sleep_ms(send_after_ms);
+    pause_ms(send_after_ms);
     if (write(c, "x", 1) != 1) fail("write");
     pollfd p = {c, POLLIN, 0};
     if (poll(&p, 1, 10000) != 1) fail("the client's close never came");
@@ -76,7 +71,7 @@ int client(int port, int n, int close_after_ms, int watch_ms) {
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) fail("epoll_ctl ADD");
-    sleep_ms(close_after_ms);
+    pause_ms(close_after_ms);
     if (close(fd) != 0) fail("close");
     epoll_event got;
     const int k = epoll_wait(ep, &got, 1, watch_ms);
