@@ -144,4 +144,44 @@ bool FdTable::replace(int fd, FdState* expected, FdState* next) {
   return true;
 }
 
+// ---- fresh TCP sockets ------------------------------------------------------
+
+constinit static FreshTcp g_fresh;
+FreshTcp& fresh_tcp() { return g_fresh; }
+
+void FreshTcp::mark(int fd) {
+  if (fd < 0 || fd >= FdTable::kMaxFd) return;
+  const int w = fd / 64;
+  bits_[w].fetch_or(uint64_t{1} << (fd % 64), std::memory_order_relaxed);
+  int used = words_used_.load(std::memory_order_relaxed);
+  while (used <= w && !words_used_.compare_exchange_weak(used, w + 1, std::memory_order_relaxed)) {
+  }
+}
+
+void FreshTcp::clear(int fd) {
+  if (fd < 0 || fd >= FdTable::kMaxFd) return;
+  const uint64_t bit = uint64_t{1} << (fd % 64);
+  std::atomic<uint64_t>& word = bits_[fd / 64];
+  if (word.load(std::memory_order_relaxed) & bit) word.fetch_and(~bit, std::memory_order_relaxed);
+}
+
+bool FreshTcp::take(int fd) {
+  if (fd < 0 || fd >= FdTable::kMaxFd) return false;
+  const uint64_t bit = uint64_t{1} << (fd % 64);
+  std::atomic<uint64_t>& word = bits_[fd / 64];
+  return (word.load(std::memory_order_relaxed) & bit) &&
+         (word.fetch_and(~bit, std::memory_order_relaxed) & bit);
+}
+
+void FreshTcp::clear_range(unsigned first, unsigned last) {
+  const unsigned end = static_cast<unsigned>(words_used_.load(std::memory_order_relaxed)) * 64;
+  if (last >= end) last = end - 1;  // end > 0 whenever a bit is set
+  for (unsigned fd = first; end > 0 && fd <= last; ++fd) clear(static_cast<int>(fd));
+}
+
+void FreshTcp::clear_all() {
+  const int used = words_used_.load(std::memory_order_relaxed);
+  for (int w = 0; w < used; ++w) bits_[w].store(0, std::memory_order_relaxed);
+}
+
 }  // namespace rsock

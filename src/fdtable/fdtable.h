@@ -132,6 +132,36 @@ class FdTable {
 
 FdTable& fd_table();
 
+// The fds that the application made with socket() as TCP sockets (AF_INET
+// or AF_INET6, SOCK_STREAM, protocol 0 or IPPROTO_TCP) and has not
+// connected since: connect() then knows it has a new TCP socket without
+// asking the kernel (one system call less per connection). One bit per fd
+// below FdTable::kMaxFd. Set only by the socket() wrapper; cleared by the
+// fd's connect(), wherever its number may come to name another file or
+// the socket a second number (close, close_range, dup and its kin, an
+// accept() that returns the number), and for every fd at fork (the child
+// shares the sockets). A number closed behind our back (a raw system
+// call) keeps its bit: a connect() on whatever it names next is then
+// taken for a TCP socket's, and the kernel's answer to that connect stays
+// the application's. Thread-safety: atomic bits.
+class FreshTcp {
+ public:
+  void mark(int fd);
+  void clear(int fd);
+  // Whether fd was marked; clears it.
+  bool take(int fd);
+  // Clears fds first..last (close_range).
+  void clear_range(unsigned first, unsigned last);
+  void clear_all();
+
+ private:
+  static constexpr int kWords = FdTable::kMaxFd / 64;
+  std::atomic<uint64_t> bits_[kWords] = {};
+  std::atomic<int> words_used_{0};  // words at and past this one are zero
+};
+
+FreshTcp& fresh_tcp();
+
 template <class Fn>
 void FdTable::for_each(Fn fn) const {
   for (int c = 0; c < kMaxChunks; ++c) {

@@ -430,5 +430,37 @@ TEST(FdTable, ForkChildDoesNotInheritHeldSlotLocks) {
   t->clear(kFd);
 }
 
+// FreshTcp: a bit per fd, set only by mark() and taken once; clear_range
+// and clear_all leave no bit in their span and touch none outside it.
+TEST(FreshTcp, AMarkIsTakenOnceAndClearsGoByRange) {
+  auto t = std::make_unique<FreshTcp>();
+  EXPECT_FALSE(t->take(5)) << "an fd nobody marked";
+  t->mark(5);
+  t->mark(64);
+  t->mark(FdTable::kMaxFd - 1);
+  t->mark(FdTable::kMaxFd);  // beyond the table: never marked
+  t->mark(-1);
+  EXPECT_TRUE(t->take(5));
+  EXPECT_FALSE(t->take(5)) << "taken twice";
+  EXPECT_FALSE(t->take(FdTable::kMaxFd));
+  EXPECT_FALSE(t->take(-1));
+  t->mark(7);
+  t->clear(7);
+  EXPECT_FALSE(t->take(7));
+  for (int fd : {3, 10, 63, 65, 200}) t->mark(fd);
+  t->clear_range(10, 64);  // 10, 63, 64
+  EXPECT_TRUE(t->take(3));
+  EXPECT_FALSE(t->take(10));
+  EXPECT_FALSE(t->take(63));
+  EXPECT_FALSE(t->take(64));
+  EXPECT_TRUE(t->take(65));
+  t->clear_range(100, ~0u);  // closefrom(100)
+  EXPECT_FALSE(t->take(200));
+  EXPECT_FALSE(t->take(FdTable::kMaxFd - 1));
+  for (int fd : {0, 1000, 70000}) t->mark(fd);
+  t->clear_all();
+  for (int fd : {0, 1000, 70000}) EXPECT_FALSE(t->take(fd)) << fd;
+}
+
 }  // namespace
 }  // namespace rsock
