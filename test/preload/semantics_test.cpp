@@ -120,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "nb_poll", "nb_select", "nb_epoll", "nb_block", "nb_dup", "nb_fallback",
                       "nb_close", "nb_accept", "nb_epoll_mod", "shut_recv", "shut_epoll",
                       "shut_poll", "shut_send", "epoll_add_asleep", "epoll_add_ready",
-                      "epoll_mod_ready", "epoll_dormant", "epoll_dup", "nb_fill", "nb_reconnect"),
+                      "epoll_mod_ready", "epoll_dormant", "epoll_dup", "nb_fill", "nb_reconnect",
+                      "connect_kinds"),
     [](const auto& info) { return std::string(info.param); });
 
 // The cases that hold when the connection starts on TCP and switches while

@@ -34,7 +34,7 @@
 //          mt_poll_epoll mt_epoll_poll mt_send_then_recv
 //          epoll_dormant epoll_dup
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
-//          nb_fill nb_reconnect
+//          nb_fill nb_reconnect connect_kinds
 //          (A made by a nonblocking connect; the client's first line "hello DELAY_MS" tells the
 //          server to accept A that much later; "hello 0 nbaccept": the event-loop way)
 #include <arpa/inet.h>
@@ -1959,6 +1959,53 @@ void case_nb_reconnect() {
   nb_after_connected(A);
 }
 
+// connect_kinds: connect() on sockets that are not TCP sockets fresh from
+// socket(), whose connect librsock takes for a new TCP connection without
+// asking the kernel (FreshTcp): a UDP socket; a UDP socket on a number
+// whose unconnected TCP socket was just closed; a TCP socket that listens;
+// a TCP socket connected through a dup of it (the original number then
+// says EISCONN). Each answers as the kernel does, and only the dup is a
+// connection (the SemanticsTest counts its paths).
+void case_connect_kinds() {
+  sockaddr_in a = server_addr(g_port);
+  auto* sa = reinterpret_cast<sockaddr*>(&a);
+  auto still_udp = [](int fd) {
+    int type = 0;
+    socklen_t len = sizeof type;
+    return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_DGRAM;
+  };
+  int u = socket(AF_INET, SOCK_DGRAM, 0);
+  CHECK(u >= 0 && connect(u, sa, sizeof a) == 0, "connect a UDP socket: %s", strerror(errno));
+  CHECK(still_udp(u) && send(u, "u", 1, 0) == 1, "a connected UDP socket sends a datagram");
+  CHECK(close(u) == 0, "close the UDP socket");
+  const int t = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK(t >= 0 && close(t) == 0, "a TCP socket closed unconnected");
+  u = socket(AF_INET, SOCK_DGRAM, 0);
+  CHECK(u == t, "the lowest number again: %d, not %d", u, t);
+  CHECK(connect(u, sa, sizeof a) == 0 && still_udp(u) && send(u, "v", 1, 0) == 1,
+        "the number now a UDP socket: connect and send (%s)", strerror(errno));
+  CHECK(close(u) == 0, "close it");
+  const int l = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK(l >= 0 && listen(l, 1) == 0, "listen on an ephemeral port");
+  errno = 0;
+  CHECK(connect(l, sa, sizeof a) == -1 && errno == EISCONN, "connect a listener: EISCONN, not %s",
+        strerror(errno));
+  CHECK(close(l) == 0, "close the listener");
+  say("OK connect_kinds_refused");
+  cmd("hello 0");
+  A = socket(AF_INET, SOCK_STREAM, 0);
+  CHECK(A >= 0, "socket");
+  const int d = dup(A);
+  CHECK(d >= 0 && connect(d, sa, sizeof a) == 0, "connect through a dup: %s", strerror(errno));
+  errno = 0;
+  CHECK(connect(A, sa, sizeof a) == -1 && errno == EISCONN, "the original number: EISCONN, not %s",
+        strerror(errno));
+  CHECK(close(A) == 0, "close the original number");
+  A = d;
+  say("OK connect_kinds");
+  nb_after_connected(A);
+}
+
 // A dup made while pairing is the same connection once it is made.
 void case_nb_dup() {
   nb_connect(kAcceptDelayMs);
@@ -2022,7 +2069,7 @@ void case_nb_fallback() {
 
 int run_client(const std::string& name) {
   T = connect_to(g_port2);
-  if (name.rfind("nb_", 0) != 0) {
+  if (name.rfind("nb_", 0) != 0 && name != "connect_kinds") {  // those connect A themselves
     cmd("hello 0");
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     CHECK(fd >= 0, "socket");
@@ -2051,6 +2098,8 @@ int run_client(const std::string& name) {
     case_nb_fill();
   else if (name == "nb_reconnect")
     case_nb_reconnect();
+  else if (name == "connect_kinds")
+    case_connect_kinds();
   else if (name == "nonblock")
     case_nonblock();
   else if (name == "sendfull")
