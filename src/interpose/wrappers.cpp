@@ -146,6 +146,7 @@ ssize_t do_send(ConnectionState* c, const void* buf, size_t len, int flags) {
 
 // Detaches librsock state from fd before the kernel fd goes away.
 void forget_fd(int fd) {
+  fresh_tcp().clear(fd);
   // A pairing thread converting fd's epoll members (its outcome may already
   // have handed fd over, leaving it no state): drop them here, before the
   // number can name another file. So too a registration a pairing handed
@@ -166,7 +167,11 @@ void forget_fd(int fd) {
     const bool pairing = r && r.get()->kind() == FdState::Kind::kPending;
     if (pairing) (void)pending_settle(fd, fd_table().get(fd));
     const bool watched = r && r.get()->epoll_refs.load() > 0;
-    if (pairing || watched || epoll_plain_handed()) epoll_forget(fd);
+    // The last number of a socket nothing else holds: the close ends its
+    // file, and the kernel's registrations of it go with it.
+    const bool file_ends =
+        pairing && r.get()->fds() == 1 && r.as<PendingState>()->socket_unshared();
+    if (pairing || watched || epoll_plain_handed()) epoll_forget(fd, file_ends);
   }
   fd_table().clear(fd);
 }
@@ -177,6 +182,7 @@ void forget_fd(int fd) {
 // either number may be closed first. -errno when it cannot (no descriptor
 // left: the call fails, as the kernel's would with none).
 int before_share(int oldfd) {
+  fresh_tcp().clear(oldfd);  // its socket will have two numbers
   if (!fd_table().has(oldfd)) return 0;
   FdRef r = fd_table().get(oldfd);
   if (!r || r.get()->kind() != FdState::Kind::kPending) return 0;
@@ -213,7 +219,16 @@ bool any_accelerated(int nfds, fd_set* r, fd_set* w, fd_set* e) {
 // ---- connection setup ------------------------------------------------------
 
 EXPORT int socket(int domain, int type, int protocol) {
-  return real().socket(domain, type, protocol);
+  const int fd = real().socket(domain, type, protocol);
+  if (fd >= 0) {
+    const int kind = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if ((domain == AF_INET || domain == AF_INET6) && kind == SOCK_STREAM &&
+        (protocol == 0 || protocol == IPPROTO_TCP))
+      fresh_tcp().mark(fd);
+    else
+      fresh_tcp().clear(fd);
+  }
+  return fd;
 }
 
 EXPORT int bind(int fd, const struct sockaddr* addr, socklen_t len) {
@@ -221,6 +236,7 @@ EXPORT int bind(int fd, const struct sockaddr* addr, socklen_t len) {
 }
 
 EXPORT int listen(int fd, int backlog) {
+  fresh_tcp().clear(fd);
   const Runtime* rt = runtime();
   if (!rt || !rt->accelerate) return real().listen(fd, backlog);
   return finish(setup_listen(*rt, fd, backlog));
@@ -234,14 +250,16 @@ static int accept_common(int fd, struct sockaddr* addr, socklen_t* len, int flag
   sockaddr* a = addr ? addr : reinterpret_cast<sockaddr*>(&own);
   socklen_t* alen = addr ? len : &own_len;
   const socklen_t room = addr && len ? *len : own_len;
+  const uint64_t children = children_made();  // before the socket exists
   int r = four ? real().accept4(fd, a, alen, flags) : real().accept(fd, a, alen);
   if (r < 0) return r;
+  fresh_tcp().clear(r);
   const Runtime* rt = runtime();
   if (rt) {
     const int saved = errno;
     FdRef l = fd_table().has(fd) ? fd_table().get(fd) : FdRef();
     const bool whole = alen && *alen <= room;  // not cut short by a small buffer
-    setup_accepted(*rt, l.get(), r, Accepted{fd, four ? flags : 0, whole ? a : nullptr});
+    setup_accepted(*rt, l.get(), r, Accepted{fd, four ? flags : 0, whole ? a : nullptr, children});
     errno = saved;
   }
   return r;
@@ -256,6 +274,7 @@ EXPORT int accept4(int fd, struct sockaddr* addr, socklen_t* len, int flags) {
 }
 
 EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
+  const bool fresh = fresh_tcp().take(fd);
   const Runtime* rt = runtime();
   if (!rt || addr == nullptr) return real().connect(fd, addr, len);
   if (fd_table().has(fd)) {
@@ -271,7 +290,7 @@ EXPORT int connect(int fd, const struct sockaddr* addr, socklen_t len) {
     if (conn_of(r)) return finish(-EISCONN);
     if (r) return real().connect(fd, addr, len);  // a listener: the kernel says why not
   }
-  return finish(setup_connect(*rt, fd, addr, len));
+  return finish(setup_connect(*rt, fd, addr, len, fresh));
 }
 
 EXPORT int shutdown(int fd, int how) {
@@ -315,6 +334,7 @@ int close_span(unsigned first, unsigned last, int flags) {
     if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last) gone.push_back(fd);
   });
   for (int fd : gone) forget_fd(fd);
+  fresh_tcp().clear_range(first, last);
   // Ours, of the connections that stay, are skipped.
   std::vector<int> keep;
   for (const FdRef& r : connection_refs()) {
@@ -834,6 +854,7 @@ static int fcntl_common(bool is64, int fd, int cmd, long arg) {
   if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
     if (const int rc = before_share(fd); rc < 0) return finish(rc);
   int r = fn(fd, cmd, arg);
+  if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) fresh_tcp().clear(r);
   if (r < 0 || !fd_table().has(fd)) return r;
   if (cmd == F_SETFL) {
     if (FdRef c = opt_ref(fd)) conn_of(c)->set_nonblocking((arg & O_NONBLOCK) != 0);
@@ -939,6 +960,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void* val, socklen_t le
 EXPORT int dup(int fd) {
   if (const int rc = before_share(fd); rc < 0) return finish(rc);
   int r = real().dup(fd);
+  if (r >= 0) fresh_tcp().clear(r);
   if (r >= 0 && fd_table().has(fd)) share_state(fd, r);
   return r;
 }

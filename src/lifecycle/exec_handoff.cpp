@@ -132,6 +132,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   // it runs in its parent's memory (our tables are the parent's).
   const bool vforked = kind == ExecKind::kReplace && in_vfork_child();
   if (vforked) kind = ExecKind::kSpawn;
+  if (kind == ExecKind::kSpawn) count_child();  // the new process may keep our sockets
   *h = ExecHandoff{};
   h->kind = kind;
   h->envp = envp;

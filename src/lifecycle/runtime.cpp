@@ -73,12 +73,15 @@ bool read_conf_file(const char* path, std::string* out, const char** why) {
 }
 
 std::atomic<int> g_pid{0};  // this process's pid, as of init or its fork
+std::atomic<uint64_t> g_children{0};
 
 // The child will hold every open connection too. It is counted before the
 // fork, in the parent: counted in the child, a parent that closes its copy
 // right after fork() (fork per connection) could be seen as the last holder
 // first and tell the peer the connection closed.
 void before_fork() {
+  count_child();
+  fresh_tcp().clear_all();  // both processes hold those sockets now
   pending_fork_prepare();
   transports_fork_prepare();
   for (const FdRef& c : connection_refs()) {
@@ -196,6 +199,9 @@ __attribute__((destructor)) void rsock_destructor() {
 }
 
 }  // namespace
+
+uint64_t children_made() { return g_children.load(std::memory_order_acquire); }
+void count_child() { g_children.fetch_add(1, std::memory_order_acq_rel); }
 
 std::vector<FdRef> connection_refs() {
   std::vector<FdRef> conns;

@@ -45,6 +45,13 @@ void release_at_exit();
 // see it handed over meanwhile.
 std::vector<FdRef> connection_refs();
 
+// Children this process has made that may hold its sockets: fork(),
+// posix_spawn and the exec of a vfork child (the hand-off counts the last
+// two; a spawn by libc itself, as system() does, is not seen). A socket
+// made before the latest of them may be held elsewhere too.
+uint64_t children_made();
+void count_child();
+
 // True in the child of vfork() (or of a clone sharing our memory) before it
 // execs: it sees this process's state, but it is another process.
 bool in_vfork_child();

@@ -35,6 +35,21 @@ namespace {
 constexpr uint64_t kTag = 0x72736f6300000000ull;      // "rsoc"
 constexpr uint64_t kKickTag = 0x72736f6b00000000ull;  // "rsok"
 constexpr uint64_t kTagMask = 0xffffffff00000000ull;
+// Below kTag, a member's registration carries its fd (under
+// FdTable::kMaxFd) and a generation: the set counts its ADDs. The kernel
+// keeps a registration as long as its file, which may outlive the close of
+// the fd when another process holds the socket too (a close skips the
+// EPOLL_CTL_DEL where nothing else should: epoll_forget's file_ends): the
+// reports of such a registration name a number that a later member of the
+// set may have, whose generation is another, and filter_kernel drops them.
+constexpr int kTagFdBits = 20;
+static_assert(FdTable::kMaxFd <= (1 << kTagFdBits));
+constexpr uint32_t kTagFdMask = (1u << kTagFdBits) - 1;
+constexpr uint32_t kTagGenMask = (1u << (32 - kTagFdBits)) - 1;
+uint64_t tag_of(int fd, uint32_t gen) {
+  return kTag | (uint64_t{gen & kTagGenMask} << kTagFdBits) |
+         (static_cast<uint32_t>(fd) & kTagFdMask);
+}
 
 int64_t spin_budget_ns() {
   const Runtime* rt = runtime();
@@ -98,6 +113,8 @@ struct EpollMember {
   int reg_fd = -1;
   // How the kernel watches wait_fd for it (kernel_events).
   uint32_t kernel_mask = EPOLLIN;
+  // The generation in its registration's tag (tag_of).
+  uint32_t tag_gen = 0;
   // A converted member's former pairing, whose eventfd stays registered
   // until a wait has seen it fire (it wakes a waiter that slept through
   // the conversion).
@@ -169,13 +186,17 @@ struct EpollMember {
 // on the kernel socket (Stream::rx_on_tcp, tx_on_tcp), the socket's own
 // readiness is the member's, and an application that leaves those bytes
 // unread (or a socket that stays writable) would keep a level-triggered
-// registration firing: edge-triggered then, with EPOLLOUT, until both
-// directions have switched (collect() changes it back).
-uint32_t kernel_events(const EpollMember& m) {
+// registration firing: edge-triggered then, until both directions have
+// switched (collect() changes it back); with EPOLLOUT when the application
+// watches it (`events`: the member's), or twins share the registration:
+// room to send is no news to a member that does not watch it, and a new
+// socket, which has room, would be reported at once for nothing.
+constexpr uint32_t kTcpWatch = EPOLLIN | EPOLLOUT | EPOLLRDHUP;
+uint32_t kernel_events(const EpollMember& m, uint32_t events) {
   ConnectionState* c = m.conn();
-  if (c && (c->stream().rx_on_tcp() || c->stream().tx_on_tcp()))
-    return EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-  return EPOLLIN;
+  if (!c || !(c->stream().rx_on_tcp() || c->stream().tx_on_tcp())) return EPOLLIN;
+  const bool out = (events & EPOLLOUT) || m.wait_shared;
+  return (out ? kTcpWatch : kTcpWatch & ~EPOLLOUT) | EPOLLET;
 }
 
 // Sleeps without an event after which a member goes dormant.
@@ -229,6 +250,10 @@ class EpollState final : public FdState {
   }
   const int epfd;
   std::atomic<int64_t> kernel_look{0};  // see look_at_kernel
+  // Whether the first pass of the last epoll_wait found a member with a
+  // direction on a transport (collect's *ring): see rs_epoll_wait.
+  std::atomic<bool> ring_seen{true};
+  uint32_t adds = 0;                      // members added: their tags' generations (tag_of)
   SpinGovernor spin;                      // epoll_wait's spin length
   std::mutex mu;
   std::map<int, EpollMember> members;  // accelerated members by fd
@@ -473,16 +498,22 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
       // The kernel's report stands for a poll of a socket that carries
       // nothing but the application's bytes.
       const uint32_t kev = on_kernel_tcp && st.peer_sends_on_tcp() ? m.tcp_kev : 0;
-      ev = mc->live_events(!st.channel().wait_fd_shows_carrier(), &mc, kev);
+      // Arrivals are counted (a FIONREAD of a socket still carrying them)
+      // only for an edge-triggered member, whose report depends on them,
+      // and for a look its twins may share.
+      const bool edges = (m.events & EPOLLET) || m.wait_shared;
+      ev = mc->live_events(!st.channel().wait_fd_shows_carrier(), &mc, kev, edges);
       if (m.wait_shared && twin_count < kTwinLooks) twin_looks[twin_count++] = {looked, ev, mc};
     }
     if (m.kernel_mask != EPOLLIN && !m.wait_shared) {
       // Both directions switched since: back to the level-triggered watch.
-      const uint32_t k = kernel_events(m);
-      if (k != m.kernel_mask) {
+      // (A watch wider than the member's needs no change: a MOD that drops
+      // EPOLLOUT leaves it.)
+      const uint32_t k = kernel_events(m, m.events);
+      if (k != m.kernel_mask && ((k & ~m.kernel_mask) != 0 || k == EPOLLIN)) {
         epoll_event kev = {};
         kev.events = m.kernel_mask = k;
-        kev.data.u64 = kTag | static_cast<uint32_t>(m.fd);
+        kev.data.u64 = tag_of(m.fd, m.tag_gen);
         real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.reg_fd, &kev);
       }
     }
@@ -729,11 +760,13 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
       continue;
     }
     if ((ev[i].data.u64 & kTagMask) == kTag) {
-      int fd = static_cast<int>(ev[i].data.u64 & 0xffffffffu);
+      const auto low = static_cast<uint32_t>(ev[i].data.u64);
+      const int fd = static_cast<int>(low & kTagFdMask);
       std::lock_guard<std::mutex> lock(s.mu);
       auto it = s.members.find(fd);
       if (it == s.members.end()) continue;
       EpollMember& m = it->second;
+      if (m.tag_gen != low >> kTagFdBits) continue;  // an earlier member's, its file held elsewhere
       if (m.stale) {
         real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.stale.as<PendingState>()->event_fd(), nullptr);
         m.stale.reset();
@@ -1055,10 +1088,13 @@ void set_events(EpollMember& m, const epoll_event& ev) {
   m.last_mask = 0;
   m.last_rx = m.last_tx = ~0ull;
   m.tcp_news = true;
+  m.tcp_kev = 0;  // a report from before the change: a look polls afresh
 }
 
 // Drops a member's kernel registrations and its reference count.
-void unregister(EpollState& s, EpollMember& m) {
+// file_ends: epoll_forget's (the close of m's fd ends the file m's
+// registration was made on, if made under that fd).
+void unregister(EpollState& s, EpollMember& m, bool file_ends = false) {
   if (m.parked) --s.parked;
   disarm_member(m);
   // The registration of the wakeup fd goes with the last member on it;
@@ -1072,10 +1108,11 @@ void unregister(EpollState& s, EpollMember& m) {
   if (heir) {
     epoll_event kev = {};
     kev.events = heir->kernel_mask;
-    kev.data.u64 = kTag | static_cast<uint32_t>(heir->fd);
+    kev.data.u64 = tag_of(heir->fd, heir->tag_gen);
     real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.reg_fd, &kev);
     if (twins == 1) heir->wait_shared = false;
-  } else {
+  } else if (!(file_ends && m.reg_fd == m.fd)) {
+    // (Else the kernel drops it with the file, as it does on kernel TCP.)
     real().epoll_ctl(s.epfd, EPOLL_CTL_DEL, m.reg_fd, nullptr);
   }
   if (m.stale)
@@ -1317,8 +1354,9 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
   EpollMember m;
   m.st = std::move(st);
   epoll_event kev = {};
-  kev.events = m.kernel_mask = kernel_events(m);
-  kev.data.u64 = kTag | static_cast<uint32_t>(fd);
+  kev.events = m.kernel_mask = kernel_events(m, ev->events);
+  m.tag_gen = s->adds++ & kTagGenMask;
+  kev.data.u64 = tag_of(fd, m.tag_gen);
   m.reg_fd = m.wait_fd();
   if (real().epoll_ctl(epfd, EPOLL_CTL_ADD, m.reg_fd, &kev) < 0) {
     if (errno != EEXIST) return -errno;
@@ -1334,9 +1372,29 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
         if (o.st.get() == m.st.get() && o.reg_fd == m.reg_fd) twin = &o;
       if (!twin) return -EEXIST;
       twin->wait_shared = m.wait_shared = true;
+      // Shared: the registration (twin's) watches every direction.
+      if (const uint32_t k = kernel_events(*twin, twin->events); k != twin->kernel_mask) {
+        epoll_event tk = {};
+        tk.events = twin->kernel_mask = k;
+        tk.data.u64 = tag_of(twin->fd, twin->tag_gen);
+        real().epoll_ctl(epfd, EPOLL_CTL_MOD, m.reg_fd, &tk);
+      }
+      m.kernel_mask = twin->kernel_mask;
     }
   }
   set_events(m, *ev);
+  // A member on kernel TCP whose socket the kernel has just begun to watch
+  // (alone: no twin) needs no look now: the kernel reports the new
+  // registration at once if the socket is ready for what the member
+  // watches, and at every change after, and the look that report brings
+  // takes the kernel's events instead of a poll.
+  if (ConnectionState* c = m.conn(); c && !m.wait_shared && !c->next()) {
+    Stream& st = c->stream();
+    if (m.kernel_mask != EPOLLIN && st.rx_on_tcp() && st.tx_on_tcp() && st.peer_sends_on_tcp()) {
+      m.tcp_news = false;
+      m.tcp_conn = c;
+    }
+  }
   m.st.get()->epoll_refs.fetch_add(1);
   EpollMember& added = s->members.emplace(fd, std::move(m)).first->second;
   added.fd = fd;
@@ -1352,13 +1410,22 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
 // them (rs_epoll_ctl).
 void register_converted(EpollState& s, EpollMember& m, int fd) {
   epoll_event kev = {};
-  kev.data.u64 = kTag | static_cast<uint32_t>(fd);
-  kev.events = m.kernel_mask = kernel_events(m);
+  kev.data.u64 = tag_of(fd, m.tag_gen);
+  kev.events = m.kernel_mask = kernel_events(m, m.events);
   m.reg_fd = m.wait_fd();
   if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, m.reg_fd, &kev) == 0 || errno != EEXIST) return;
-  for (auto& [ofd, o] : s.members)
-    if (&o != &m && o.st.get() == m.st.get() && o.reg_fd == m.reg_fd)
-      o.wait_shared = m.wait_shared = true;
+  for (auto& [ofd, o] : s.members) {
+    if (&o == &m || o.st.get() != m.st.get() || o.reg_fd != m.reg_fd) continue;
+    o.wait_shared = m.wait_shared = true;
+    // Shared: the registration (o's) watches every direction.
+    if (const uint32_t k = kernel_events(o, o.events); k != o.kernel_mask) {
+      epoll_event tk = {};
+      tk.events = o.kernel_mask = k;
+      tk.data.u64 = tag_of(o.fd, o.tag_gen);
+      real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.reg_fd, &tk);
+    }
+    m.kernel_mask = o.kernel_mask;
+  }
 }
 
 // The kernel takes the application's registration of fd over (a pairing
@@ -1541,16 +1608,34 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     // members' look below then reports, in this very call. Shared-memory
     // members are not probed one by one (see collect). The first pass
     // looks as if members were ready (by time), later ones as a waiter.
-    auto ask_kernel = [&] {
-      int k = real().epoll_wait(epfd, events, maxevents, 0);
-      return k > 0 ? filter_kernel(*s, events, k, nullptr) : 0;
+    auto ask_kernel = [&](epoll_event* out, int max) {
+      int k = max > 0 ? real().epoll_wait(epfd, out, max, 0) : 0;
+      return k > 0 ? filter_kernel(*s, out, k, nullptr) : 0;
     };
     int n = 0;
-    const bool looked = look_at_kernel(iter == 1, last, iter, now, &s->kernel_look);
-    if (looked) n = ask_kernel();
     bool ring = false;
-    n += collect(*s, events + n, maxevents - n, looked || iter == 1 ? OnTcp::kLook : OnTcp::kSkip,
-                 &ring);
+    bool looked = false;
+    if (iter == 1 && !s->ring_seen.load(std::memory_order_relaxed)) {
+      // The last wait's members were all on kernel TCP, whose news only the
+      // kernel tells: the kernel wait below asks it (and returns at once
+      // when it has any), so this pass does not ask first (one system call
+      // less per wait), unless the members' look finds something after
+      // all: one that switched to a transport meanwhile, or one
+      // level-triggered and still ready (kernel fds must not starve).
+      n = collect(*s, events, maxevents, OnTcp::kLook, &ring);
+      if ((n > 0 || ring) && look_at_kernel(true, last, iter, now, &s->kernel_look)) {
+        looked = true;
+        const int k = ask_kernel(events + n, maxevents - n);
+        // With nothing of ours yet, the kernel's news of members counts too.
+        n = n > 0 ? n + k : k + collect(*s, events + k, maxevents - k);
+      }
+    } else {
+      looked = look_at_kernel(iter == 1, last, iter, now, &s->kernel_look);
+      if (looked) n = ask_kernel(events, maxevents);
+      n += collect(*s, events + n, maxevents - n, looked || iter == 1 ? OnTcp::kLook : OnTcp::kSkip,
+                   &ring);
+    }
+    if (iter == 1) s->ring_seen.store(ring, std::memory_order_relaxed);
     // Members all on kernel TCP: only the kernel can tell news, and it
     // tells a sleeper. No spin.
     if (iter == 1 && !ring) {
@@ -1561,7 +1646,7 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
     // asks the kernel before it answers so.
     if (n == 0 && last && !looked) {
       s->kernel_look.store(now, std::memory_order_relaxed);
-      n = ask_kernel();
+      n = ask_kernel(events, maxevents);
       n += collect(*s, events + n, maxevents - n);
     }
     if (n > 0) {
@@ -1643,7 +1728,7 @@ void epoll_after_fork_child() {
 
 bool epoll_plain_handed() { return g_plain_handed.load() != 0; }
 
-void epoll_forget(int fd) {
+void epoll_forget(int fd, bool file_ends) {
   std::lock_guard<std::mutex> lock(g_sets_mu);
   for (EpollState* s : live_sets()) {
     std::lock_guard<std::mutex> l2(s->mu);
@@ -1655,7 +1740,7 @@ void epoll_forget(int fd) {
     }
     auto it = s->members.find(fd);
     if (it == s->members.end()) continue;
-    unregister(*s, it->second);
+    unregister(*s, it->second, file_ends);
     unlink_awake(it->second);
     s->members.erase(it);
   }

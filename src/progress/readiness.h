@@ -56,8 +56,12 @@ void epoll_after_fork_child();
 // Drops fd from every epoll shadow (called on its last close), and the
 // registrations a pairing handed to the kernel as plain TCP under fd's
 // number (which would outlive the close while librsock holds a dup of the
-// socket).
-void epoll_forget(int fd);
+// socket). file_ends: the caller's close ends fd's file as far as
+// librsock can tell (the socket of a connection still on TCP that nothing
+// else of ours holds, PendingState::socket_unshared), which takes the
+// kernel's registrations of it along: a member registered under fd itself
+// then needs no EPOLL_CTL_DEL.
+void epoll_forget(int fd, bool file_ends = false);
 // Whether any such plain registration is there to drop.
 bool epoll_plain_handed();
 

@@ -599,8 +599,8 @@ int drive(Work* w) {
 
 }  // namespace
 
-PendingState::PendingState(int fd, int event_fd, ConnectionState* live)
-    : FdState(Kind::kPending), fd_(fd), event_fd_(event_fd), live_(live) {}
+PendingState::PendingState(int fd, int event_fd, ConnectionState* live, uint64_t children)
+    : FdState(Kind::kPending), fd_(fd), event_fd_(event_fd), live_(live), children_(children) {}
 
 PendingState::~PendingState() {
   if (outcome_) outcome_->unref();
@@ -669,6 +669,12 @@ bool PendingState::shut_before_pairing() {
     (void)!real().write(g_driver_efd, &one, sizeof one);
   }
   return true;
+}
+
+bool PendingState::socket_unshared() {
+  if (live_ == nullptr || children_ != children_made()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return !started_ && !handed_ && !live_->prefix_socket_owned();
 }
 
 int PendingState::take_socket() {
@@ -776,7 +782,7 @@ int pending_start(PairJob& job, const Config& cfg) {
       return -err;
     }
   }
-  auto* p = new PendingState(fd, efd, live);
+  auto* p = new PendingState(fd, efd, live, job.children);
   auto* w = new Work;
   w->pending = p;
   w->job = std::move(job);

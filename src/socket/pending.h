@@ -49,7 +49,8 @@ class PendingState final : public FdState {
   // reference, taken over), which the fd's data calls and readiness use
   // meanwhile; the outcome seals it into the paired connection. Its
   // event_fd is -1: made when a call first waits for the outcome.
-  PendingState(int fd, int event_fd, ConnectionState* live = nullptr);
+  // children: PairJob's.
+  PendingState(int fd, int event_fd, ConnectionState* live = nullptr, uint64_t children = ~0ull);
   ~PendingState() override;
   // The application closed every fd: the outcome will be discarded.
   void on_last_close() override;
@@ -82,6 +83,13 @@ class PendingState final : public FdState {
   bool shut_before_pairing();
   // RSOCK_TCP_FIRST: the connection the fd uses until the outcome, or null.
   ConnectionState* live() const { return live_; }
+  // Whether the application's fd is, as far as librsock can tell, the only
+  // holder of its socket: a live connection whose pairing has not begun (a
+  // pairing's thread holds a dup), whose stream has no dup of its own
+  // (PrefixChannel::own_socket), in a process that has made no child since
+  // the socket was made. Its close then ends the socket's file, and the
+  // kernel's epoll registrations of it with it (epoll_forget).
+  bool socket_unshared();
   // The outcome is in and the epoll members are the outcome's (or the
   // kernel's): until then an fd keeps its PendingState in the table, so
   // that an epoll_ctl on it waits for the conversion (pending_settle).
@@ -108,6 +116,7 @@ class PendingState final : public FdState {
   const int fd_;
   int event_fd_;  // under mu_ while -1 (made by wait())
   ConnectionState* const live_;
+  const uint64_t children_;  // children_made() when the socket was made (PairJob)
   std::atomic<bool> counted_{false};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -139,6 +148,11 @@ struct PairJob {
   // The socket is known to be O_NONBLOCK (accept4's SOCK_NONBLOCK): the
   // live connection need not ask the kernel at its first use.
   bool nonblocking = false;
+  // children_made() before the socket was made (accept) or, for a socket
+  // fresh from socket() (FreshTcp), before its connect; kUnknownChildren
+  // when not known (PendingState::socket_unshared).
+  uint64_t children = kUnknownChildren;
+  static constexpr uint64_t kUnknownChildren = ~0ull;
 };
 
 // RSOCK_TCP_FIRST: the connection a socket still pairing uses meanwhile

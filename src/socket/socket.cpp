@@ -203,8 +203,8 @@ void ConnectionState::seal_to(ConnectionState* next) {
   });
 }
 
-StreamEvents ConnectionState::live_events(bool look, ConnectionState** live,
-                                          uint32_t socket_events) {
+StreamEvents ConnectionState::live_events(bool look, ConnectionState** live, uint32_t socket_events,
+                                          bool edges) {
   ConnectionState* c = this;
   for (;;) {
     // seal() stores next before it marks the stream sealed.
@@ -213,7 +213,7 @@ StreamEvents ConnectionState::live_events(bool look, ConnectionState** live,
       continue;
     }
     // The socket's report is this stream's only: a successor looks anew.
-    const StreamEvents ev = c->stream().events(look, c == this ? socket_events : 0);
+    const StreamEvents ev = c->stream().events(look, c == this ? socket_events : 0, edges);
     if (c->stream().sealed()) continue;
     if (live) *live = c;
     return ev;
@@ -549,7 +549,7 @@ int wait_connected(int fd, const Config& cfg) {
 // blocking socket pairs here; a nonblocking one returns EINPROGRESS and
 // pairs in the background (pending.h).
 int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& cfg,
-                     std::unique_ptr<ClientSetup> setup) {
+                     std::unique_ptr<ClientSetup> setup, uint64_t children) {
   // RSOCK_TCP_FIRST: the connection runs on TCP from here on, and pairs in
   // the background (pending.h).
   const bool live = cfg.tcp_first && setup->driven();
@@ -562,6 +562,7 @@ int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& 
     job.path = setup->path();
     job.client = std::move(setup);
     job.live = live;
+    job.children = children;
     if (pending_start(job, cfg) == 0) return true;
     setup = std::move(job.client);  // not started: ours again
     (void)rc;
@@ -585,7 +586,7 @@ int connect_and_pair(int fd, const sockaddr* addr, socklen_t len, const Config& 
 
 }  // namespace
 
-int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len) {
+int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len, bool fresh) {
   const Config& cfg = rt.config;
   Decision d = decide(cfg, rt.program, Role::kClient, addr, len);
   auto plain = [&](bool count_tcp) {
@@ -594,12 +595,14 @@ int setup_connect(const Runtime& rt, int fd, const sockaddr* addr, socklen_t len
     if ((r == 0 || err == EINPROGRESS) && count_tcp) stats_connection(Path::kTcp);
     return r == 0 ? 0 : -err;
   };
-  if (!d.candidate) return plain(rt.stats && is_unconnected_tcp(fd));
-  if (!is_unconnected_tcp(fd)) return plain(false);
+  if (!d.candidate) return plain(rt.stats && (fresh || is_unconnected_tcp(fd)));
+  if (!fresh && !is_unconnected_tcp(fd)) return plain(false);
+  // A fork since socket() cleared `fresh`; one from now on counts.
+  const uint64_t children = fresh ? children_made() : PairJob::kUnknownChildren;
 
   Fallback why;
   if (std::unique_ptr<ClientSetup> setup = client_setup(fd, addr, d.transport, cfg.tcp_first, &why))
-    return connect_and_pair(fd, addr, len, cfg, std::move(setup));
+    return connect_and_pair(fd, addr, len, cfg, std::move(setup), children);
   stats_fallback(why);
   LOG_INFO("connect fd %d: plain TCP (%s)", fd, fallback_name(why));
   return plain(true);
@@ -680,6 +683,7 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accep
     job.path = path;
     job.live = live;
     job.nonblocking = (how.flags & SOCK_NONBLOCK) != 0;
+    job.children = how.children;
     job.pairing = std::move(p);
     l->ref();
     job.listener = FdRef(l);  // the pairing may use the listener's rdma_cm id

@@ -96,8 +96,9 @@ class ConnectionState final : public FdState {
   // events, which then say ready to every caller (so that its waiters wake
   // and find the successor): a poll or epoll_wait reporting that would
   // report a spurious event. Here the successor answers.
-  // socket_events: Stream::events'.
-  StreamEvents live_events(bool look, ConnectionState** live = nullptr, uint32_t socket_events = 0);
+  // socket_events, edges: Stream::events'.
+  StreamEvents live_events(bool look, ConnectionState** live = nullptr, uint32_t socket_events = 0,
+                           bool edges = false);
   // A prefix-only connection whose application fd is closed: its socket is
   // no longer the stream's (PrefixChannel::retire_socket).
   void retire_prefix_socket();
@@ -140,7 +141,10 @@ int conn_wait(ConnectionState& c, uint32_t want, int64_t deadline_ns, OnSignal o
 
 // Connection setup, called by the wrappers with the runtime active.
 // Each returns the libc result of the underlying call, or a negative errno.
-int setup_connect(const Runtime& rt, int fd, const struct sockaddr* addr, socklen_t len);
+// fresh: fd is a TCP socket socket() made and nothing connected since
+// (FreshTcp), which the kernel then need not be asked.
+int setup_connect(const Runtime& rt, int fd, const struct sockaddr* addr, socklen_t len,
+                  bool fresh = false);
 // A candidate listener's accept queue holds at least kMinListenBacklog
 // connections (Linux's SOMAXCONN before 5.4), whatever listen() asked for:
 // see setup_listen.
@@ -154,6 +158,7 @@ struct Accepted {
   int listen_fd;
   int flags;             // accept4's (SOCK_NONBLOCK)
   const sockaddr* peer;  // the peer's address, or nullptr (getpeername)
+  uint64_t children;     // children_made() before the accept (PairJob::children)
 };
 void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accepted& how);
 

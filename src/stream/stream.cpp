@@ -673,7 +673,7 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
 
 // The directions still on the kernel socket take its readiness (one may
 // have switched already, and shows the ring's).
-void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_events) {
+void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_events, bool edges) {
   {
     std::unique_lock<std::mutex> lock(rx_mu_, std::try_to_lock);
     if (lock.owns_lock() && rx_tcp_.load(std::memory_order_acquire)) (void)rx_prefix_done_locked();
@@ -720,7 +720,8 @@ void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_eve
       ev->rdhup = ev->rdhup || (r & POLLRDHUP) != 0;
       ev->readable = ev->readable || (r & (POLLIN | POLLRDHUP)) != 0;
       int inq = 0;
-      if (ev->readable && real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0) inq = 0;
+      if (edges && ev->readable && real().ioctl(channel_->kernel_socket(), FIONREAD, &inq) != 0)
+        inq = 0;
       *tcp_rx = read + static_cast<uint64_t>(inq);
       if (at != kNotSwitched) *tcp_rx = std::min(*tcp_rx, at);
     }
@@ -855,7 +856,7 @@ bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_g
   return true;
 }
 
-StreamEvents Stream::events(bool look, uint32_t socket_events) {
+StreamEvents Stream::events(bool look, uint32_t socket_events, bool edges) {
   StreamEvents ev;
   if (sealed_.load(std::memory_order_acquire)) {
     // A waiter wakes, calls again and is forwarded to the successor.
@@ -882,7 +883,7 @@ StreamEvents Stream::events(bool look, uint32_t socket_events) {
   uint64_t tcp_rx = prefix_->tcp_read->load(std::memory_order_acquire);
   const uint64_t tcp_tx = prefix_->tcp_sent->load(std::memory_order_acquire);
   if (tx_tcp_.load(std::memory_order_acquire) || rx_tcp_.load(std::memory_order_acquire))
-    tcp_overlay(&ev, &tcp_rx, socket_events);
+    tcp_overlay(&ev, &tcp_rx, socket_events, edges);
   ev.rx_gen = tcp_rx + ring_rx;
   ev.tx_gen = tcp_tx + ring_tx;
   return ev;

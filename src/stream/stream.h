@@ -170,7 +170,12 @@ class Stream {
   // socket_events: what an epoll registration of the kernel socket reported
   // just now (EPOLLIN, EPOLLOUT, EPOLLRDHUP, EPOLLERR, EPOLLHUP), which
   // stands for the poll() of the directions still on the socket; 0: poll.
-  StreamEvents events(bool look = true, uint32_t socket_events = 0);
+  //
+  // edges: the caller compares rx_gen with an earlier answer's (an
+  // edge-triggered epoll member). Only then does a receiver still on the
+  // kernel socket count what waits there (one more system call); else
+  // rx_gen leaves those bytes out.
+  StreamEvents events(bool look = true, uint32_t socket_events = 0, bool edges = false);
 
   // A process that holds this end but not its carrier (a fork's child, an
   // exec'd image over verbs: Channel::needs_take_over) takes it over before
@@ -288,8 +293,8 @@ class Stream {
   // Whether our receiver has read the whole prefix (switches it if so).
   bool rx_prefix_done_locked();
   // *tcp_rx: the bytes that arrived on the socket so far (a receiver
-  // still on it: what it read and what waits there).
-  void tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_events);
+  // still on it: what it read, and with `edges` what waits there).
+  void tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_events, bool edges);
   ssize_t foreign_prefix_bytes();  // under rx_mu_: the reset, and what recv returns
   StreamEvents ring_events(bool look);
 

@@ -405,6 +405,43 @@ TEST_F(TcpFirstTest, AClosedFdLeavesNoRegistrationBehind) {
   }
 }
 
+// A close that ends what librsock takes for the socket's last holder skips
+// the EPOLL_CTL_DEL (kernel TCP's close costs none either); a holder it
+// does not see (a process started through system(), which keeps the fd)
+// keeps that registration in the set, as on kernel TCP. Its reports must
+// not reach the set's next member of the same number: the generation in
+// their tag tells them apart (rs_stale --held). Without it, the byte that
+// came on the closed connection was reported for the new one.
+TEST_F(TcpFirstTest, ARegistrationHeldElsewhereNamesNoLaterFd) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  bool ready = false;
+  Proc& server = start_server(
+      "server", "rs_stale",
+      {"--role", "server", "--port", std::to_string(port), "--held", "1", "--send-after-ms", "50"},
+      Env{}, &ready);
+  ASSERT_TRUE(ready) << server.describe();
+  // Both connections stay on TCP (the pairing is a minute away): A's
+  // stream uses the application's own number, whose close skips the DEL.
+  Proc& client = spawn(
+      "client", "rs_stale",
+      {"--role", "client", "--port", std::to_string(port), "--held", "1", "--watch-ms", "400"},
+      preloaded(tcp_first_env(port, "60000")));
+  ASSERT_TRUE(wait_exit(client, 30000)) << "client hung";
+  ASSERT_TRUE(client.exited_ok()) << client.describe();
+  EXPECT_EQ(parse_result(client.out(), "RESULT")["clean"], "1");
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  // The program's own line (sh and sleep write theirs: no connections).
+  uint64_t tcp = 0, early = 0;
+  for (const Stats& st : stats()) {
+    tcp += st.conn("tcp");
+    early += st.fallback("closed_before_pairing");
+  }
+  EXPECT_EQ(tcp, 2u);
+  EXPECT_EQ(early, 2u);
+}
+
 // 30 connections, each watched by the client with epoll_wait (EPOLLIN,
 // level-triggered) and poll, timeout 0, for 30 ms from its connect on
 // (rs_idle --watch-ms), while its pairing (no delay) switches it to the

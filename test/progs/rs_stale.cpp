@@ -17,6 +17,19 @@
 //       EPOLL_CTL_DEL, as programs do), then watches the set for W ms. An
 //       event there names a closed fd: "STALE" and exit 1. Prints
 //       "RESULT clean=N" when none came.
+//   rs_stale --role server --port P --held 1 --send-after-ms S
+//   rs_stale --role client --port P --held 1 --watch-ms W
+//       a registration that outlives its fd: the client connects A, adds
+//       it (EPOLLIN, level-triggered), lets a process it starts through
+//       system() keep A's socket for 2 s ("sleep 2 &": librsock does not
+//       see that child), closes A without EPOLL_CTL_DEL, then connects B,
+//       which gets A's number, and adds it too. The server accepts A and
+//       B, and S ms later writes a byte on A alone. On kernel TCP the set
+//       still holds A's registration (the kernel drops it with the file,
+//       which the child keeps) and reports A under A's data; B must not
+//       be reported: "STALE" and exit 1 if it is, "RESULT clean=1" if
+//       nothing names B within W ms. The server waits for A's end (the
+//       child's exit) and prints "RESULT served=2".
 // Every wait is bounded; exit 1 on any failure, 2 on bad usage.
 #include <errno.h>
 #include <poll.h>
@@ -59,6 +72,65 @@ int server(int port, int n, int send_after_ms) {
   return 0;
 }
 
+int server_held(int port, int send_after_ms) {
+  const int l = listen_loopback(port, 16);
+  if (l < 0) fail("listen");
+  printf("READY\n");
+  fflush(stdout);
+  const int a = accept(l, nullptr, nullptr);
+  const int b = a < 0 ? -1 : accept(l, nullptr, nullptr);
+  if (b < 0) fail("accept");
+  pause_ms(send_after_ms);
+  if (write(a, "x", 1) != 1) fail("write");
+  char c;
+  for (const int fd : {a, b}) {
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) fail("the client's end never came");
+    if (read(fd, &c, 1) != 0 && errno != ECONNRESET) fail("read: no end");
+    close(fd);
+  }
+  printf("RESULT served=2\n");
+  return 0;
+}
+
+int client_held(int port, int watch_ms) {
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) fail("epoll_create1");
+  const sockaddr_in addr = loopback(port);
+  auto connect_and_add = [&](uint64_t data) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
+      fail("connect");
+    epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.u64 = data;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) fail("epoll_ctl ADD");
+    return fd;
+  };
+  const int a = connect_and_add(1);
+  if (system("sleep 2 &") != 0) fail("system");
+  if (close(a) != 0) fail("close");
+  const int b = connect_and_add(2);
+  if (b != a) {
+    fprintf(stderr, "rs_stale: B got fd %d, not A's %d\n", b, a);
+    return 1;
+  }
+  // In slices: the set may report A (the kernel's way) before the watch is
+  // over, and every report is looked at.
+  for (int i = 0; i < watch_ms / 10; ++i) {
+    epoll_event got;
+    const int k = epoll_wait(ep, &got, 1, 10);
+    if (k < 0 && errno != EINTR) fail("epoll_wait");
+    if (k > 0 && got.data.u64 == 2) {
+      printf("STALE B (fd %d) reported, events 0x%x: the byte came on A\n", b, got.events);
+      return 1;
+    }
+  }
+  close(b);
+  printf("RESULT clean=1\n");
+  return 0;
+}
+
 int client(int port, int n, int close_after_ms, int watch_ms) {
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) fail("epoll_create1");
@@ -90,7 +162,7 @@ int client(int port, int n, int close_after_ms, int watch_ms) {
 
 int main(int argc, char** argv) {
   std::string role;
-  int port = 0, n = 0, send_after = 0, close_after = 0, watch = 0;
+  int port = 0, n = 0, send_after = 0, close_after = 0, watch = 0, held = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = atoi(argv[i + 1]);
@@ -106,12 +178,18 @@ int main(int argc, char** argv) {
       close_after = v;
     else if (k == "--watch-ms")
       watch = v;
+    else if (k == "--held")
+      held = v;
   }
+  if (held && port > 0 && role == "server") return server_held(port, send_after);
+  if (held && port > 0 && role == "client") return client_held(port, watch);
   if (port <= 0 || n <= 0 || (role != "server" && role != "client")) {
     fprintf(stderr,
             "usage: rs_stale --role server --port P --connections N --send-after-ms S\n"
             "       rs_stale --role client --port P --connections N --close-after-ms C "
-            "--watch-ms W\n");
+            "--watch-ms W\n"
+            "       rs_stale --role server|client --port P --held 1 [--send-after-ms S] "
+            "[--watch-ms W]\n");
     return 2;
   }
   return role == "server" ? server(port, n, send_after) : client(port, n, close_after, watch);

@@ -1297,9 +1297,13 @@ TEST(ShmSwitch, ReadinessFollowsTheSocketUntilTheSwitch) {
   ASSERT_EQ(send_str(*t.client, "q"), 1);
   ev = t.server->events();
   EXPECT_TRUE(ev.readable);
+  EXPECT_EQ(ev.rx_gen, 0u) << "bytes on the socket, not counted unless asked";
+  ev = t.server->events(true, 0, /*edges=*/true);
   const uint64_t gen = ev.rx_gen;
+  EXPECT_EQ(gen, 1u);
   ASSERT_EQ(send_str(*t.client, "r"), 1);
-  EXPECT_NE(t.server->events().rx_gen, gen);  // a new edge for EPOLLET
+  ev = t.server->events(true, 0, /*edges=*/true);
+  EXPECT_NE(ev.rx_gen, gen);  // a new edge for EPOLLET
   EXPECT_EQ(recv_str(*t.server, 100), "qr");
   EXPECT_FALSE(t.server->events().readable);
   t.server->attach();
