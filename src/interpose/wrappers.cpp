@@ -303,11 +303,13 @@ EXPORT int shutdown(int fd, int how) {
     if (r && r.get()->kind() == FdState::Kind::kPending &&
         r.as<PendingState>()->shut_before_pairing()) {
       // Until the pairing's end turns the fd plain TCP its calls still go
-      // to the stream (poll right after: HUP once both FINs went).
-      const int rc = real().shutdown(fd, how);
-      if (rc == 0)
-        r.as<PendingState>()->live()->stream().shut_on_tcp(how != SHUT_WR, how != SHUT_RD);
-      return rc;
+      // to the stream (poll right after: HUP once both FINs went). The
+      // stream knows first: the kernel's shutdown wakes a thread asleep on
+      // the socket, whose look must find the stream shut as the socket is
+      // (the kernel marks the socket shut whatever it answers, for a valid
+      // `how`).
+      r.as<PendingState>()->live()->stream().shut_on_tcp(how != SHUT_WR, how != SHUT_RD);
+      return real().shutdown(fd, how);
     }
   }
   int err = 0;

@@ -701,11 +701,14 @@ void Stream::tcp_overlay(StreamEvents* ev, uint64_t* tcp_rx, uint32_t socket_eve
     // decides; the ring's state below says which.
     channel_->tcp_closed((r & POLLERR) != 0);
     observe(poll_peer().flags);
+    // As tcp_poll(): both directions shut (by the peer's FIN or our
+    // SHUT_RD, and our SHUT_WR), or a reset.
     const bool reset = reset_.load(std::memory_order_acquire);
-    const bool fin = fin_rcvd_.load(std::memory_order_acquire);
-    const bool snd_shut = shut_wr_.load(std::memory_order_relaxed) || reset;
+    const bool rcv_shut =
+        fin_rcvd_.load(std::memory_order_acquire) || shut_rd_.load(std::memory_order_acquire);
+    const bool snd_shut = shut_wr_.load(std::memory_order_acquire) || reset;
     ev->error = sk_err_.load(std::memory_order_acquire) != 0;
-    ev->hup = reset || (fin && snd_shut);
+    ev->hup = reset || (rcv_shut && snd_shut);
     r = static_cast<short>((r & ~(POLLERR | POLLHUP)) | POLLIN | POLLRDHUP | POLLOUT);
   }
   if (rx_tcp) {
@@ -954,8 +957,9 @@ int Stream::shutdown(bool rd, bool wr) {
 }
 
 void Stream::shut_on_tcp(bool rd, bool wr) {
-  if (rd) shut_rd_.store(true, std::memory_order_relaxed);
-  if (wr) shut_wr_.store(true, std::memory_order_relaxed);
+  // Release: a thread the kernel's shutdown wakes looks after these.
+  if (rd) shut_rd_.store(true, std::memory_order_release);
+  if (wr) shut_wr_.store(true, std::memory_order_release);
 }
 
 void Stream::close(bool abort) {

@@ -196,10 +196,12 @@ class Stream {
   // to switch first, and the peer's receive path does not read the region
   // yet: the caller waits a little and calls again.
   int shutdown(bool rd, bool wr);
-  // The kernel socket of a stream that will never switch was shut down for
+  // The kernel socket of a stream that will never switch is shut down for
   // reading (rd) and/or writing (wr) as kernel TCP: its calls and readiness
   // say so from now on, as the kernel's would (a send fails with EPIPE;
-  // both FINs make HUP). Nothing is signalled: a FIN went on the socket.
+  // both directions shut make HUP). Called just before the kernel's
+  // shutdown, whose wakeup of a thread asleep on the socket must find the
+  // stream shut too. Nothing is signalled: the FIN goes on the socket.
   void shut_on_tcp(bool rd, bool wr);
   // The peer never took the connection over from TCP (shutdown waited in
   // vain): the stream resets, as a broken carrier does.
