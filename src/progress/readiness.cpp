@@ -1224,6 +1224,19 @@ class SetRef {
   bool borrowed_ = false;
 };
 
+// Member m joins o's kernel registration (same connection, same wakeup fd:
+// twins). Shared, it watches every direction (kernel_events). Under s.mu.
+void share_registration(EpollState& s, EpollMember& o, EpollMember& m) {
+  o.wait_shared = m.wait_shared = true;
+  if (const uint32_t k = kernel_events(o, o.events); k != o.kernel_mask) {
+    epoll_event kev = {};
+    kev.events = o.kernel_mask = k;
+    kev.data.u64 = tag_of(o.fd, o.tag_gen);
+    real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, o.reg_fd, &kev);
+  }
+  m.kernel_mask = o.kernel_mask;
+}
+
 // Creates epfd's shadow (with the set's first shadowed member) unless it
 // has one. Returns 0 or -errno.
 int make_shadow(int epfd, bool* made) {
@@ -1371,15 +1384,7 @@ int rs_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
       for (auto& [ofd, o] : s->members)
         if (o.st.get() == m.st.get() && o.reg_fd == m.reg_fd) twin = &o;
       if (!twin) return -EEXIST;
-      twin->wait_shared = m.wait_shared = true;
-      // Shared: the registration (twin's) watches every direction.
-      if (const uint32_t k = kernel_events(*twin, twin->events); k != twin->kernel_mask) {
-        epoll_event tk = {};
-        tk.events = twin->kernel_mask = k;
-        tk.data.u64 = tag_of(twin->fd, twin->tag_gen);
-        real().epoll_ctl(epfd, EPOLL_CTL_MOD, m.reg_fd, &tk);
-      }
-      m.kernel_mask = twin->kernel_mask;
+      share_registration(*s, *twin, m);
     }
   }
   set_events(m, *ev);
@@ -1415,16 +1420,7 @@ void register_converted(EpollState& s, EpollMember& m, int fd) {
   m.reg_fd = m.wait_fd();
   if (real().epoll_ctl(s.epfd, EPOLL_CTL_ADD, m.reg_fd, &kev) == 0 || errno != EEXIST) return;
   for (auto& [ofd, o] : s.members) {
-    if (&o == &m || o.st.get() != m.st.get() || o.reg_fd != m.reg_fd) continue;
-    o.wait_shared = m.wait_shared = true;
-    // Shared: the registration (o's) watches every direction.
-    if (const uint32_t k = kernel_events(o, o.events); k != o.kernel_mask) {
-      epoll_event tk = {};
-      tk.events = o.kernel_mask = k;
-      tk.data.u64 = tag_of(o.fd, o.tag_gen);
-      real().epoll_ctl(s.epfd, EPOLL_CTL_MOD, m.reg_fd, &tk);
-    }
-    m.kernel_mask = o.kernel_mask;
+    if (&o != &m && o.st.get() == m.st.get() && o.reg_fd == m.reg_fd) share_registration(s, o, m);
   }
 }
 

@@ -51,6 +51,24 @@ namespace {
   exit(1);
 }
 
+// A blocking connect to the server, added to ep for EPOLLIN
+// (level-triggered) with `data`, or with the fd itself as data.fd for
+// kDataIsFd. Returns the fd.
+constexpr uint64_t kDataIsFd = ~0ull;
+int connect_and_add(int ep, int port, uint64_t data) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const sockaddr_in a = loopback(port);
+  if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) fail("connect");
+  epoll_event ev = {};
+  ev.events = EPOLLIN;
+  if (data == kDataIsFd)
+    ev.data.fd = fd;
+  else
+    ev.data.u64 = data;
+  if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) fail("epoll_ctl ADD");
+  return fd;
+}
+
 int server(int port, int n, int send_after_ms) {
   const int l = listen_loopback(port, 16);
   if (l < 0) fail("listen");
@@ -96,21 +114,10 @@ int server_held(int port, int send_after_ms) {
 int client_held(int port, int watch_ms) {
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) fail("epoll_create1");
-  const sockaddr_in addr = loopback(port);
-  auto connect_and_add = [&](uint64_t data) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
-      fail("connect");
-    epoll_event ev = {};
-    ev.events = EPOLLIN;
-    ev.data.u64 = data;
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) fail("epoll_ctl ADD");
-    return fd;
-  };
-  const int a = connect_and_add(1);
+  const int a = connect_and_add(ep, port, 1);
   if (system("sleep 2 &") != 0) fail("system");
   if (close(a) != 0) fail("close");
-  const int b = connect_and_add(2);
+  const int b = connect_and_add(ep, port, 2);
   if (b != a) {
     fprintf(stderr, "rs_stale: B got fd %d, not A's %d\n", b, a);
     return 1;
@@ -135,14 +142,7 @@ int client(int port, int n, int close_after_ms, int watch_ms) {
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) fail("epoll_create1");
   for (int i = 0; i < n; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    const sockaddr_in a = loopback(port);
-    if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
-      fail("connect");
-    epoll_event ev = {};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) fail("epoll_ctl ADD");
+    const int fd = connect_and_add(ep, port, kDataIsFd);
     pause_ms(close_after_ms);
     if (close(fd) != 0) fail("close");
     epoll_event got;
