@@ -11,19 +11,14 @@
 namespace rsock {
 
 PrefixChannel::PrefixChannel(int socket_fd, bool owned)
-    : socket_fd_(socket_fd),
-      owned_(owned),
-      switch_at_(kNotSwitched),
-      peer_switch_at_(kNotSwitched) {
+    : socket_(socket_fd, owned), switch_at_(kNotSwitched), peer_switch_at_(kNotSwitched) {
   prefix_ = {&tcp_sent_, &tcp_read_, &switch_at_, &peer_switch_at_, &peer_attached_, &peer_tcp_read_};
 }
 
-PrefixChannel::~PrefixChannel() {
-  if (owned_.load(std::memory_order_acquire)) real().close(socket_fd_.load());
-}
+PrefixChannel::~PrefixChannel() = default;
 
 void PrefixChannel::own_fds(std::vector<int>* out) {
-  if (owned_.load(std::memory_order_acquire)) out->push_back(socket_fd_.load());
+  if (socket_.owned()) out->push_back(socket_.fd());
 }
 
 namespace {
@@ -43,29 +38,7 @@ int prefix_dead_socket(bool make) {
   return fd;
 }
 
-int PrefixChannel::own_socket() {
-  std::lock_guard<std::mutex> lock(own_mu_);
-  if (owned_.load(std::memory_order_relaxed) || retired_.load()) return 0;
-  const int d = dup_high(socket_fd_.load(std::memory_order_relaxed));
-  if (d < 0) return -errno;
-  socket_fd_.store(d, std::memory_order_release);
-  owned_.store(true, std::memory_order_release);
-  return 0;
-}
-
-void PrefixChannel::retire_socket() {
-  std::lock_guard<std::mutex> lock(own_mu_);
-  if (retired_.exchange(true)) return;
-  const int dead = prefix_dead_socket();
-  if (owned_.load(std::memory_order_relaxed)) {
-    // Without a placeholder the socket stays until the channel goes.
-    if (dead >= 0) real().dup3(dead, socket_fd_.load(std::memory_order_relaxed), O_CLOEXEC);
-    return;
-  }
-  // The application's number: nothing of ours to close, and the number is
-  // no longer the socket's.
-  socket_fd_.store(dead, std::memory_order_release);
-}
+void PrefixChannel::retire_socket() { socket_.retire(prefix_dead_socket()); }
 
 const uint8_t* PrefixChannel::rx_ring() const {
   alignas(64) static const uint8_t kNone[kRingBytes] = {};

@@ -21,10 +21,10 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include "transport/channel.h"
+#include "transport/socket_number.h"
 
 namespace rsock {
 
@@ -52,14 +52,14 @@ class PrefixChannel final : public Channel {
   PeerState poll() override;
   bool arm(uint32_t, uint64_t) override { return false; }
   void disarm(uint32_t) override {}
-  int wait_fd() const override { return socket_fd_.load(std::memory_order_acquire); }
+  int wait_fd() const override { return socket_.fd(); }
   bool drain_wakeups() override { return false; }  // the socket holds data, never doorbells
   // What the peer read of ours is not known here, and not needed: whether
   // its end was a FIN or a reset is the kernel's word (tcp_closed).
   uint64_t peer_read_total() override { return UINT64_MAX / 2; }
   TcpPrefix* tcp_prefix() override { return &prefix_; }
   void tcp_closed(bool kernel_reset) override;
-  int kernel_socket() const override { return socket_fd_.load(std::memory_order_acquire); }
+  int kernel_socket() const override { return socket_.fd(); }
   void own_fds(std::vector<int>* out) override;
   // No bracket: nothing here is shared with another process but the socket.
   int enter() override { return 1; }
@@ -67,8 +67,8 @@ class PrefixChannel final : public Channel {
   // From now on the channel holds a private dup of the socket, not the
   // application's number (which must still name it). Returns 0 or -errno
   // (EMFILE: no descriptor left). Idempotent.
-  int own_socket();
-  bool owns_socket() const { return owned_.load(std::memory_order_acquire); }
+  int own_socket() { return socket_.own(); }
+  bool owns_socket() const { return socket_.owned(); }
 
   // The application closes its last fd: a dead socket takes the socket's
   // place in the channel, so that a thread still polling or calling on it
@@ -85,8 +85,7 @@ class PrefixChannel final : public Channel {
  private:
   static constexpr size_t kRingBytes = 4096;  // the smallest ring; never used
 
-  std::atomic<int> socket_fd_;
-  std::atomic<bool> owned_;  // socket_fd_ is our dup, closed with us
+  SocketNumber socket_;
   std::atomic<uint64_t> tcp_sent_{0};
   std::atomic<uint64_t> tcp_read_{0};
   std::atomic<uint64_t> switch_at_;       // kNotSwitched, always
@@ -94,8 +93,6 @@ class PrefixChannel final : public Channel {
   std::atomic<uint32_t> peer_attached_{0};
   std::atomic<uint64_t> peer_tcp_read_{0};
   std::atomic<uint32_t> flags_{0};  // PeerFlag: the socket's end, once seen
-  std::atomic<bool> retired_{false};
-  std::mutex own_mu_;  // own_socket against retire_socket
   TcpPrefix prefix_;
 };
 
