@@ -173,19 +173,28 @@ void forget_fd(int fd) {
         pairing && r.get()->fds() == 1 && r.as<PendingState>()->socket_unshared();
     if (pairing || watched || epoll_plain_handed()) epoll_forget(fd, file_ends);
   }
+  // A channel that uses the number for its socket keeps the socket past it
+  // (socket_number_leaving): unless this close ends the connection, before
+  // the number goes.
+  FdRef gone = fd_table().get(fd);
   fd_table().clear(fd);
+  if (gone) socket_number_leaving(fd, gone.get(), gone.get()->refs() == 1);
 }
 
 // Before oldfd gets a second number (dup, F_DUPFD, dup2 and dup3 from it):
-// a connection on TCP until its pairing whose stream uses oldfd's number for
-// its socket takes a dup of its own (PrefixChannel::own_socket), since
-// either number may be closed first. -errno when it cannot (no descriptor
-// left: the call fails, as the kernel's would with none).
+// a stream that uses oldfd's number for its socket takes a dup of its own
+// (a connection on TCP until its pairing: PrefixChannel::own_socket; a
+// paired one: socket_number_shared), since either number may be closed
+// first, and an epoll set keys its registrations by number. -errno when it
+// cannot (no descriptor left: the call fails, as the kernel's would with
+// none).
 int before_share(int oldfd) {
   fresh_tcp().clear(oldfd);  // its socket will have two numbers
   if (!fd_table().has(oldfd)) return 0;
   FdRef r = fd_table().get(oldfd);
-  if (!r || r.get()->kind() != FdState::Kind::kPending) return 0;
+  if (!r) return 0;
+  if (const int rc = socket_number_shared(oldfd, r.get()); rc < 0) return rc;
+  if (r.get()->kind() != FdState::Kind::kPending) return 0;
   ConnectionState* live = r.as<PendingState>()->live();
   // A sealed stream (paired) never touches its socket again.
   return live && !live->next() ? live->own_prefix_socket() : 0;
@@ -196,6 +205,11 @@ void share_state(int oldfd, int newfd) {
   FdRef r = fd_table().get(oldfd);
   if (!r) return;
   fd_table().set(newfd, r.get());
+  // A pairing's outcome that took oldfd's number after before_share looked
+  // (PendingState::lend_number) gives it up now that there are two.
+  if (const int rc = socket_number_shared(oldfd, r.get()); rc < 0)
+    LOG_WARN("fd %d: no descriptor to keep its connection's socket apart from fd %d (%s)", oldfd,
+             newfd, strerror(-rc));
   // A pairing that ended meanwhile may have handed the fds over before
   // newfd had its state: hand newfd over too.
   pending_settle(newfd, std::move(r));

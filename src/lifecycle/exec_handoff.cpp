@@ -44,6 +44,7 @@
 #include "stats/stats.h"
 #include "transport/handoff.h"
 #include "transport/lost/lost_channel.h"
+#include "transport/socket_number.h"
 
 extern char** environ;
 
@@ -338,6 +339,10 @@ int attach_adopted(const std::vector<int>& fds, Adoption& a) {
   }
   connection_options_from(fds[0], c);
   if (a.counted) stats_connection(a.path);
+  // One descriptor per connection: a socket under one number here is
+  // reached through it (no thread of this image knows it yet).
+  if (SocketNumber* n = c->stream().channel().socket_number(); n && fds.size() == 1)
+    (void)n->use(fds[0]);
   attach_to(fds, c);
   LOG_INFO("fd %d: %s", fds[0], a.how);
   return static_cast<int>(fds.size());

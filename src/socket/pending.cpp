@@ -30,6 +30,7 @@
 #include "transport/pairing.h"
 #include "transport/prefix/prefix_channel.h"
 #include "transport/setup.h"
+#include "transport/socket_number.h"
 
 namespace rsock {
 namespace {
@@ -97,6 +98,7 @@ void hand_over(Work& w, ConnectionState* c) {
   // (pending_live), whose epoll members are not converted yet: the count
   // makes that close drop the fd's members whatever they hold.
   g_handovers.fetch_add(1, std::memory_order_seq_cst);
+  if (c) p->lend_number(c);  // before any other thread can see c
   if (c && live) {
     // The bytes so far went on the socket: c goes on from them, and a call
     // that meets the old stream goes on with c.
@@ -604,6 +606,7 @@ PendingState::PendingState(int fd, int event_fd, ConnectionState* live, uint64_t
 
 PendingState::~PendingState() {
   if (outcome_) outcome_->unref();
+  if (numbered_) numbered_->unref();
   if (live_) live_->unref();
   if (event_fd_ >= 0) real().close(event_fd_);
 }
@@ -710,6 +713,23 @@ bool PendingState::handed_over() {
   std::lock_guard<std::mutex> lock(mu_);
   handed_ = true;
   return closed_;
+}
+
+void PendingState::lend_number(ConnectionState* c) {
+  SocketNumber* n = c->stream().channel().socket_number();
+  if (!n) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_ || numbered_ || fds() != 1 || fd_table().peek(fd_) != this) return;
+  std::lock_guard<std::mutex> l2(n->mutex());
+  if (!n->use_locked(fd_)) return;
+  c->ref();
+  numbered_ = c;
+}
+
+FdRef PendingState::numbered() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (numbered_) numbered_->ref();
+  return FdRef(numbered_);
 }
 
 FdRef PendingState::outcome() {

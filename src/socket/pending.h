@@ -108,6 +108,16 @@ class PendingState final : public FdState {
   FdRef outcome();
   bool resolved() const { return resolved_.load(std::memory_order_seq_cst); }
 
+  // One descriptor per connection (transport/socket_number.h): before the
+  // hand-over makes the outcome c visible to any other thread, c's channel
+  // gives up its private dup of the socket for the application's number,
+  // if that number names the socket alone (this state in its slot, no
+  // other fd of it, not closed). Decided under this state's lock, where a
+  // close or dup of the number finds c (numbered) and has it take a dup of
+  // its own again.
+  void lend_number(ConnectionState* c);
+  FdRef numbered();
+
   // Worker side: publish the outcome (nullptr = plain TCP), then finish.
   void resolve(FdState* outcome);
   void finish();
@@ -125,6 +135,7 @@ class PendingState final : public FdState {
   bool started_ = false;        // under mu_: take_socket() gave the socket
   bool handed_ = false;         // under mu_: handed_over() ran
   FdState* outcome_ = nullptr;  // holds a reference; under mu_
+  FdState* numbered_ = nullptr;  // lend_number's connection (a reference); under mu_
   bool done_ = false;  // under mu_: finish() ran
   std::atomic<bool> resolved_{false};
   std::atomic<bool> converted_{false};

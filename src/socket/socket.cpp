@@ -25,6 +25,7 @@
 #include "transport/pairing.h"
 #include "transport/prefix/prefix_channel.h"
 #include "transport/setup.h"
+#include "transport/socket_number.h"
 
 namespace rsock {
 namespace {
@@ -62,6 +63,10 @@ int64_t timeval_us(int fd, int opt) {
 
 // Attaches an accelerated connection to fd.
 void attach(int fd, std::unique_ptr<Channel> ch, Path path) {
+  // The channel takes the application's number for its socket (one
+  // descriptor per connection): the fd has no other yet, and no thread
+  // but this one knows the connection.
+  if (SocketNumber* n = ch->socket_number()) (void)n->use(fd);
   ConnectionState* c = new_connection(fd, std::move(ch), path);
   fd_table().set(fd, c);
   c->stream().attach();  // our receive path reads the region: the peer may switch
@@ -218,6 +223,50 @@ StreamEvents ConnectionState::live_events(bool look, ConnectionState** live, uin
     if (live) *live = c;
     return ev;
   }
+}
+
+namespace {
+
+// The channel behind s that may use the application's number for its
+// socket (*hold keeps a pairing's outcome alive), or nullptr.
+SocketNumber* number_behind(FdState* s, FdRef* hold, ConnectionState** conn = nullptr) {
+  ConnectionState* c = nullptr;
+  if (s->kind() == FdState::Kind::kConnection) {
+    c = static_cast<ConnectionState*>(s);
+  } else if (s->kind() == FdState::Kind::kPending) {
+    *hold = static_cast<PendingState*>(s)->numbered();
+    if (*hold && hold->get()->kind() == FdState::Kind::kConnection) c = hold->as<ConnectionState>();
+  }
+  if (!c || c->prefix_only()) return nullptr;
+  if (conn) *conn = c;
+  return c->stream().channel().socket_number();
+}
+
+}  // namespace
+
+int socket_number_shared(int fd, FdState* s) {
+  FdRef hold;
+  SocketNumber* n = number_behind(s, &hold);
+  return n ? n->own() : 0;
+}
+
+void socket_number_leaving(int fd, FdState* s, bool s_last) {
+  FdRef hold;
+  ConnectionState* c = nullptr;
+  SocketNumber* n = number_behind(s, &hold, &c);
+  if (!n || (s_last && s->kind() == FdState::Kind::kConnection)) return;
+  {
+    std::lock_guard<std::mutex> lock(n->mutex());
+    if (!n->uses(fd)) return;
+    if (const int rc = n->own_locked(); rc < 0) {
+      LOG_WARN("fd %d: no descriptor to keep its connection's socket past its close (%s)", fd,
+               strerror(-rc));
+      return;
+    }
+  }
+  // A thread asleep on the old number (a blocking call on the connection,
+  // a poll) looks again, and sleeps on the dup from then on.
+  c->wake.kick(false);
 }
 
 void ConnectionState::on_last_close() {

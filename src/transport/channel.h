@@ -84,6 +84,7 @@ struct TcpPrefix {
 };
 
 class ExecSink;             // transport/handoff.h
+class SocketNumber;         // transport/socket_number.h
 enum class ExecKind : int;  // transport/handoff.h
 
 // What a sleeper waits for, passed to arm()/disarm().
@@ -230,8 +231,13 @@ class Channel {
   // ours on the socket (a doorbell) met first.
   virtual bool peer_told_close() const { return false; }
 
-  // The private dup of the connection's kernel TCP socket, or -1.
+  // The connection's kernel TCP socket (a private dup, or the
+  // application's number: socket_number()), or -1.
   virtual int kernel_socket() const { return -1; }
+  // A channel that may reach its socket through the application's own
+  // number (one descriptor per connection): how it does (socket_number.h).
+  // nullptr: the channel's descriptors are all its own.
+  virtual SocketNumber* socket_number() { return nullptr; }
   // Appends the descriptors this channel opened in this process (besides
   // wait_fd()), which a close_range/closefrom of the application must leave
   // open.

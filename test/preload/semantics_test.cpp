@@ -117,9 +117,9 @@ INSTANTIATE_TEST_SUITE_P(
                       "select", "epoll_lt", "epoll_et", "epoll_oneshot", "idle", "mt_poll",
                       "mt_epoll", "mt_recv_send", "mt_poll_send", "mt_epoll_send", "mt_poll_poll",
                       "mt_epoll_epoll", "mt_poll_epoll", "mt_epoll_poll", "mt_send_then_recv",
-                      "nb_poll", "nb_select", "nb_epoll", "nb_block", "nb_dup", "nb_fallback",
-                      "nb_close", "nb_accept", "nb_epoll_mod", "shut_recv", "shut_epoll",
-                      "shut_poll", "shut_send", "epoll_add_asleep", "epoll_add_ready",
+                      "mt_close_recv", "nb_poll", "nb_select", "nb_epoll", "nb_block", "nb_dup",
+                      "nb_fallback", "nb_close", "nb_accept", "nb_epoll_mod", "shut_recv",
+                      "shut_epoll", "shut_poll", "shut_send", "epoll_add_asleep", "epoll_add_ready",
                       "epoll_mod_ready", "epoll_dormant", "epoll_dup", "nb_fill", "nb_reconnect",
                       "connect_kinds"),
     [](const auto& info) { return std::string(info.param); });
@@ -167,9 +167,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, SemanticsTcpFirstTest,
                                            "mt_poll", "mt_epoll", "mt_recv_send", "mt_poll_send",
                                            "mt_epoll_send", "mt_poll_poll", "mt_epoll_epoll",
                                            "mt_poll_epoll", "mt_epoll_poll", "mt_send_then_recv",
-                                           "shut_recv", "shut_epoll", "shut_poll", "shut_send",
-                                           "epoll_add_asleep", "epoll_add_ready", "epoll_mod_ready",
-                                           "epoll_dormant", "epoll_dup"),
+                                           "mt_close_recv", "shut_recv", "shut_epoll", "shut_poll",
+                                           "shut_send", "epoll_add_asleep", "epoll_add_ready",
+                                           "epoll_mod_ready", "epoll_dormant", "epoll_dup"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

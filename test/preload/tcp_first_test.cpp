@@ -21,6 +21,30 @@ class TcpFirstTest : public PreloadTest {
             {"RSOCK_TCP_FIRST", "1"},
             {"RSOCK_PAIR_DELAY_MS", delay_ms}};
   }
+  // The descriptors rs_idle's client and server hold with n connections open
+  // and used (1,000 bytes echoed on each), run with `env`.
+  void count_descriptors(const Env& env, int port, int n, int* client_fds, int* server_fds) {
+    bool ready = false;
+    Proc& server = start_server(
+        "server", "rs_idle",
+        {"--role", "server", "--port", std::to_string(port), "--connections", std::to_string(n)},
+        env, &ready);
+    ASSERT_TRUE(ready) << server.describe();
+    Proc& client = spawn("client", "rs_idle",
+                         {"--role", "client", "--port", std::to_string(port), "--connections",
+                          std::to_string(n), "--bytes", "1000", "--idle-ms", "0"},
+                         env);
+    ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
+    ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+    ASSERT_TRUE(client.exited_ok()) << client.describe();
+    ASSERT_TRUE(server.exited_ok()) << server.describe();
+    auto c = parse_result(client.out(), "RESULT");
+    auto s = parse_result(server.out(), "RESULT");
+    EXPECT_EQ(c["bytes"], std::to_string(2 * 1000 * n));
+    ASSERT_FALSE(c["fds"].empty() || s["fds"].empty()) << client.out() << server.out();
+    *client_fds = std::stoi(c["fds"]);
+    *server_fds = std::stoi(s["fds"]);
+  }
   // rs_stream's arguments for 100 checked bytes each way, both at once.
   static std::vector<std::string> hundred_each_way(const std::string& role, int port) {
     const bool server = role == "server";
@@ -311,34 +335,12 @@ TEST_F(TcpFirstTest, AStreamThatStartsOnTcpSwitchesIntact) {
 // on kernel TCP and under librsock, in the same test.
 TEST_F(TcpFirstTest, AConnectionOnTcpCostsOneDescriptor) {
   const int n = 40;
-  auto fds = [&](bool preload, int* client_fds, int* server_fds) {
-    const int port = free_port();
-    ASSERT_GT(port, 0);
-    const Env env = preload ? preloaded(tcp_first_env(port, "60000")) : Env{};
-    bool ready = false;
-    Proc& server = start_server(
-        "server", "rs_idle",
-        {"--role", "server", "--port", std::to_string(port), "--connections", std::to_string(n)},
-        env, &ready);
-    ASSERT_TRUE(ready) << server.describe();
-    Proc& client = spawn("client", "rs_idle",
-                         {"--role", "client", "--port", std::to_string(port), "--connections",
-                          std::to_string(n), "--bytes", "1000", "--idle-ms", "0"},
-                         env);
-    ASSERT_TRUE(wait_exit(client, 60000)) << "client hung";
-    ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
-    ASSERT_TRUE(client.exited_ok()) << client.describe();
-    ASSERT_TRUE(server.exited_ok()) << server.describe();
-    auto c = parse_result(client.out(), "RESULT");
-    auto s = parse_result(server.out(), "RESULT");
-    EXPECT_EQ(c["bytes"], std::to_string(2 * 1000 * n));
-    ASSERT_FALSE(c["fds"].empty() || s["fds"].empty()) << client.out() << server.out();
-    *client_fds = std::stoi(c["fds"]);
-    *server_fds = std::stoi(s["fds"]);
-  };
   int tcp_c = 0, tcp_s = 0, rs_c = 0, rs_s = 0;
-  fds(false, &tcp_c, &tcp_s);
-  fds(true, &rs_c, &rs_s);
+  const int port = free_port(), port2 = free_port();
+  ASSERT_GT(port, 0);
+  ASSERT_GT(port2, 0);
+  count_descriptors(Env{}, port, n, &tcp_c, &tcp_s);
+  count_descriptors(preloaded(tcp_first_env(port2, "60000")), port2, n, &rs_c, &rs_s);
   ASSERT_GE(tcp_c, n);
   ASSERT_GE(tcp_s, n);
   // librsock's own descriptors do not grow with the connections: the
@@ -351,6 +353,36 @@ TEST_F(TcpFirstTest, AConnectionOnTcpCostsOneDescriptor) {
   for (const Stats& st : all) {
     EXPECT_EQ(st.conn("tcp"), static_cast<uint64_t>(n));
     EXPECT_EQ(st.conn("shm"), 0u);
+  }
+}
+
+// A paired shm connection holds its socket under the application's fd
+// alone (transport/socket_number.h): the pairing's private dup goes at the
+// hand-over. What it still holds beside it is its region's memfd (kept
+// for an exec hand-off). Until 2026-12-06 it held a dup of the socket too:
+// three descriptors per connection. As above, with RSOCK_TCP_FIRST=0 (each
+// connection pairs before its first byte, so that no pairing is in flight
+// when the descriptors are counted, after each carried its echo over the
+// ring).
+TEST_F(TcpFirstTest, APairedConnectionHoldsItsSocketOnce) {
+  const int n = 40;
+  int tcp_c = 0, tcp_s = 0, rs_c = 0, rs_s = 0;
+  const int port = free_port(), port2 = free_port();
+  ASSERT_GT(port, 0);
+  ASSERT_GT(port2, 0);
+  count_descriptors(Env{}, port, n, &tcp_c, &tcp_s);
+  count_descriptors(
+      preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port2)}, {"RSOCK_TCP_FIRST", "0"}}),
+      port2, n, &rs_c, &rs_s);
+  ASSERT_GE(tcp_c, n);
+  ASSERT_GE(tcp_s, n);
+  EXPECT_LE(rs_c, tcp_c + n + 4) << "client: " << rs_c << " fds against " << tcp_c << " on TCP";
+  EXPECT_LE(rs_s, tcp_s + n + 4) << "server: " << rs_s << " fds against " << tcp_s << " on TCP";
+  const std::vector<Stats> all = stats();
+  ASSERT_EQ(all.size(), 2u);
+  for (const Stats& st : all) {
+    EXPECT_EQ(st.conn("shm"), static_cast<uint64_t>(n));
+    EXPECT_GT(st.bytes_sent, 0u);
   }
 }
 

@@ -10,14 +10,14 @@
 //       blocking, one thread per connection in blocking recv and send;
 //       poll, one thread in poll() on all of them. Prints READY after
 //       listen(), "RESULT echoed=B closed=N" once every connection has
-//       ended (epoll: and "fds=F", the descriptors it held once it had
-//       accepted them all); exits 0.
+//       ended (epoll: and "fds=F", the descriptors it held when the first
+//       connection ended, the listener closed); exits 0.
 //   rs_idle --role client --port P --connections N --bytes B --idle-ms M
 //       opens N connections; sends B pattern bytes on each and reads the
 //       echo back, checking it; reads its RssShmem (KiB, /proc/self/status),
 //       sleeps M ms, reads it again; then a second burst like the first.
 //       Prints "RESULT bytes=T shmem_busy_kib=S1 shmem_idle_kib=S2 fds=F"
-//       (F: the descriptors it held once connected) and exits 0 iff every
+//       (F: the descriptors it held after the first burst) and exits 0 iff every
 //       echo came back intact.
 //   rs_idle --role client ... --watch-ms W
 //       before the first burst, right after each connect, watches every
@@ -178,8 +178,8 @@ int server(int port, int n, const std::string& wait) {
     ev.data.fd = c;
     if (epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) != 0) fail("epoll_ctl ADD");
   }
-  const int fds = open_fds();
   close(l);
+  int fds = 0;
   while (closed < n) {
     epoll_event evs[16];
     const int k = epoll_wait(ep, evs, 16, -1);
@@ -187,6 +187,7 @@ int server(int port, int n, const std::string& wait) {
     for (int i = 0; i < k; ++i) {
       const int fd = evs[i].data.fd;
       const long e = echo_once(fd, buf);
+      if (e < 0 && closed == 0) fds = open_fds();  // every connection used, none closed
       if (e < 0) {
         epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
         close(fd);
@@ -286,8 +287,8 @@ int client(int port, int n, uint64_t bytes, int idle_ms, int watch_ms) {
     looks += watch_quiet(ep, fds, i + 1, watch_ms);
   }
   close(ep);
-  const int open = open_fds();
   for (int i = 0; i < n; ++i) burst(i, fds[i], 0, bytes);
+  const int open = open_fds();
   const long busy = shmem_kib();
   timespec ts = {idle_ms / 1000, (idle_ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {

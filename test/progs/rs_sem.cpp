@@ -31,7 +31,7 @@
 //   cases: nonblock sendfull peek timeo epipe addr dup poll select epoll_lt
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll mt_recv_send
 //          mt_poll_send mt_epoll_send mt_poll_poll mt_epoll_epoll
-//          mt_poll_epoll mt_epoll_poll mt_send_then_recv
+//          mt_poll_epoll mt_epoll_poll mt_send_then_recv mt_close_recv
 //          epoll_dormant epoll_dup
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
 //          nb_fill nb_reconnect connect_kinds
@@ -1427,6 +1427,48 @@ void mt_wait_case(WaitKind reader_kind, WaitKind writer_kind) {
   say("OK mt_reader_and_writer");
 }
 
+// mt_close_recv: a thread asleep in recv() on A while another closes A, and
+// A's number is taken at once by a socket pair holding one byte of its
+// own. On kernel TCP the call holds the socket's file and sleeps on until
+// the peer's FIN (the server closes A next); librsock ends the stream at
+// the close, and the call returns at once: either way it returns 0, and
+// nothing of the connection may touch the socket pair under A's old number
+// (no doorbell sent there, no byte read from it). Under librsock a paired
+// connection's socket is the application's number
+// (transport/socket_number.h), which it must leave before the close while
+// a call is inside it.
+void case_mt_close_recv() {
+  const int a = A;
+  std::atomic<bool> got{false};
+  std::thread reader([&] {
+    uint8_t buf[64];
+    const ssize_t r = a_recv(a, buf, sizeof buf, MSG_WAITALL);
+    CHECK(r == 0, "reader thread: recv returned %zd (%s)", r, r < 0 ? strerror(errno) : "bytes");
+    got.store(true);
+  });
+  sleep_ms(200);  // the reader asleep
+  CHECK(close(a) == 0, "close A");
+  A = -1;
+  int sv[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair");
+  CHECK(sv[0] == a, "the socket pair took %d, not A's number %d", sv[0], a);
+  CHECK(send(sv[1], "M", 1, 0) == 1, "the socket pair's own byte");
+  cmd("closeA");
+  expect_reply("closed");
+  const int64_t end = now_ms() + 5000;
+  while (!got.load() && now_ms() < end) sleep_ms(2);
+  CHECK(got.load(), "the reader never returned");
+  reader.join();
+  char m = 0;
+  CHECK(recv(sv[0], &m, 1, MSG_DONTWAIT) == 1 && m == 'M',
+        "the byte under A's old number was taken by someone else");
+  CHECK(recv(sv[1], &m, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN,
+        "a byte was sent on A's old number");
+  close(sv[0]);
+  close(sv[1]);
+  say("OK mt_close_recv");
+}
+
 // mt_send_then_recv: the two sleepers of mt_recv_send the other way round.
 // The writer sleeps in send() first, for long enough that a connection
 // started on TCP pairs meanwhile (its sleep then goes on on the paired
@@ -2134,6 +2176,8 @@ int run_client(const std::string& name) {
     mt_wait_case(WaitKind::kCall, WaitKind::kCall);
   else if (name == "mt_send_then_recv")
     case_mt_send_then_recv();
+  else if (name == "mt_close_recv")
+    case_mt_close_recv();
   else if (name == "mt_poll_send")
     mt_wait_case(WaitKind::kPoll, WaitKind::kCall);
   else if (name == "mt_epoll_send")

@@ -146,7 +146,7 @@ int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce
 
 ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd,
                        const WireAddr* ends, bool rx_read_only)
-    : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
+    : map_(map), map_len_(map_len), socket_(doorbell_fd, true), memfd_(memfd) {
   init(map, is_server, rx_read_only);
   holders_->store(1, std::memory_order_relaxed);
   epoch_ = owner_init(own_);
@@ -157,7 +157,7 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
   if (ends != nullptr) {
     local = ends[0];
     peer = ends[1];
-  } else if (!fd_addrs(doorbell_fd_, &local, &peer)) {
+  } else if (!fd_addrs(socket_.fd(), &local, &peer)) {
     return;
   }
   h->endpoint[is_server ? 0 : 1][0] = local;
@@ -166,7 +166,7 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
 
 ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd,
                        int memfd)
-    : map_(map), map_len_(map_len), doorbell_fd_(doorbell_fd), memfd_(memfd) {
+    : map_(map), map_len_(map_len), socket_(doorbell_fd, true), memfd_(memfd) {
   sole_ = false;  // an image before this one held it too
   init(map, is_server);
   // The image before exec owned the end: it still does (its threads, and
@@ -216,8 +216,9 @@ void ShmChannel::doorbells_only() {
   // ends: a streaming sender sleeps on credits while the receiver sleeps on
   // data. (Before the switch the socket is the application's, as it set it.)
   const int on = 1, off = 0;
-  real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_CORK, &off, sizeof off);
-  real().setsockopt(doorbell_fd_, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  SocketNumber::Use sock(socket_);
+  real().setsockopt(sock.fd(), IPPROTO_TCP, TCP_CORK, &off, sizeof off);
+  real().setsockopt(sock.fd(), IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
 }
 
 void ShmChannel::attach() { me_->attached.store(1, std::memory_order_seq_cst); }
@@ -265,16 +266,23 @@ void ShmChannel::switch_rx(uint64_t taken) {
 }
 
 ShmChannel::~ShmChannel() {
-  if (doorbell_fd_ >= 0 && must_linger()) {
-    if (memfd_ >= 0) real().close(memfd_);
-    shm_linger(linger_end(true));  // it closes the socket and unmaps
-    return;
+  // On the application's number, the channel ends before that number goes
+  // (forget_fd in the wrappers): a lingering close needs a dup of its own.
+  if (socket_.fd() >= 0 && must_linger()) {
+    if (const int rc = socket_.own(); rc == 0) {
+      (void)socket_.release();  // the lingering end's from now on
+      if (memfd_ >= 0) real().close(memfd_);
+      shm_linger(linger_end(true));  // it closes the socket and unmaps
+      return;
+    } else {
+      LOG_WARN("shm: no descriptor to linger with (%s): the close goes at once", strerror(-rc));
+    }
   }
   // A doorbell left on the socket would make its close a reset. Another
   // process that holds the socket may sleep on it: its doorbells are its own.
-  if (doorbell_fd_ >= 0 && sole_ && wakeups_left_.load(std::memory_order_relaxed))
+  if (socket_.fd() >= 0 && sole_ && wakeups_left_.load(std::memory_order_relaxed))
     (void)drain_wakeups();
-  if (doorbell_fd_ >= 0) real().close(doorbell_fd_);
+  socket_.close();  // an owned dup; the application closes its number
   // No thread of ours touches the region any more: kept for the next
   // connection with the same peer process, once the peer is done too.
   if (sole_ && dropped_last_ && (keep_peer_.token != 0 || keep_mapping_)) {
@@ -318,12 +326,12 @@ bool ShmChannel::must_linger() {
       (carrier_flags_.load(std::memory_order_acquire) & kPeerClosed))
     return false;
   // The peer's data left unread: kernel TCP resets at once, and so do we.
-  return rx_open() || carrier_unread(doorbell_fd_) == 0;
+  return rx_open() || carrier_unread(socket_.fd()) == 0;
 }
 
 ShmLinger ShmChannel::linger_end(bool owned) const {
   ShmLinger l;
-  l.socket_fd = doorbell_fd_;
+  l.socket_fd = socket_.fd();
   l.map = map_;
   l.map_len = map_len_;
   l.owned = owned;
@@ -336,7 +344,7 @@ ShmLinger ShmChannel::linger_end(bool owned) const {
 }
 
 void ShmChannel::at_exit() {
-  if (doorbell_fd_ >= 0 && must_linger()) shm_linger(linger_end(false));
+  if (socket_.fd() >= 0 && must_linger()) shm_linger(linger_end(false));
 }
 
 int ShmChannel::write(size_t offset, const void* src, size_t len) {
@@ -460,11 +468,15 @@ bool ShmChannel::ring_doorbell() {
   // wakeups are already pending: EAGAIN is fine.
   static const char kByte = 1;
   me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
-  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) {
-    stats_wakeup(true);
-    return true;
+  int err;
+  {
+    SocketNumber::Use sock(socket_);
+    if (real().send(sock.fd(), &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) {
+      stats_wakeup(true);
+      return true;
+    }
+    err = errno;
   }
-  const int err = errno;
   me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
   if (err == EAGAIN || err == EWOULDBLOCK) return true;  // pending ones will do
   // The peer's kernel reset the connection: its end is gone.
@@ -528,7 +540,8 @@ void ShmChannel::kernel_bytes_seen() {
   }
   static const char kByte = 1;
   me_->doorbells.fetch_add(1, std::memory_order_seq_cst);
-  if (real().send(doorbell_fd_, &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1)
+  SocketNumber::Use sock(socket_);
+  if (real().send(sock.fd(), &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1)
     me_->doorbells.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -780,23 +793,26 @@ bool ShmChannel::drain_wakeups() {
   uint64_t took = 0;
   int err = 0;
   bool eof = false;
-  for (;;) {
-    ssize_t n = real().recv(doorbell_fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) {
-      took += static_cast<uint64_t>(n);
-      // A peer that keeps ringing must not hold the caller here: what is
-      // left keeps the socket readable, and the next drain takes it.
-      if (took >= kDrainMaxBytes) {
-        wakeups_left_.store(true, std::memory_order_relaxed);
-        break;
+  {
+    SocketNumber::Use sock(socket_);
+    for (;;) {
+      ssize_t n = real().recv(sock.fd(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0) {
+        took += static_cast<uint64_t>(n);
+        // A peer that keeps ringing must not hold the caller here: what is
+        // left keeps the socket readable, and the next drain takes it.
+        if (took >= kDrainMaxBytes) {
+          wakeups_left_.store(true, std::memory_order_relaxed);
+          break;
+        }
+        continue;
       }
-      continue;
+      if (n == 0)
+        eof = true;
+      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        err = errno;
+      break;
     }
-    if (n == 0)
-      eof = true;
-    else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-      err = errno;
-    break;
   }
   if (took > 0) {
     // Every doorbell was counted before it was sent, so a total drained
@@ -824,10 +840,11 @@ void ShmChannel::probe() {
   if (!rx_open()) return;
   // One system call in the usual case: a quiet socket (nothing queued, no
   // FIN, no error) is an open carrier with no foreign byte on it.
-  pollfd pfd = {doorbell_fd_, POLLIN | POLLRDHUP, 0};
+  SocketNumber::Use sock(socket_);
+  pollfd pfd = {sock.fd(), POLLIN | POLLRDHUP, 0};
   if (real().poll(&pfd, 1, 0) == 0) return;
   CarrierInfo ci;
-  if (carrier_info(doorbell_fd_, &ci) != 0) return;
+  if (carrier_info(sock.fd(), &ci) != 0) return;
   if (!ci.open) peer_gone(kPeerClosed);
   // What was drained and what still waits, against the doorbells the peer
   // counted before sending them. Loaded in this order, a concurrent drain
@@ -836,7 +853,7 @@ void ShmChannel::probe() {
   // would do without SIOCINQ, but TCP_INFO reads the state before the
   // counters, so a FIN processed in between looks like a foreign byte.)
   const uint64_t drained = me_->drained.load(std::memory_order_acquire);
-  const uint64_t queued = carrier_unread(doorbell_fd_);
+  const uint64_t queued = carrier_unread(sock.fd());
   if (drained + queued > peer_->doorbells.load(std::memory_order_acquire)) kernel_bytes_seen();
 }
 

@@ -24,6 +24,7 @@
 #include "transport/handoff.h"
 #include "transport/shm/region_cache.h"
 #include "transport/shm/shm_linger.h"
+#include "transport/socket_number.h"
 
 namespace rsock {
 
@@ -118,7 +119,7 @@ class ShmChannel final : public Channel {
   PeerState poll() override;
   bool arm(uint32_t want, uint64_t sleep) override;
   void disarm(uint32_t want) override;
-  int wait_fd() const override { return doorbell_fd_; }
+  int wait_fd() const override { return socket_.fd(); }
   bool drain_wakeups() override;
   bool leave_wakeups() override;
   bool drain_left_wakeups() override;
@@ -128,7 +129,8 @@ class ShmChannel final : public Channel {
   bool wait_fd_shows_carrier() const override { return true; }
   uint64_t peer_read_total() override;
   void note_read(uint64_t total) override;
-  int kernel_socket() const override { return doorbell_fd_; }
+  int kernel_socket() const override { return socket_.fd(); }
+  SocketNumber* socket_number() override { return &socket_; }
   TcpPrefix* tcp_prefix() override { return &prefix_; }
   void attach() override;
   void switch_tx(uint64_t at) override;
@@ -238,7 +240,10 @@ class ShmChannel final : public Channel {
   const uint8_t* rx_ring_;
   size_t tx_ring_offset_;  // in the region (and memfd)
   size_t rx_ring_offset_;
-  int doorbell_fd_;
+  // The socket, which carries the doorbells: the private dup the pairing
+  // made until the hand-over gives the channel the application's number
+  // (socket_number.h).
+  SocketNumber socket_;
   int memfd_;
   bool is_server_;
   // kPeerClosed/kTransportError/kKernelBytes seen on the TCP socket.
