@@ -5,6 +5,8 @@
 // that lives on switches to the ring with every byte in order.
 #include <sys/stat.h>
 
+#include <functional>
+
 #include "harness.h"
 
 namespace rsock_test {
@@ -44,6 +46,24 @@ class TcpFirstTest : public PreloadTest {
     ASSERT_FALSE(c["fds"].empty() || s["fds"].empty()) << client.out() << server.out();
     *client_fds = std::stoi(c["fds"]);
     *server_fds = std::stoi(s["fds"]);
+  }
+  // n connections on kernel TCP, then under librsock with env_for(port):
+  // each process holds at most `per_connection` descriptors more per
+  // connection than on TCP, and 4 more besides (the pairing driver's
+  // eventfd, a thread's waker and the like, which do not grow with the
+  // connections).
+  void expect_descriptors(int n, const std::function<Env(int)>& env_for, int per_connection) {
+    int tcp_c = 0, tcp_s = 0, rs_c = 0, rs_s = 0;
+    const int port = free_port(), port2 = free_port();
+    ASSERT_GT(port, 0);
+    ASSERT_GT(port2, 0);
+    count_descriptors(Env{}, port, n, &tcp_c, &tcp_s);
+    count_descriptors(env_for(port2), port2, n, &rs_c, &rs_s);
+    ASSERT_GE(tcp_c, n);
+    ASSERT_GE(tcp_s, n);
+    const int extra = per_connection * n + 4;
+    EXPECT_LE(rs_c, tcp_c + extra) << "client: " << rs_c << " fds against " << tcp_c << " on TCP";
+    EXPECT_LE(rs_s, tcp_s + extra) << "server: " << rs_s << " fds against " << tcp_s << " on TCP";
   }
   // rs_stream's arguments for 100 checked bytes each way, both at once.
   static std::vector<std::string> hundred_each_way(const std::string& role, int port) {
@@ -335,18 +355,8 @@ TEST_F(TcpFirstTest, AStreamThatStartsOnTcpSwitchesIntact) {
 // on kernel TCP and under librsock, in the same test.
 TEST_F(TcpFirstTest, AConnectionOnTcpCostsOneDescriptor) {
   const int n = 40;
-  int tcp_c = 0, tcp_s = 0, rs_c = 0, rs_s = 0;
-  const int port = free_port(), port2 = free_port();
-  ASSERT_GT(port, 0);
-  ASSERT_GT(port2, 0);
-  count_descriptors(Env{}, port, n, &tcp_c, &tcp_s);
-  count_descriptors(preloaded(tcp_first_env(port2, "60000")), port2, n, &rs_c, &rs_s);
-  ASSERT_GE(tcp_c, n);
-  ASSERT_GE(tcp_s, n);
-  // librsock's own descriptors do not grow with the connections: the
-  // pairing driver's eventfd, a thread's waker and the like.
-  EXPECT_LE(rs_c, tcp_c + 4) << "client: " << rs_c << " fds against " << tcp_c << " on TCP";
-  EXPECT_LE(rs_s, tcp_s + 4) << "server: " << rs_s << " fds against " << tcp_s << " on TCP";
+  expect_descriptors(
+      n, [&](int port) { return preloaded(tcp_first_env(port, "60000")); }, 0);
   // They were librsock's connections, on TCP for the whole test.
   const std::vector<Stats> all = stats();
   ASSERT_EQ(all.size(), 2u);
@@ -366,18 +376,14 @@ TEST_F(TcpFirstTest, AConnectionOnTcpCostsOneDescriptor) {
 // ring).
 TEST_F(TcpFirstTest, APairedConnectionHoldsItsSocketOnce) {
   const int n = 40;
-  int tcp_c = 0, tcp_s = 0, rs_c = 0, rs_s = 0;
-  const int port = free_port(), port2 = free_port();
-  ASSERT_GT(port, 0);
-  ASSERT_GT(port2, 0);
-  count_descriptors(Env{}, port, n, &tcp_c, &tcp_s);
-  count_descriptors(
-      preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port2)}, {"RSOCK_TCP_FIRST", "0"}}),
-      port2, n, &rs_c, &rs_s);
-  ASSERT_GE(tcp_c, n);
-  ASSERT_GE(tcp_s, n);
-  EXPECT_LE(rs_c, tcp_c + n + 4) << "client: " << rs_c << " fds against " << tcp_c << " on TCP";
-  EXPECT_LE(rs_s, tcp_s + n + 4) << "server: " << rs_s << " fds against " << tcp_s << " on TCP";
+  // One more each: the region's memfd.
+  expect_descriptors(
+      n,
+      [&](int port) {
+        return preloaded(
+            {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}, {"RSOCK_TCP_FIRST", "0"}});
+      },
+      1);
   const std::vector<Stats> all = stats();
   ASSERT_EQ(all.size(), 2u);
   for (const Stats& st : all) {
