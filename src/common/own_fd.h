@@ -4,9 +4,9 @@
 // sockets and files, and some programs depend on that: wrk sizes its event
 // loop for 10 + 3 x connections fds, and a select() loop works only below
 // FD_SETSIZE (1024). The descriptors librsock keeps for a connection
-// (doorbell dup, ring memfd, eventfds, a pairing's sockets, those of the
-// RDMA transport) would take low numbers between the program's own. So each
-// is made, or moved, at or above own_fd_floor(): the application's numbers
+// (ring memfd, eventfds, a pairing's sockets, a dup of a connection's
+// socket when it needs one, those of the RDMA transport) would take low numbers between the
+// program's own. So each is made, or moved, at or above own_fd_floor(): the application's numbers
 // stay the ones it would get on kernel TCP, as long as librsock's fit above
 // the floor. When no number there is free, the descriptor stays where the
 // kernel put it (the behaviour without a floor), never an error.

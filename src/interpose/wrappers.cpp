@@ -193,7 +193,7 @@ int before_share(int oldfd) {
   if (!fd_table().has(oldfd)) return 0;
   FdRef r = fd_table().get(oldfd);
   if (!r) return 0;
-  if (const int rc = socket_number_shared(oldfd, r.get()); rc < 0) return rc;
+  if (const int rc = socket_number_shared(r.get()); rc < 0) return rc;
   if (r.get()->kind() != FdState::Kind::kPending) return 0;
   ConnectionState* live = r.as<PendingState>()->live();
   // A sealed stream (paired) never touches its socket again.
@@ -207,7 +207,7 @@ void share_state(int oldfd, int newfd) {
   fd_table().set(newfd, r.get());
   // A pairing's outcome that took oldfd's number after before_share looked
   // (PendingState::lend_number) gives it up now that there are two.
-  if (const int rc = socket_number_shared(oldfd, r.get()); rc < 0)
+  if (const int rc = socket_number_shared(r.get()); rc < 0)
     LOG_WARN("fd %d: no descriptor to keep its connection's socket apart from fd %d (%s)", oldfd,
              newfd, strerror(-rc));
   // A pairing that ended meanwhile may have handed the fds over before

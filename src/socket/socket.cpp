@@ -244,7 +244,7 @@ SocketNumber* number_behind(FdState* s, FdRef* hold, ConnectionState** conn = nu
 
 }  // namespace
 
-int socket_number_shared(int fd, FdState* s) {
+int socket_number_shared(FdState* s) {
   FdRef hold;
   SocketNumber* n = number_behind(s, &hold);
   return n ? n->own() : 0;

@@ -175,15 +175,16 @@ ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path p
 ConnectionState* new_prefix_connection(int sock_fd, Path path);
 void connection_options_from(int sock_fd, ConnectionState* c);
 // One descriptor per connection (issue 9; transport/socket_number.h).
-// fd's number, whose state is s (a connection, or a pairing with its
-// outcome), is about to be shared (dup and its kin) or to name another
-// file (close, a dup2 onto it, close_range: its slot is cleared by now):
-// a channel that uses it for its socket takes a dup of its own first.
-// Unless `s_last`: the caller holds s's last reference, and a connection
-// that ends when it goes does so before the number does. 0, or -errno
-// when no descriptor is left for the dup. (A pairing's outcome that took
-// the number: PendingState::lend_number.)
-int socket_number_shared(int fd, FdState* s);
+// A number whose state is s (a connection, or a pairing with the outcome
+// it lent the number to: PendingState::lend_number) is about to get a
+// second (dup and its kin): the channel takes a dup of its own, since
+// either may be closed first. 0, or -errno when no descriptor is left.
+int socket_number_shared(FdState* s);
+// fd's number, whose state was s, is about to name another file (close, a
+// dup2 onto it, close_range: its slot is cleared by now): a channel that
+// uses it for its socket takes a dup of its own first, unless `s_last`:
+// the caller holds s's last reference, and a connection that ends when it
+// goes does so before the number does.
 void socket_number_leaving(int fd, FdState* s, bool s_last);
 // A client pairing's outcome: log; on fallback, stats and negative cache.
 void record_client_outcome(int fd, const struct sockaddr* addr, bool accelerated, Path path,
