@@ -4,7 +4,7 @@
 // sockets and files, and some programs depend on that: wrk sizes its event
 // loop for 10 + 3 x connections fds, and a select() loop works only below
 // FD_SETSIZE (1024). The descriptors librsock keeps for a connection
-// (ring memfd, eventfds, a pairing's sockets, a dup of a connection's
+// (the region files, eventfds, a pairing's sockets, a dup of a connection's
 // socket when it needs one, those of the RDMA transport) would take low numbers between the
 // program's own. So each is made, or moved, at or above own_fd_floor(): the application's numbers
 // stay the ones it would get on kernel TCP, as long as librsock's fit above

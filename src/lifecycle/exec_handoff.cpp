@@ -1,7 +1,7 @@
 // Exec hand-off (see exec_handoff.h).
 //
 // The variable (docs/protocol.md section 8):
-//   RSOCK_EXEC_HANDOFF=1:<mode>:<pid>[;<entry>]...
+//   RSOCK_EXEC_HANDOFF=2:<mode>:<pid>[;<entry>]...
 // mode "x": this process execs, <pid> is its pid (the new image checks
 // getpid()); mode "s": posix_spawn, <pid> is the spawning parent's (the new
 // image checks getppid()). A variable left over in some later process's
@@ -205,7 +205,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   var[kPrefixLen - 1] = '=';
   VarBuilder vb{var + kPrefixLen, kVarCap};
   // Mode and the pid the new image checks: its own (exec), or its parent's.
-  vb.add("1:%c:%d", kind == ExecKind::kReplace ? 'x' : 's',
+  vb.add("2:%c:%d", kind == ExecKind::kReplace ? 'x' : 's',
          static_cast<int>(vforked ? getppid() : getpid()));
   const size_t header_len = vb.len;
   int undescribed = 0;
@@ -365,7 +365,7 @@ int exec_adopt() {
   int n = split(buf.data(), ';', entries.data(), static_cast<int>(entries.size()));
   char* head[3];
   uint64_t pid = 0;
-  if (n < 1 || split(entries[0], ':', head, 3) != 3 || strcmp(head[0], "1") != 0 ||
+  if (n < 1 || split(entries[0], ':', head, 3) != 3 || strcmp(head[0], "2") != 0 ||
       (strcmp(head[1], "x") != 0 && strcmp(head[1], "s") != 0) || !parse_u64(head[2], 10, &pid)) {
     LOG_WARN("%s ignored: not a hand-off this version understands", kHandoffVar);
     return 0;
@@ -389,8 +389,8 @@ int exec_adopt() {
   };
   int attached = 0;
   for (int i = 1; i < n; ++i) {
-    char* f[10];
-    int nf = split(entries[i], ',', f, 10);
+    char* f[12];
+    int nf = split(entries[i], ',', f, 12);
     if (nf == 4 && strcmp(f[0], "L") == 0) {
       const bool held = strcmp(f[3], "held") == 0 || strcmp(f[3], "held_rdma") == 0;
       const bool rdma = strcmp(f[3], "rdma") == 0 || strcmp(f[3], "held_rdma") == 0;

@@ -88,7 +88,8 @@ bool decode_offer(const void* buf, size_t len, OfferMsg* out) {
   if (m.type != static_cast<uint32_t>(MsgType::kOffer) || m.version != kHandshakeVersion)
     return false;
   if (!is_power_of_two(m.ring_bytes) || m.ring_bytes < kMinRingBytes ||
-      m.ring_bytes > kMaxRingBytes || m.region_bytes != region_bytes_for(m.ring_bytes))
+      m.ring_bytes > kMaxRingBytes || m.region_bytes != region_bytes_for(m.ring_bytes) ||
+      m.region_offset % kPageBytes != 0)
     return false;
   *out = m;
   return true;

@@ -14,13 +14,13 @@
 
 namespace rsock {
 
-inline constexpr uint32_t kHandshakeVersion = 3;
+inline constexpr uint32_t kHandshakeVersion = 4;
 
 // ---- Same host: AF_UNIX SOCK_SEQPACKET, one message per packet ----------
 //
 //   server -> client  Hello  + [O_PATH proof of the server's TCP socket]
 //   client -> server  Proof  + [O_PATH proof of the client's TCP socket]
-//   server -> client  Offer  + [region memfd]
+//   server -> client  Offer  + [the memfd holding the region]
 //   client -> server  Answer
 //
 // The server connects to the client's rendezvous and speaks first; the
@@ -44,6 +44,10 @@ struct OfferMsg {
   uint64_t nonce;  // also in the region header, and echoed in the Answer
   uint64_t ring_bytes;
   uint64_t region_bytes;
+  // Where the region starts in the file sent with the offer, a page
+  // multiple (version 4: one file holds the regions of a pair of
+  // processes, transport/shm/arena.h).
+  uint64_t region_offset;
   WireAddr server;  // the accepted socket's local address
   WireAddr client;  // its peer address
 };

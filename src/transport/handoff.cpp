@@ -24,8 +24,8 @@ const ExecEntryKind* exec_entry_kind(const char* tag, int fields) {
   // closed it by exec (the new image tells the peer; not in a spawned
   // child); R: an RDMA end, taken over on first use.
   static const ExecEntryKind kKinds[] = {
-      {'S', 10, true, true, shm_exec_adopt},
-      {'C', 6, false, false, shm_exec_goodbye},
+      {'S', 11, true, true, shm_exec_adopt},
+      {'C', 7, false, false, shm_exec_goodbye},
       {'R', 7, true, true, verbs_exec_adopt},
   };
   if (!tag || !tag[0] || tag[1]) return nullptr;

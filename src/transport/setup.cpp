@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/real.h"
+#include "transport/shm/arena.h"
 #include "transport/shm/region_cache.h"
 #include "transport/shm/rendezvous.h"
 #include "transport/shm/shm_linger.h"
@@ -147,22 +148,25 @@ void client_fell_back(const sockaddr* addr, Fallback why) {
 void transports_after_fork_child() {
   verbs_after_fork_child();
   shm_linger_after_fork_child();
+  arena_after_fork_child();  // (before the kept regions' places are given up)
   region_cache_after_fork_child();
 }
 
 void transports_fork_prepare() {
   shm_linger_fork_prepare();
   region_cache_fork_prepare();
+  arena_fork_prepare();
 }
 
 void transports_after_fork_parent() {
+  arena_after_fork_parent();
   region_cache_after_fork_parent();
   shm_linger_after_fork_parent();
 }
 
 void transports_own_fds(std::vector<int>* out) {
   shm_linger_own_fds(out);
-  region_cache_own_fds(out);
+  arena_own_fds(out);
 }
 
 void transports_at_exit() { shm_linger_at_exit(); }

@@ -366,24 +366,25 @@ TEST_F(TcpFirstTest, AConnectionOnTcpCostsOneDescriptor) {
   }
 }
 
-// A paired shm connection holds its socket under the application's fd
-// alone (transport/socket_number.h): the pairing's private dup goes at the
-// hand-over. What it still holds beside it is its region's memfd (kept
-// for an exec hand-off). Until 2026-12-06 it held a dup of the socket too:
-// three descriptors per connection. As above, with RSOCK_TCP_FIRST=0 (each
-// connection pairs before its first byte, so that no pairing is in flight
-// when the descriptors are counted, after each carried its echo over the
-// ring).
-TEST_F(TcpFirstTest, APairedConnectionHoldsItsSocketOnce) {
+// A paired shm connection holds one descriptor, as on TCP: its socket,
+// under the application's fd alone (transport/socket_number.h: the
+// pairing's private dup goes at the hand-over). Its region lies in the
+// file that holds every region of the two processes (transport/shm/
+// arena.h): one descriptor per process for all 40. Before 2026-12-06
+// each connection held a dup of the socket and a memfd of its own too
+// (three descriptors each), then the memfd (two). As above, with
+// RSOCK_TCP_FIRST=0 (each connection pairs before its first byte, so that
+// no pairing is in flight when the descriptors are counted, after each
+// carried its echo over the ring).
+TEST_F(TcpFirstTest, APairedConnectionHoldsOneDescriptor) {
   const int n = 40;
-  // One more each: the region's memfd.
   expect_descriptors(
       n,
       [&](int port) {
         return preloaded(
             {{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port)}, {"RSOCK_TCP_FIRST", "0"}});
       },
-      1);
+      0);
   const std::vector<Stats> all = stats();
   ASSERT_EQ(all.size(), 2u);
   for (const Stats& st : all) {

@@ -270,20 +270,18 @@ int run_stage2(int fd, int port2) {
 // ---- client stage 1 -----------------------------------------------------------
 
 // A forged hand-off for socket fd (see src/lifecycle/exec_handoff.cpp for
-// the format) naming memfd as its region.
-std::string forged_var(int fd, int memfd, uint64_t nonce) {
+// the format) naming the region at `offset` of memfd as its region.
+std::string forged_var(int fd, int memfd, uint64_t offset, uint64_t nonce) {
   struct stat s, m;
   CHECK(fstat(fd, &s) == 0 && fstat(memfd, &m) == 0, "fstat");
   char v[512];
-  snprintf(v, sizeof v, "RSOCK_EXEC_HANDOFF=1:x:%d;S,%llu,%llu,%d,%llu,%llu,c,%llx,0,0",
+  snprintf(v, sizeof v, "RSOCK_EXEC_HANDOFF=2:x:%d;S,%llu,%llu,%d,%llu,%llu,%llu,c,%llx,0,0",
            static_cast<int>(getpid()), (unsigned long long)s.st_dev, (unsigned long long)s.st_ino,
            memfd, (unsigned long long)m.st_dev, (unsigned long long)m.st_ino,
-           (unsigned long long)nonce);
+           (unsigned long long)offset, (unsigned long long)nonce);
   return v;
 }
 
-// The memfd of librsock's region for connection b, found by elimination:
-// a region memfd that is not one of those present before b was made.
 // The open descriptors of this process, from /proc/self/fd (librsock's
 // own sit at 1024 and above: common/own_fd.h).
 std::vector<int> open_fds() {
@@ -300,17 +298,52 @@ std::vector<int> open_fds() {
   return out;
 }
 
-int region_memfd_other_than(const std::vector<std::string>& before) {
+// A region in one of librsock's region files (src/transport/shm/arena.h:
+// one file holds the regions of a pair of processes, each at an offset).
+struct RegionAt {
+  int fd;
+  ino_t ino;
+  uint64_t offset;
+  uint64_t nonce;
+};
+
+// Every region in the region files this process holds: the file's header
+// words at each offset, as src/ring/wire.h lays them out (magic at 0,
+// nonce at 16, region_bytes at 48); all regions of a test are one size.
+std::vector<RegionAt> regions() {
+  std::vector<RegionAt> out;
   for (int fd : open_fds()) {
     char link[256] = {}, path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     if (readlink(path, link, sizeof link - 1) <= 0) continue;
     if (strstr(link, "memfd:rsock-ring") == nullptr) continue;
-    bool old = false;
-    for (auto& b : before) old |= b == std::to_string(fd);
-    if (!old) return fd;
+    struct stat st;
+    if (fstat(fd, &st) != 0) continue;
+    uint64_t step = 0;
+    for (uint64_t off = 0; off + 56 <= static_cast<uint64_t>(st.st_size); off += step) {
+      uint64_t h[7];
+      if (pread(fd, h, sizeof h, static_cast<off_t>(off)) != static_cast<ssize_t>(sizeof h)) break;
+      if (step == 0) step = h[6];
+      if (step == 0 || step % 4096 != 0) break;
+      if (h[0] != 0) out.push_back({fd, st.st_ino, off, h[2]});
+    }
   }
-  return -1;
+  return out;
+}
+
+// The region of a connection made after `before` was taken: the one region
+// that was not there then.
+bool new_region(const std::vector<RegionAt>& before, RegionAt* found) {
+  for (const RegionAt& r : regions()) {
+    bool old = false;
+    for (const RegionAt& b : before)
+      old |= b.ino == r.ino && b.offset == r.offset && b.nonce == r.nonce;
+    if (!old) {
+      *found = r;
+      return true;
+    }
+  }
+  return false;
 }
 
 // held: fills the server's ring and waits for room in poll (POLLOUT alone)
@@ -428,7 +461,7 @@ int run_client(const char* self, int port, int port2) {
     struct stat st;
     CHECK(fstat(a, &st) == 0, "fstat");
     char var[256];
-    snprintf(var, sizeof var, "RSOCK_EXEC_HANDOFF=1:x:%d;L,%llu,%llu,rdma",
+    snprintf(var, sizeof var, "RSOCK_EXEC_HANDOFF=2:x:%d;L,%llu,%llu,rdma",
              static_cast<int>(getpid()), (unsigned long long)st.st_dev,
              (unsigned long long)st.st_ino);
     std::vector<char*> env;
@@ -446,7 +479,7 @@ int run_client(const char* self, int port, int port2) {
     syscall(SYS_execve, self, argv, env.data());
   } else if (g_case == "forge_unsealed" || g_case == "forge_other") {
     int memfd;
-    uint64_t nonce = 0x1234abcd;
+    uint64_t nonce = 0x1234abcd, offset = 0;
     if (g_case == "forge_unsealed") {
       memfd = static_cast<int>(syscall(SYS_memfd_create, "rsock-ring", 0));
       CHECK(memfd >= 0 && ftruncate(memfd, 1 << 21) == 0, "memfd");
@@ -454,16 +487,16 @@ int run_client(const char* self, int port, int port2) {
       // Another accelerated connection B (the tests name PORT2 in the rule
       // for this case), and its region: the right magic, seals and nonce,
       // but the 4-tuple of B, not of A.
-      std::vector<std::string> before;
-      for (int fd : open_fds()) before.push_back(std::to_string(fd));
+      const std::vector<RegionAt> before = regions();
       int b = connect_to(port2, false);
       (void)b;
-      memfd = region_memfd_other_than(before);
-      CHECK(memfd >= 0, "B's region memfd (is B accelerated?)");
-      CHECK(pread(memfd, &nonce, sizeof nonce, 16) == sizeof nonce, "B's nonce");
-      memfd = fcntl(memfd, F_DUPFD, 100);
+      RegionAt r;
+      CHECK(new_region(before, &r), "B's region (is B accelerated?)");
+      offset = r.offset;
+      nonce = r.nonce;
+      memfd = fcntl(r.fd, F_DUPFD, 100);
     }
-    std::string var = forged_var(a, memfd, nonce);
+    std::string var = forged_var(a, memfd, offset, nonce);
     std::vector<char*> env;
     for (char** e = environ; *e; ++e) env.push_back(*e);
     env.push_back(const_cast<char*>(var.c_str()));

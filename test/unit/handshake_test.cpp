@@ -61,9 +61,16 @@ TEST(Handshake, OfferChecksItsRingAndRegion) {
   bad.region_bytes += 4096;
   EXPECT_FALSE(decode_offer(&bad, sizeof bad, &out));
   bad = m;
+  bad.region_offset = 5 * kPageBytes;  // a region further in the file
+  EXPECT_TRUE(decode_offer(&bad, sizeof bad, &out));
+  EXPECT_EQ(out.region_offset, 5 * kPageBytes);
+  bad.region_offset += 512;  // not on a page
+  EXPECT_FALSE(decode_offer(&bad, sizeof bad, &out));
+  bad = m;
   bad.type = static_cast<uint32_t>(MsgType::kAnswer);
   EXPECT_FALSE(decode_offer(&bad, sizeof bad, &out));
   EXPECT_FALSE(decode_offer(&m, sizeof m + 1, &out));
+  EXPECT_FALSE(decode_offer(&m, sizeof m - 8, &out));  // version 3's size
 }
 
 TEST(Handshake, AnswerAcceptsOnlyWithTheNonce) {

@@ -2,7 +2,7 @@
 // creator serves only the same peer process (pid and token), only once the
 // peer's end says it is done, with a fresh header; the cache is bounded
 // (the oldest goes) and can be off; an attaching side finds its mapping of
-// the same file again; a channel keeps its region only when its process
+// the same place again; a channel keeps its region only when its process
 // held the end alone and dropped it last; a fork's child keeps none; a
 // receive ring is read-only in a new region and in a kept one; a region
 // kept after both ends closed holds only the warm start of each ring.
@@ -24,6 +24,7 @@
 #include "ring/region.h"
 #include "ring/wire.h"
 #include "stats/stats.h"
+#include "transport/shm/arena.h"
 #include "transport/shm/shm_channel.h"
 
 namespace rsock {
@@ -43,35 +44,43 @@ class RegionCache : public ::testing::Test {
     region_cache_drop_all();
     region_cache_set_limit(kDefaultRegionCache);
   }
-  // A region as a creator makes it, its peer end marked done or not.
-  int make(void** map, size_t* len, bool peer_done, uint64_t nonce = 1) {
-    const int fd = shm_region_create(kRing, nonce, map, len);
-    EXPECT_GE(fd, 0);
-    if (fd >= 0 && peer_done) static_cast<RegionHeader*>(*map)->released[1].store(1);
-    return fd;
+  // A region as a creator makes it for kPeer, its peer end marked done or
+  // not.
+  RegionRef make(void** map, size_t* len, bool peer_done, uint64_t nonce = 1) {
+    RegionRef r;
+    EXPECT_EQ(shm_region_place(kPeer, kRing, nonce, &r, map, len), 0);
+    if (r.arena != nullptr && peer_done) static_cast<RegionHeader*>(*map)->released[1].store(1);
+    return r;
   }
-  static bool is_open(int fd) { return fcntl(fd, F_GETFD) >= 0; }
+  static void give_up(const RegionRef& r, void* map, size_t len) {
+    arena_release(r, len, nullptr, false);
+    munmap(map, len);
+  }
 };
 
 TEST_F(RegionCache, AKeptRegionServesTheSameProcessOnceItsPeerIsDone) {
   void* map = nullptr;
   size_t len = 0;
-  const int fd = make(&map, &len, false);
+  const RegionRef r = make(&map, &len, false);
+  ASSERT_NE(r.arena, nullptr);
   auto* h = static_cast<RegionHeader*>(map);
   h->dir[0].head.store(777);
   h->holders[0].store(1);
-  region_cache_keep(kPeer, fd, map, len);
+  region_cache_keep(kPeer, r, map, len);
   void* got = nullptr;
   size_t got_len = 0;
+  RegionRef g;
   // The peer's end still holds it.
-  EXPECT_EQ(region_cache_take(kPeer, kRing, 99, &got, &got_len), -1);
+  EXPECT_FALSE(region_cache_take(kPeer, kRing, 99, &g, &got, &got_len));
   h->released[1].store(1);
   // Another process: another pid, or the same pid with another token (a
   // new process that took a dead one's pid, or a fork's child).
-  EXPECT_EQ(region_cache_take({kPeer.pid + 1, kPeer.token}, kRing, 99, &got, &got_len), -1);
-  EXPECT_EQ(region_cache_take({kPeer.pid, kPeer.token + 1}, kRing, 99, &got, &got_len), -1);
-  EXPECT_EQ(region_cache_take(kPeer, kRing * 2, 99, &got, &got_len), -1);  // other rings
-  ASSERT_EQ(region_cache_take(kPeer, kRing, 99, &got, &got_len), fd);
+  EXPECT_FALSE(region_cache_take({kPeer.pid + 1, kPeer.token}, kRing, 99, &g, &got, &got_len));
+  EXPECT_FALSE(region_cache_take({kPeer.pid, kPeer.token + 1}, kRing, 99, &g, &got, &got_len));
+  EXPECT_FALSE(region_cache_take(kPeer, kRing * 2, 99, &g, &got, &got_len));  // other rings
+  ASSERT_TRUE(region_cache_take(kPeer, kRing, 99, &g, &got, &got_len));
+  EXPECT_EQ(g.arena, r.arena);
+  EXPECT_EQ(g.offset, r.offset);
   EXPECT_EQ(got, map);
   EXPECT_EQ(got_len, len);
   // A fresh header: the new nonce, every word of the last connection gone.
@@ -81,91 +90,104 @@ TEST_F(RegionCache, AKeptRegionServesTheSameProcessOnceItsPeerIsDone) {
   EXPECT_EQ(h->released[1].load(), 0u);
   EXPECT_EQ(h->end[0].switch_at.load(), kNotSwitched);
   // Taken: not kept twice.
-  EXPECT_EQ(region_cache_take(kPeer, kRing, 100, &got, &got_len), -1);
+  EXPECT_FALSE(region_cache_take(kPeer, kRing, 100, &g, &got, &got_len));
   EXPECT_EQ(region_cache_size(), 0u);
-  munmap(map, len);
-  close(fd);
+  give_up(g, map, len);
+  EXPECT_EQ(arena_count(), 0u);
 }
 
 TEST_F(RegionCache, APeerWithoutATokenGetsNoneKept) {
   void* map = nullptr;
   size_t len = 0;
-  const int fd = make(&map, &len, true);
-  region_cache_keep({kPeer.pid, 0}, fd, map, len);
+  const RegionRef r = make(&map, &len, true);
+  region_cache_keep({kPeer.pid, 0}, r, map, len);
   EXPECT_EQ(region_cache_size(), 0u);
-  EXPECT_FALSE(is_open(fd));
+  EXPECT_EQ(arena_count(), 0u);  // its file closed with its last region
 }
 
 TEST_F(RegionCache, AtMostTheLimitAreKeptAndTheOldestGoesFirst) {
   region_cache_set_limit(2);
-  int fds[3];
+  RegionRef refs[3];
   void* maps[3];
   size_t len = 0;
   for (int i = 0; i < 3; ++i) {
-    fds[i] = make(&maps[i], &len, true, 10 + i);
-    region_cache_keep(kPeer, fds[i], maps[i], len);
+    refs[i] = make(&maps[i], &len, true, 10 + i);
+    region_cache_keep(kPeer, refs[i], maps[i], len);
   }
   EXPECT_EQ(region_cache_size(), 2u);
-  EXPECT_FALSE(is_open(fds[0]));  // closed and unmapped
-  EXPECT_TRUE(is_open(fds[1]));
-  EXPECT_TRUE(is_open(fds[2]));
+  EXPECT_EQ(arena_count(), 1u);  // one file for the three
   // Mappings of the attaching side count apart from the creator's regions.
   void* m = mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  region_cache_keep_mapping(1, 2, m, 4096);
+  region_cache_keep_mapping(1, 2, 0, m, 4096);
   EXPECT_EQ(region_cache_size(), 3u);
-  EXPECT_TRUE(is_open(fds[1]));
   void* got = nullptr;
   size_t got_len = 0;
-  EXPECT_EQ(region_cache_take(kPeer, kRing, 5, &got, &got_len), fds[1]);  // oldest first
-  munmap(got, got_len);
-  close(fds[1]);
+  RegionRef g;
+  ASSERT_TRUE(region_cache_take(kPeer, kRing, 5, &g, &got, &got_len));
+  EXPECT_EQ(g.offset, refs[1].offset);  // the oldest kept; the first went
+  // The place of the one that went serves the next region.
+  RegionRef next;
+  void* next_map = nullptr;
+  ASSERT_EQ(shm_region_place(kPeer, kRing, 6, &next, &next_map, &len), 0);
+  EXPECT_EQ(next.offset, refs[0].offset);
+  give_up(next, next_map, len);
+  give_up(g, got, got_len);
 }
 
 TEST_F(RegionCache, OffKeepsNothing) {
   region_cache_set_limit(0);
   void* map = nullptr;
   size_t len = 0;
-  const int fd = make(&map, &len, true);
-  region_cache_keep(kPeer, fd, map, len);
+  const RegionRef r = make(&map, &len, true);
+  region_cache_keep(kPeer, r, map, len);
   EXPECT_EQ(region_cache_size(), 0u);
-  EXPECT_FALSE(is_open(fd));
+  EXPECT_EQ(arena_count(), 0u);
 }
 
 TEST_F(RegionCache, AnAttachingSideFindsItsMappingOfTheSameFileAgain) {
   void* smap = nullptr;
   size_t len = 0;
-  const int fd = make(&smap, &len, false, 7);
+  // (a second region first: the one under test lies past the file's start)
+  void* other = nullptr;
+  const RegionRef first = make(&other, &len, false, 6);
+  const RegionRef r = make(&smap, &len, false, 7);
+  const int fd = arena_fd(r.arena);
+  ASSERT_NE(r.offset, 0u);
   void* cmap = nullptr;
   RegionFile file;
-  ASSERT_EQ(shm_region_attach(fd, len, 7, kRing, &cmap, &file), 0);
-  EXPECT_EQ(stats_regions(false), 2u);  // made, then mapped
+  ASSERT_EQ(shm_region_attach(fd, r.offset, len, 7, kRing, &cmap, &file), 0);
+  EXPECT_EQ(stats_regions(false), 3u);  // two made, then one mapped
   struct stat st;
   ASSERT_EQ(fstat(fd, &st), 0);
   EXPECT_EQ(file.dev, st.st_dev);
   EXPECT_EQ(file.ino, st.st_ino);
-  region_cache_keep_mapping(file.dev, file.ino, cmap, len);
+  EXPECT_EQ(file.offset, r.offset);
+  // The same file at another place is another region.
+  void* cmap0 = nullptr;
+  EXPECT_EQ(shm_region_attach(fd, first.offset, len, 7, kRing, &cmap0), -EPROTO);
+  region_cache_keep_mapping(file.dev, file.ino, file.offset, cmap, len);
   // The creator refreshes the header for its next connection; the offer
   // brings the same file in another descriptor.
   shm_region_init_header(smap, kRing, 8);
   const int again = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   void* cmap2 = nullptr;
-  ASSERT_EQ(shm_region_attach(again, len, 8, kRing, &cmap2), 0);
+  ASSERT_EQ(shm_region_attach(again, r.offset, len, 8, kRing, &cmap2), 0);
   EXPECT_EQ(cmap2, cmap);  // the same mapping, not a new one
   EXPECT_EQ(stats_regions(true), 1u);
   EXPECT_EQ(region_cache_size(), 0u);
   // A kept mapping whose header fails the offer's check goes.
-  region_cache_keep_mapping(file.dev, file.ino, cmap2, len);
+  region_cache_keep_mapping(file.dev, file.ino, file.offset, cmap2, len);
   void* cmap3 = nullptr;
-  EXPECT_EQ(shm_region_attach(again, len, 7, kRing, &cmap3), -EPROTO);
+  EXPECT_EQ(shm_region_attach(again, r.offset, len, 7, kRing, &cmap3), -EPROTO);
   EXPECT_EQ(region_cache_size(), 0u);
   EXPECT_EQ(stats_regions(true), 1u);
-  munmap(smap, len);
   close(again);
-  close(fd);
+  give_up(r, smap, len);
+  give_up(first, other, len);
 }
 
 // One connection's two ends in this process over the region at smap (its
-// memfd, len bytes, a header for nonce), each channel as a pairing makes it:
+// place r, len bytes, a header for nonce), each channel as a pairing makes it:
 // the server's labelled with kPeer, the client's with the file it mapped.
 // server_reused: the region came out of the cache.
 struct Ends {
@@ -173,15 +195,20 @@ struct Ends {
   void* cmap = nullptr;
   bool client_reused = false;
 };
-void connect_ends(int memfd, void* smap, size_t len, uint64_t nonce, bool server_reused, Ends* e) {
+void connect_ends(const RegionRef& r, void* smap, size_t len, uint64_t nonce, bool server_reused,
+                  Ends* e) {
   shm_region_start_on_ring(smap);
   RegionFile file;
-  ASSERT_EQ(shm_region_attach(memfd, len, nonce, kRing, &e->cmap, &file, &e->client_reused), 0);
+  const int memfd = arena_fd(r.arena);
+  ASSERT_EQ(
+      shm_region_attach(memfd, r.offset, len, nonce, kRing, &e->cmap, &file, &e->client_reused), 0);
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  e->server = std::make_unique<ShmChannel>(smap, len, true, sv[0], memfd, nullptr, server_reused);
-  e->client = std::make_unique<ShmChannel>(
-      e->cmap, len, false, sv[1], fcntl(memfd, F_DUPFD_CLOEXEC, 0), nullptr, e->client_reused);
+  e->server = std::make_unique<ShmChannel>(smap, len, true, sv[0], r, nullptr, server_reused);
+  // (the offer's descriptor: the client holds the file once, as the server)
+  e->client = std::make_unique<ShmChannel>(e->cmap, len, false, sv[1],
+                                           arena_adopt(fcntl(memfd, F_DUPFD_CLOEXEC, 0), r.offset),
+                                           nullptr, e->client_reused);
   e->server->keep_region_for(kPeer);
   e->client->keep_mapping_of(file);
 }
@@ -191,10 +218,11 @@ void connect_ends(int memfd, void* smap, size_t len, uint64_t nonce, bool server
 void close_both(bool shared) {
   void* smap = nullptr;
   size_t len = 0;
-  const int memfd = shm_region_create(kRing, 5, &smap, &len);
-  ASSERT_GE(memfd, 0);
+  RegionRef r;
+  ASSERT_EQ(shm_region_place(kPeer, kRing, 5, &r, &smap, &len), 0);
   Ends e;
-  ASSERT_NO_FATAL_FAILURE(connect_ends(memfd, smap, len, 5, false, &e));
+  ASSERT_NO_FATAL_FAILURE(connect_ends(r, smap, len, 5, false, &e));
+  EXPECT_EQ(arena_count(), 1u);  // the client's end holds the same file
   auto& server = e.server;
   auto& client = e.client;
   if (shared) {
@@ -216,11 +244,10 @@ TEST_F(RegionCache, AChannelThatHeldItsEndAloneKeepsItsRegion) {
   EXPECT_EQ(region_cache_size(), 2u);  // the server's region, the client's mapping
   void* map = nullptr;
   size_t len = 0;
-  const int fd = region_cache_take(kPeer, kRing, 6, &map, &len);
-  ASSERT_GE(fd, 0);
+  RegionRef r;
+  ASSERT_TRUE(region_cache_take(kPeer, kRing, 6, &r, &map, &len));
   EXPECT_EQ(region_header_check(map, len, len, 6, kRing), 0);
-  munmap(map, len);
-  close(fd);
+  give_up(r, map, len);
 }
 
 TEST_F(RegionCache, AChannelWhoseEndWasSharedKeepsNothing) {
@@ -228,14 +255,17 @@ TEST_F(RegionCache, AChannelWhoseEndWasSharedKeepsNothing) {
   EXPECT_EQ(region_cache_size(), 1u);  // the client's mapping only
   void* map = nullptr;
   size_t len = 0;
-  EXPECT_EQ(region_cache_take(kPeer, kRing, 6, &map, &len), -1);
+  RegionRef r;
+  EXPECT_FALSE(region_cache_take(kPeer, kRing, 6, &r, &map, &len));
+  EXPECT_EQ(arena_count(), 0u);  // the file went with its last region here
 }
 
 TEST_F(RegionCache, AForksChildStartsWithNoneAndANewToken) {
   void* map = nullptr;
   size_t len = 0;
-  const int fd = make(&map, &len, true);
-  region_cache_keep(kPeer, fd, map, len);
+  const RegionRef r = make(&map, &len, true);
+  const int fd = arena_fd(r.arena);
+  region_cache_keep(kPeer, r, map, len);
   const uint64_t token = region_process_token();
   EXPECT_NE(token, 0u);
   EXPECT_EQ(region_process_token(), token);
@@ -283,12 +313,12 @@ TEST_F(RegionCache, AReceiveRingIsReadOnlyInANewRegionAndInAKeptOne) {
     SCOPED_TRACE(kept ? "kept region" : "new region");
     void* smap = nullptr;
     size_t len = 0;
-    const int memfd = kept ? region_cache_take(kPeer, kRing, 9, &smap, &len)
-                           : shm_region_create(kRing, 9, &smap, &len);
-    ASSERT_GE(memfd, 0);
+    RegionRef r;
+    ASSERT_TRUE(kept ? region_cache_take(kPeer, kRing, 9, &r, &smap, &len)
+                     : shm_region_place(kPeer, kRing, 9, &r, &smap, &len) == 0);
     Ends e;
     e.client_reused = !kept;
-    ASSERT_NO_FATAL_FAILURE(connect_ends(memfd, smap, len, 9, kept, &e));
+    ASSERT_NO_FATAL_FAILURE(connect_ends(r, smap, len, 9, kept, &e));
     EXPECT_EQ(e.client_reused, kept);
     auto& server = e.server;
     auto& client = e.client;
@@ -326,15 +356,16 @@ TEST_F(RegionCache, AKeptRegionHoldsOnlyTheWarmStartOfEachRing) {
     region_cache_drop_all();
     void* smap = nullptr;
     size_t len = 0;
-    const int memfd = shm_region_create(kRing, 3, &smap, &len);
-    ASSERT_GE(memfd, 0);
+    RegionRef r;
+    ASSERT_EQ(shm_region_place(kPeer, kRing, 3, &r, &smap, &len), 0);
+    const int memfd = arena_fd(r.arena);
     auto* h = static_cast<RegionHeader*>(smap);
     for (int dir : {kServerToClient, kClientToServer}) {
       memset(static_cast<uint8_t*>(smap) + h->ring_offset[dir], 0x5a, kRing);
       h->dir[dir].head.store(3 * kRing);  // went round the ring three times
     }
     Ends e;
-    ASSERT_NO_FATAL_FAILURE(connect_ends(memfd, smap, len, 3, false, &e));
+    ASSERT_NO_FATAL_FAILURE(connect_ends(r, smap, len, 3, false, &e));
     auto& server = e.server;
     auto& client = e.client;
     EXPECT_GE(allocated(memfd), 2 * kRing);
@@ -344,7 +375,7 @@ TEST_F(RegionCache, AKeptRegionHoldsOnlyTheWarmStartOfEachRing) {
     };
     close_end(client_first ? client : server);
     close_end(client_first ? server : client);
-    EXPECT_EQ(region_cache_size(), 2u);  // the memfd stays open in the cache
+    EXPECT_EQ(region_cache_size(), 2u);  // the file stays open in the cache
     if (client_first)
       EXPECT_LE(allocated(memfd), region_header_bytes() + 2 * ShmChannel::kKeptWarmBytes);
     else

@@ -133,7 +133,7 @@ TEST(RegionHeaderCheck, AttachRefusesARingThatWrapsTheRegion) {
   ASSERT_EQ(pwrite(fd, h.data(), h.size(), 0), static_cast<ssize_t>(h.size()));
   ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
   void* map = nullptr;
-  EXPECT_EQ(shm_region_attach(fd, region_header_bytes(), kNonce, ring, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(fd, 0, region_header_bytes(), kNonce, ring, &map), -EPROTO);
   EXPECT_EQ(map, nullptr);
   close(fd);
 }

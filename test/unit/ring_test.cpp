@@ -335,9 +335,10 @@ TEST(WireLayout, HandshakeMessagesHaveFixedSizes) {
   EXPECT_EQ(sizeof(WireAddr), 20u);
   EXPECT_EQ(offsetof(WireAddr, port), 16u);
   EXPECT_EQ(offsetof(OfferMsg, nonce), 8u);
-  EXPECT_EQ(offsetof(OfferMsg, server), 32u);
-  EXPECT_EQ(offsetof(OfferMsg, client), 52u);
-  EXPECT_EQ(sizeof(OfferMsg), 72u);
+  EXPECT_EQ(offsetof(OfferMsg, region_offset), 32u);
+  EXPECT_EQ(offsetof(OfferMsg, server), 40u);
+  EXPECT_EQ(offsetof(OfferMsg, client), 60u);
+  EXPECT_EQ(sizeof(OfferMsg), 80u);
   EXPECT_EQ(sizeof(AnswerMsg), 16u);
   EXPECT_EQ(offsetof(AnswerMsg, nonce), 8u);
   EXPECT_EQ(static_cast<uint32_t>(MsgType::kHello), 1u);

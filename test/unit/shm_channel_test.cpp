@@ -81,12 +81,14 @@ ShmPair make_shm_pair(size_t ring, uint64_t nonce = kNonce, bool keep_memfd = fa
   if (memfd < 0) return p;
   if (on_ring) start_on_ring(smap);
   void* cmap = nullptr;
-  const int rc = shm_region_attach(memfd, len, nonce, ring, &cmap);
+  const int rc = shm_region_attach(memfd, 0, len, nonce, ring, &cmap);
   EXPECT_EQ(rc, 0);
   int sv[2];
   EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  const int smem = keep_memfd ? fcntl(memfd, F_DUPFD_CLOEXEC, 0) : -1;
-  const int cmem = keep_memfd ? fcntl(memfd, F_DUPFD_CLOEXEC, 0) : -1;
+  const RegionRef smem =
+      keep_memfd ? arena_adopt(fcntl(memfd, F_DUPFD_CLOEXEC, 0), 0) : RegionRef{};
+  const RegionRef cmem =
+      keep_memfd ? arena_adopt(fcntl(memfd, F_DUPFD_CLOEXEC, 0), 0) : RegionRef{};
   close(memfd);  // the mappings keep the memory
   p.server = std::make_unique<ShmChannel>(smap, len, true, sv[0], smem);
   p.region = static_cast<RegionHeader*>(smap);
@@ -146,7 +148,7 @@ TEST(ShmRegion, AttachMapsTheSameMemory) {
   Region r;
   r.memfd = shm_region_create(4096, kNonce, &r.server_map, &r.len);
   ASSERT_GE(r.memfd, 0);
-  ASSERT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &r.client_map), 0);
+  ASSERT_EQ(shm_region_attach(r.memfd, 0, r.len, kNonce, 4096, &r.client_map), 0);
   ASSERT_NE(r.client_map, r.server_map);
   header(r.server_map)->dir[1].head.store(42);
   EXPECT_EQ(header(r.client_map)->dir[1].head.load(), 42u);
@@ -159,10 +161,10 @@ TEST(ShmRegion, AttachRejectsWrongNonce) {
   r.memfd = shm_region_create(4096, kNonce, &r.server_map, &r.len);
   ASSERT_GE(r.memfd, 0);
   void* map = reinterpret_cast<void*>(1);
-  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce + 1, 4096, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len, kNonce + 1, 4096, &map), -EPROTO);
   EXPECT_EQ(map, reinterpret_cast<void*>(1));  // untouched on failure
-  EXPECT_EQ(shm_region_attach(r.memfd, r.len, 0, 4096, &map), -EPROTO);
-  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &r.client_map), 0);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len, 0, 4096, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len, kNonce, 4096, &r.client_map), 0);
 }
 
 TEST(ShmRegion, AttachRejectsWrongSizes) {
@@ -171,16 +173,16 @@ TEST(ShmRegion, AttachRejectsWrongSizes) {
   ASSERT_GE(r.memfd, 0);
   void* map = nullptr;
   // region_bytes that does not match the ring size, or the memfd.
-  EXPECT_EQ(shm_region_attach(r.memfd, r.len - 4096, kNonce, 8192, &map), -EPROTO);
-  EXPECT_EQ(shm_region_attach(r.memfd, r.len + 4096, kNonce, 8192, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len - 4096, kNonce, 8192, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len + 4096, kNonce, 8192, &map), -EPROTO);
   // A consistent offer for another ring size: the memfd's size gives it away.
-  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(4096), kNonce, 4096, &map), -EPROTO);
-  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(16384), kNonce, 16384, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, region_bytes_for(4096), kNonce, 4096, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, region_bytes_for(16384), kNonce, 16384, &map), -EPROTO);
   // Not a power of two.
-  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(6144), kNonce, 6144, &map), -EPROTO);
-  EXPECT_EQ(shm_region_attach(r.memfd, region_bytes_for(0), kNonce, 0, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, region_bytes_for(6144), kNonce, 6144, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, region_bytes_for(0), kNonce, 0, &map), -EPROTO);
   EXPECT_EQ(map, nullptr);
-  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 8192, &r.client_map), 0);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len, kNonce, 8192, &r.client_map), 0);
 }
 
 // A byte-for-byte copy of a valid region in a memfd: unsealed, or sealed.
@@ -205,10 +207,10 @@ TEST(ShmRegion, AttachRejectsUnsealedMemfd) {
   ASSERT_GE(unsealed, 0);
   ASSERT_GE(sealed, 0);
   void* map = nullptr;
-  EXPECT_EQ(shm_region_attach(unsealed, r.len, kNonce, 4096, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(unsealed, 0, r.len, kNonce, 4096, &map), -EPROTO);
   EXPECT_EQ(map, nullptr);
   // The same bytes, sealed, are accepted: the seal was the only difference.
-  EXPECT_EQ(shm_region_attach(sealed, r.len, kNonce, 4096, &map), 0);
+  EXPECT_EQ(shm_region_attach(sealed, 0, r.len, kNonce, 4096, &map), 0);
   if (map) munmap(map, r.len);
   close(unsealed);
   close(sealed);
@@ -221,7 +223,7 @@ TEST(ShmRegion, AttachRejectsCorruptHeader) {
   RegionHeader* h = header(r.server_map);
   void* map = nullptr;
   auto expect_rejected = [&](const char* what) {
-    EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &map), -EPROTO) << what;
+    EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len, kNonce, 4096, &map), -EPROTO) << what;
     EXPECT_EQ(map, nullptr) << what;
   };
   h->magic ^= 1;
@@ -242,14 +244,14 @@ TEST(ShmRegion, AttachRejectsCorruptHeader) {
   h->ring_offset[kServerToClient] += 4096;
   expect_rejected("ring_offset");
   h->ring_offset[kServerToClient] = region_header_bytes();
-  EXPECT_EQ(shm_region_attach(r.memfd, r.len, kNonce, 4096, &r.client_map), 0);
+  EXPECT_EQ(shm_region_attach(r.memfd, 0, r.len, kNonce, 4096, &r.client_map), 0);
 }
 
 TEST(ShmRegion, AttachRejectsANonMemfd) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   void* map = nullptr;
-  EXPECT_EQ(shm_region_attach(sv[0], region_bytes_for(4096), kNonce, 4096, &map), -EPROTO);
+  EXPECT_EQ(shm_region_attach(sv[0], 0, region_bytes_for(4096), kNonce, 4096, &map), -EPROTO);
   EXPECT_EQ(map, nullptr);
   close(sv[0]);
   close(sv[1]);
@@ -967,10 +969,11 @@ TEST(ShmHandoff, ValidatesThenResumesWhereTheOldImageStopped) {
   ASSERT_GE(memfd, 0);
   start_on_ring(smap);
   void* cmap = nullptr;
-  ASSERT_EQ(shm_region_attach(memfd, len, kNonce, ring, &cmap), 0);
-  Stream server(std::make_unique<ShmChannel>(smap, len, true, dup(tcp[0]), dup(memfd)));
+  ASSERT_EQ(shm_region_attach(memfd, 0, len, kNonce, ring, &cmap), 0);
+  Stream server(
+      std::make_unique<ShmChannel>(smap, len, true, dup(tcp[0]), arena_adopt(dup(memfd), 0)));
   auto client = std::make_unique<Stream>(
-      std::make_unique<ShmChannel>(cmap, len, false, dup(tcp[1]), dup(memfd)));
+      std::make_unique<ShmChannel>(cmap, len, false, dup(tcp[1]), arena_adopt(dup(memfd), 0)));
 
   // 40000 bytes in flight; the client reads 1000 (not enough to grant on
   // its own), sends 3000 of its own, then "execs".
@@ -990,20 +993,20 @@ TEST(ShmHandoff, ValidatesThenResumesWhereTheOldImageStopped) {
   // before it is trusted.
   void* map = nullptr;
   size_t map_len = 0;
-  EXPECT_EQ(shm_region_validate(memfd, tcp[1], false, kNonce + 1, &map, &map_len), -EPROTO);
-  EXPECT_EQ(shm_region_validate(memfd, tcp[1], true, kNonce, &map, &map_len), -EPROTO);
-  EXPECT_EQ(shm_region_validate(memfd, tcp[0], false, kNonce, &map, &map_len), -EPROTO);
+  EXPECT_EQ(shm_region_validate(memfd, 0, tcp[1], false, kNonce + 1, &map, &map_len), -EPROTO);
+  EXPECT_EQ(shm_region_validate(memfd, 0, tcp[1], true, kNonce, &map, &map_len), -EPROTO);
+  EXPECT_EQ(shm_region_validate(memfd, 0, tcp[0], false, kNonce, &map, &map_len), -EPROTO);
   int plain = memfd_create("not-a-region", MFD_CLOEXEC);
   ASSERT_GE(plain, 0);
   ASSERT_EQ(ftruncate(plain, static_cast<off_t>(len)), 0);
-  EXPECT_EQ(shm_region_validate(plain, tcp[1], false, kNonce, &map, &map_len), -EPROTO);
+  EXPECT_EQ(shm_region_validate(plain, 0, tcp[1], false, kNonce, &map, &map_len), -EPROTO);
   close(plain);
   EXPECT_EQ(map, nullptr);
 
   // The new image: the rest of the server's bytes, then more both ways.
-  ASSERT_EQ(shm_region_validate(memfd, tcp[1], false, kNonce, &map, &map_len), 0);
+  ASSERT_EQ(shm_region_validate(memfd, 0, tcp[1], false, kNonce, &map, &map_len), 0);
   auto ch = std::make_unique<ShmChannel>(ShmChannel::Resume{}, map, map_len, false, dup(tcp[1]),
-                                         dup(memfd));
+                                         arena_adopt(dup(memfd), 0));
   const ShmPositions pos = ch->positions();
   EXPECT_EQ(pos.tx_head, 3000u);
   EXPECT_EQ(pos.rx_granted, 1000u);

@@ -10,19 +10,23 @@
 #include "common/real.h"
 #include "config/config.h"
 #include "ring/wire.h"
+#include "transport/shm/arena.h"
 #include "transport/shm/shm_channel.h"
 
 namespace rsock {
 namespace {
 
 struct Kept {
-  // Creator's: memfd >= 0 and the peer; attaching side's: memfd -1.
-  int memfd = -1;
+  // Creator's: its place (ref.arena set) and the peer; attaching side's:
+  // the file and offset it was mapped from.
+  RegionRef ref;
   RegionPeer peer;
   dev_t dev = 0;
   ino_t ino = 0;
+  uint64_t offset = 0;
   void* map = nullptr;
   size_t len = 0;
+  bool creator() const { return ref.arena != nullptr; }
 };
 
 std::mutex g_mu;
@@ -31,8 +35,10 @@ std::atomic<size_t> g_limit{kDefaultRegionCache};
 std::atomic<uint64_t> g_token{0};
 
 void drop(const Kept& k) {
+  // (a place given up while this process still maps it: its header says
+  // whether the peer is done)
+  arena_release(k.ref, k.len, k.map, true);
   munmap(k.map, k.len);
-  if (k.memfd >= 0) real().close(k.memfd);
 }
 
 // Keeps `k`, dropping the oldest of its kind past the limit.
@@ -44,11 +50,11 @@ void keep(const Kept& k) {
   }
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_kept == nullptr) g_kept = new std::vector<Kept>;
-  const bool creator = k.memfd >= 0;
+  const bool creator = k.creator();
   size_t n = 0;
-  for (const Kept& e : *g_kept) n += (e.memfd >= 0) == creator;
+  for (const Kept& e : *g_kept) n += e.creator() == creator;
   for (auto it = g_kept->begin(); n >= limit && it != g_kept->end();) {
-    if ((it->memfd >= 0) != creator) {
+    if (it->creator() != creator) {
       ++it;
       continue;
     }
@@ -73,18 +79,21 @@ uint64_t region_process_token() {
   return g_token.compare_exchange_strong(t, mine, std::memory_order_acq_rel) ? mine : t;
 }
 
-int region_cache_take(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, void** map,
-                      size_t* map_len) {
-  if (peer.token == 0) return -1;
+bool region_cache_take(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, RegionRef* out,
+                       void** map, size_t* map_len) {
+  if (peer.token == 0) return false;
   const size_t len = region_bytes_for(ring_bytes);
   Kept found;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (g_kept == nullptr) return -1;
+    if (g_kept == nullptr) return false;
     for (auto it = g_kept->begin(); it != g_kept->end(); ++it) {
-      if (it->memfd < 0 || it->peer.pid != peer.pid || it->peer.token != peer.token ||
+      if (!it->creator() || it->peer.pid != peer.pid || it->peer.token != peer.token ||
           it->len != len)
         continue;
+      // Nor a file that a fork's child or a spawned program holds too: a
+      // new connection's bytes go where only the two processes reach.
+      if (!arena_places(it->ref.arena)) continue;
       // The peer's end must be done with it: its only process stored this
       // after its last touch (an end that a fork shared never does).
       auto* h = static_cast<RegionHeader*>(it->map);
@@ -94,43 +103,48 @@ int region_cache_take(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce,
       break;
     }
   }
-  if (found.memfd < 0) return -1;
+  if (!found.creator()) return false;
   shm_region_init_header(found.map, ring_bytes, nonce);
+  *out = found.ref;
   *map = found.map;
   *map_len = found.len;
-  return found.memfd;
+  return true;
 }
 
-void region_cache_keep(const RegionPeer& peer, int memfd, void* map, size_t map_len) {
-  if (peer.token == 0) {
-    drop({memfd, peer, 0, 0, map, map_len});
+void region_cache_keep(const RegionPeer& peer, const RegionRef& r, void* map, size_t map_len) {
+  Kept k;
+  k.ref = r;
+  k.peer = peer;
+  k.map = map;
+  k.len = map_len;
+  if (peer.token == 0 || r.arena == nullptr) {
+    drop(k);
     return;
   }
-  keep({memfd, peer, 0, 0, map, map_len});
+  keep(k);
 }
 
-void* region_cache_find_mapping(dev_t dev, ino_t ino, size_t map_len) {
+void* region_cache_find_mapping(dev_t dev, ino_t ino, uint64_t offset, size_t map_len) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_kept == nullptr) return nullptr;
   for (auto it = g_kept->begin(); it != g_kept->end(); ++it) {
-    if (it->memfd >= 0 || it->dev != dev || it->ino != ino) continue;
+    if (it->creator() || it->dev != dev || it->ino != ino || it->offset != offset) continue;
     void* map = it->len == map_len ? it->map : nullptr;
-    if (map == nullptr) munmap(it->map, it->len);  // the same file cannot change size
+    if (map == nullptr) munmap(it->map, it->len);  // the same place holds a region of another size
     g_kept->erase(it);
     return map;
   }
   return nullptr;
 }
 
-void region_cache_keep_mapping(dev_t dev, ino_t ino, void* map, size_t map_len) {
-  keep({-1, {}, dev, ino, map, map_len});
-}
-
-void region_cache_own_fds(std::vector<int>* out) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (g_kept == nullptr) return;
-  for (const Kept& k : *g_kept)
-    if (k.memfd >= 0) out->push_back(k.memfd);
+void region_cache_keep_mapping(dev_t dev, ino_t ino, uint64_t offset, void* map, size_t map_len) {
+  Kept k;
+  k.dev = dev;
+  k.ino = ino;
+  k.offset = offset;
+  k.map = map;
+  k.len = map_len;
+  keep(k);
 }
 
 size_t region_cache_size() {

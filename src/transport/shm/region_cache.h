@@ -5,7 +5,8 @@
 //
 // The accepting side creates every region. When its end of a connection
 // closes and this process was the end's only holder from start to end (no
-// fork, exec or spawn shared it), it keeps the region (memfd and mapping),
+// fork, exec or spawn shared it), it keeps the region (its place in the
+// arena for that peer, arena.h, and its mapping),
 // labelled with the peer process: the pid the kernel reported on the
 // rendezvous socket and the random token that process sent in its proof.
 // The next pairing with that same process takes it, once the peer's end
@@ -15,15 +16,17 @@
 // said to each other, and nobody else may read it.
 //
 // The connecting side keeps its mapping of such a region, found again by
-// the memfd's inode when an offer brings the same file.
+// the file's identity and the offset when an offer names the same place.
 //
 // Bounded: at most region_cache_set_limit() regions and as many mappings per
-// process (the oldest go first: unmapped and closed); 0 keeps none. A
+// process (the oldest go first: unmapped, their places given up); 0 keeps
+// none. A
 // region kept after both ends closed holds the first
 // ShmChannel::kKeptWarmBytes of each ring (the rest is punched out); one
 // whose server end closed first keeps what its rings touched (up to
 // 2 x RSOCK_RING_SIZE + 4 KiB), since the client may still read. A fork's
-// child starts with none. Thread-safety: every call may come from any
+// child starts with none, and its parent takes none of those it kept
+// before (the child holds their file too, arena.h). Thread-safety: every call may come from any
 // thread.
 #pragma once
 
@@ -34,6 +37,8 @@
 #include <vector>
 
 namespace rsock {
+
+struct RegionRef;  // arena.h
 
 // The process at the other end of a region, as the creator knows it.
 struct RegionPeer {
@@ -50,22 +55,20 @@ uint64_t region_process_token();
 
 // Creator's side. A kept region for a new connection to `peer` with rings
 // of ring_bytes whose peer end is done: its header made fresh for `nonce`
-// (as shm_region_create's). Returns its memfd (and *map, *map_len), or -1
-// when there is none.
-int region_cache_take(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, void** map,
-                      size_t* map_len);
-// Takes the region over (memfd and mapping): kept, or closed and unmapped
-// when the cache is off.
-void region_cache_keep(const RegionPeer& peer, int memfd, void* map, size_t map_len);
+// (as shm_region_place's). Returns true and its place (*out, holding the
+// arena's reference), *map and *map_len; false when there is none.
+bool region_cache_take(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, RegionRef* out,
+                       void** map, size_t* map_len);
+// Takes the region over (its place's reference and its mapping): kept, or
+// given up and unmapped when the cache is off.
+void region_cache_keep(const RegionPeer& peer, const RegionRef& r, void* map, size_t map_len);
 
-// Attaching side. A kept mapping of the file (dev, ino) of map_len bytes,
-// taken out of the cache, or nullptr.
-void* region_cache_find_mapping(dev_t dev, ino_t ino, size_t map_len);
+// Attaching side. A kept mapping of map_len bytes at `offset` in the file
+// (dev, ino), taken out of the cache, or nullptr.
+void* region_cache_find_mapping(dev_t dev, ino_t ino, uint64_t offset, size_t map_len);
 // Takes the mapping over: kept, or unmapped when the cache is off.
-void region_cache_keep_mapping(dev_t dev, ino_t ino, void* map, size_t map_len);
+void region_cache_keep_mapping(dev_t dev, ino_t ino, uint64_t offset, void* map, size_t map_len);
 
-// The kept memfds (an application's closefrom must leave them open).
-void region_cache_own_fds(std::vector<int>* out);
 // How many regions and mappings are kept now, and dropping them all (tests).
 size_t region_cache_size();
 void region_cache_drop_all();

@@ -290,8 +290,12 @@ class ShmServerPairing final : public Pairing {
     // a connection that ended from a pairing that timed out.
     if (doorbell_ >= 0) real().close(doorbell_);
     if (conn_ >= 0) real().close(conn_);
-    if (memfd_ >= 0) real().close(memfd_);
-    if (map_) munmap(map_, map_len_);
+    // A place the client never heard of serves again at once; one it was
+    // offered, once its end says it is done.
+    if (map_) {
+      arena_release(region_, map_len_, offered_ ? map_ : nullptr, true);
+      munmap(map_, map_len_);
+    }
   }
 
   bool run(int64_t limit_ms) override {
@@ -505,13 +509,13 @@ class ShmServerPairing final : public Pairing {
     // rendezvous's owner and its token. A region kept from our last
     // connection with it serves, else a new one.
     peer_.token = m.token;
-    memfd_ = region_cache_take(peer_, ring_bytes_, nonce_, &map_, &map_len_);
-    reused_ = memfd_ >= 0;
+    reused_ = region_cache_take(peer_, ring_bytes_, nonce_, &region_, &map_, &map_len_);
+    int rc = 0;
     if (reused_)
       stats_region(true);
     else
-      memfd_ = shm_region_create(ring_bytes_, nonce_, &map_, &map_len_);
-    if (memfd_ < 0 || (doorbell_ = private_dup(tcp_fd_)) < 0) {
+      rc = shm_region_place(peer_, ring_bytes_, nonce_, &region_, &map_, &map_len_);
+    if (rc < 0 || (doorbell_ = private_dup(tcp_fd_)) < 0) {
       finish(Fallback::kResources);
       return;
     }
@@ -525,9 +529,12 @@ class ShmServerPairing final : public Pairing {
     offer.nonce = nonce_;
     offer.ring_bytes = ring_bytes_;
     offer.region_bytes = map_len_;
+    offer.region_offset = region_.offset;
     offer.server = ends_[0];
     offer.client = ends_[1];
-    if (int rc = send_msg(conn_, &offer, sizeof offer, &memfd_, 1); rc != 0) {
+    offered_ = true;
+    int file = arena_fd(region_.arena);
+    if (rc = send_msg(conn_, &offer, sizeof offer, &file, 1); rc != 0) {
       finish(when_peer_left(rc));
       return;
     }
@@ -541,12 +548,11 @@ class ShmServerPairing final : public Pairing {
     if (n == -EAGAIN) return;
     if (n > 0 && decode_answer_accepts(&a, static_cast<size_t>(n), nonce_)) {
       auto ch =
-          std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, memfd_, ends_, reused_);
+          std::make_unique<ShmChannel>(map_, map_len_, true, doorbell_, region_, ends_, reused_);
       ch->keep_region_for(peer_);
       channel_ = std::move(ch);
-      map_ = nullptr;
+      map_ = nullptr;  // the channel holds the place and the mapping
       doorbell_ = -1;
-      memfd_ = -1;  // the channel keeps it (exec hand-off)
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)
       return;
     }
@@ -569,7 +575,8 @@ class ShmServerPairing final : public Pairing {
   PeerSocket client_;  // the client's TCP socket, from sock_diag
   RegionPeer peer_;    // the client's process
   uint64_t nonce_ = 0;
-  int memfd_ = -1;
+  RegionRef region_;  // the region's place, while map_ is set
+  bool offered_ = false;
   void* map_ = nullptr;
   size_t map_len_ = 0;
   bool reused_ = false;  // a region kept from our last connection with this process
@@ -818,8 +825,8 @@ class ShmClientPairing final : public Pairing {
     const bool ok = n > 0 && decode_offer(&offer, static_cast<size_t>(n), &offer) && nfds == 1 &&
                     ends() && same_wire(offer.client, ends_[0]) &&
                     same_wire(offer.server, ends_[1]) &&
-                    shm_region_attach(memfd, offer.region_bytes, offer.nonce, offer.ring_bytes,
-                                      &map, &file, &reused) == 0;
+                    shm_region_attach(memfd, offer.region_offset, offer.region_bytes, offer.nonce,
+                                      offer.ring_bytes, &map, &file, &reused) == 0;
     if (!ok) {
       close_fds(&memfd, nfds);
       if (n <= 0) {
@@ -840,10 +847,12 @@ class ShmClientPairing final : public Pairing {
     AnswerMsg ans = {static_cast<uint32_t>(MsgType::kAnswer),
                      static_cast<uint32_t>(AnswerCode::kAccept), offer.nonce};
     if (doorbell >= 0 && send_msg(server_, &ans, sizeof ans, nullptr, 0) == 0) {
-      // Committed: the server switches when it reads this answer.
-      // The channel keeps the memfd (exec hand-off).
-      auto ch = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, memfd, ends_,
-                                             reused);
+      // Committed: the server switches when it reads this answer. The
+      // channel holds the file (exec hand-off, pages given back): one
+      // descriptor for every region this process maps from it.
+      const RegionRef region = arena_adopt(memfd, offer.region_offset);
+      auto ch = std::make_unique<ShmChannel>(map, offer.region_bytes, false, doorbell, region,
+                                             ends_, reused);
       ch->keep_mapping_of(file);
       channel_ = std::move(ch);
       finish(Fallback::kPairFailed);  // (not a fallback: the channel is taken)

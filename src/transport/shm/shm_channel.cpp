@@ -56,6 +56,26 @@ int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map
   return fd;
 }
 
+int shm_region_place(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, RegionRef* out,
+                     void** map, size_t* map_len) {
+  const size_t len = region_bytes_for(ring_bytes);
+  RegionRef r;
+  if (const int rc = arena_place(peer, len, &r); rc < 0) return rc;
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd(r.arena),
+                 static_cast<off_t>(r.offset));
+  if (p == MAP_FAILED) {
+    const int err = -errno;
+    arena_release(r, len, nullptr, true);
+    return err;
+  }
+  shm_region_init_header(p, ring_bytes, nonce);
+  stats_region(false);
+  *out = r;
+  *map = p;
+  *map_len = len;
+  return 0;
+}
+
 void shm_region_init_header(void* map, size_t ring_bytes, uint64_t nonce) {
   // A kept region's header still holds its last connection's words: every
   // one starts from zero again (the rings' old bytes lie beyond every
@@ -84,22 +104,27 @@ void shm_region_end_on_ring(void* map, bool server) {
   e.attached.store(1, std::memory_order_release);
 }
 
-int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes, void** map,
-                      RegionFile* file, bool* reused) {
+int shm_region_attach(int memfd, uint64_t offset, size_t region_bytes, uint64_t nonce,
+                      size_t ring_bytes, void** map, RegionFile* file, bool* reused) {
   // The header is checked twice over: the sizes before anything is mapped,
   // the whole header (region_header_check, pure) once it is.
-  if (!region_params_valid(region_bytes, ring_bytes)) return -EPROTO;
+  if (!region_params_valid(region_bytes, ring_bytes) || offset % kPageBytes != 0 ||
+      offset > (uint64_t{1} << 62))
+    return -EPROTO;
   struct stat st;
-  if (fstat(memfd, &st) != 0 || static_cast<size_t>(st.st_size) != region_bytes) return -EPROTO;
-  // A file this process mapped before (a region its creator kept for us)
+  if (fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) < offset + region_bytes)
+    return -EPROTO;
+  // A place this process mapped before (a region its creator kept for us)
   // passed the seal check then, and seals never come off.
-  void* p = region_cache_find_mapping(st.st_dev, st.st_ino, region_bytes);
+  void* p = region_cache_find_mapping(st.st_dev, st.st_ino, offset, region_bytes);
   const bool kept = p != nullptr;
   if (!kept) {
-    // The seals prove the creator can no longer resize the region.
+    // The seal proves nobody can shrink the file under the mapping.
     int seals = fcntl(memfd, F_GET_SEALS);
     if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) return -EPROTO;
-    p = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    p = mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd,
+             static_cast<off_t>(offset));
     if (p == MAP_FAILED) return -errno;
   }
   if (region_header_check(p, region_bytes, region_bytes, nonce, ring_bytes) != 0) {
@@ -107,29 +132,25 @@ int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t rin
     return -EPROTO;
   }
   stats_region(kept);
-  if (file != nullptr) *file = {st.st_dev, st.st_ino};
+  if (file != nullptr) *file = {st.st_dev, st.st_ino, offset};
   if (reused != nullptr) *reused = kept;
   *map = p;
   return 0;
 }
 
-int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce, void** map,
-                        size_t* map_len) {
-  // Everything but the memfd's own word is untrusted here: read the layout
-  // from a private copy of the header page, check it, then map the region.
-  int seals = fcntl(memfd, F_GET_SEALS);
-  struct stat st;
-  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
-      fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<size_t>(st.st_size) < region_header_bytes())
-    return -EPROTO;
+int shm_region_validate(int memfd, uint64_t offset, int socket_fd, bool is_server, uint64_t nonce,
+                        void** map, size_t* map_len) {
+  // Everything but the file's own word is untrusted here: read the layout
+  // from a private copy of the header page, check it, then map the region
+  // (shm_region_attach checks the seal and the size).
+  if (offset % kPageBytes != 0 || offset > (uint64_t{1} << 62)) return -EPROTO;
   RegionHeader h;
-  if (pread(memfd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return -EPROTO;
+  if (pread(memfd, &h, sizeof h, static_cast<off_t>(offset)) != static_cast<ssize_t>(sizeof h))
+    return -EPROTO;
   const size_t ring_bytes = h.ring_bytes;
   if (h.magic != kRegionMagic || h.version != kProtocolVersion || h.nonce != nonce ||
       !is_power_of_two(ring_bytes) || ring_bytes < 4096 || ring_bytes > (size_t{1} << 28) ||
-      h.region_bytes != region_bytes_for(ring_bytes) ||
-      static_cast<size_t>(st.st_size) != h.region_bytes)
+      h.region_bytes != region_bytes_for(ring_bytes))
     return -EPROTO;
   WireAddr local, peer;
   if (!fd_addrs(socket_fd, &local, &peer)) return -ENOTCONN;
@@ -137,16 +158,16 @@ int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce
   if (!same_wire(h.endpoint[side][0], local) || !same_wire(h.endpoint[side][1], peer))
     return -EPROTO;
   void* p = nullptr;
-  int rc = shm_region_attach(memfd, h.region_bytes, nonce, ring_bytes, &p);
+  int rc = shm_region_attach(memfd, offset, h.region_bytes, nonce, ring_bytes, &p);
   if (rc < 0) return rc;
   *map = p;
   *map_len = h.region_bytes;
   return 0;
 }
 
-ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd,
+ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, RegionRef region,
                        const WireAddr* ends, bool rx_read_only)
-    : map_(map), map_len_(map_len), socket_(doorbell_fd, true), memfd_(memfd) {
+    : map_(map), map_len_(map_len), socket_(doorbell_fd, true), region_(region) {
   init(map, is_server, rx_read_only);
   holders_->store(1, std::memory_order_relaxed);
   epoch_ = owner_init(own_);
@@ -165,8 +186,8 @@ ShmChannel::ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_f
 }
 
 ShmChannel::ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd,
-                       int memfd)
-    : map_(map), map_len_(map_len), socket_(doorbell_fd, true), memfd_(memfd) {
+                       RegionRef region)
+    : map_(map), map_len_(map_len), socket_(doorbell_fd, true), region_(region) {
   sole_ = false;  // an image before this one held it too
   init(map, is_server);
   // The image before exec owned the end: it still does (its threads, and
@@ -271,7 +292,9 @@ ShmChannel::~ShmChannel() {
   if (socket_.fd() >= 0 && must_linger()) {
     if (const int rc = socket_.own(); rc == 0) {
       (void)socket_.release();  // the lingering end's from now on
-      if (memfd_ >= 0) real().close(memfd_);
+      // The lingering end still reads the header: its place is never given
+      // to another region (it goes with the file).
+      arena_release(region_, map_len_, nullptr, false);
       shm_linger(linger_end(true));  // it closes the socket and unmaps
       return;
     } else {
@@ -288,17 +311,24 @@ ShmChannel::~ShmChannel() {
   if (sole_ && dropped_last_ && (keep_peer_.token != 0 || keep_mapping_)) {
     auto* h = static_cast<RegionHeader*>(map_);
     h->released[is_server_ ? 0 : 1].store(1, std::memory_order_release);
-    if (keep_peer_.token != 0 && memfd_ >= 0) {
+    if (keep_peer_.token != 0 && region_.arena != nullptr) {
       if (h->released[1].load(std::memory_order_acquire) == 1) shed_cold_pages();
-      region_cache_keep(keep_peer_, memfd_, map_, map_len_);
+      region_cache_keep(keep_peer_, region_, map_, map_len_);
     } else {
-      if (memfd_ >= 0) real().close(memfd_);
-      region_cache_keep_mapping(keep_file_.dev, keep_file_.ino, map_, map_len_);
+      arena_release(region_, map_len_, nullptr, false);
+      region_cache_keep_mapping(keep_file_.dev, keep_file_.ino, keep_file_.offset, map_, map_len_);
     }
     return;
   }
-  if (memfd_ >= 0) real().close(memfd_);
+  // The creator's place serves again once the peer is done, if no other
+  // process held this end (a fork's child may still use it).
+  arena_release(region_, map_len_, map_, sole_ && dropped_last_ && is_server_);
   munmap(map_, map_len_);
+}
+
+bool ShmChannel::punch(size_t offset, size_t len) {
+  return fallocate(arena_fd(region_.arena), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                   static_cast<off_t>(region_.offset + offset), static_cast<off_t>(len)) == 0;
 }
 
 void ShmChannel::shed_cold_pages() {
@@ -310,9 +340,7 @@ void ShmChannel::shed_cold_pages() {
   for (const auto& [d, offset] :
        {std::pair{tx_, tx_ring_offset_}, std::pair{rx_, rx_ring_offset_}}) {
     if (d->head.load(std::memory_order_acquire) <= kKeptWarmBytes) continue;
-    fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-              static_cast<off_t>(offset + kKeptWarmBytes),
-              static_cast<off_t>(ring_bytes_ - kKeptWarmBytes));
+    (void)punch(offset + kKeptWarmBytes, ring_bytes_ - kKeptWarmBytes);
   }
 }
 
@@ -384,13 +412,13 @@ bool ShmChannel::begin_tx() {
 void ShmChannel::end_tx() { tx_->writing.store(0, std::memory_order_release); }
 
 size_t ShmChannel::trim(uint64_t rx_consumed) {
-  if (memfd_ < 0) return 0;  // nothing to punch the pages out of
+  if (region_.arena == nullptr) return 0;  // nothing to punch the pages out of
   return trim_ring(tx_, tx_ring_offset_, true, peer_read_total()) +
          trim_ring(rx_, rx_ring_offset_, false, rx_consumed);
 }
 
 bool ShmChannel::trimmable() const {
-  if (memfd_ < 0) return false;
+  if (region_.arena == nullptr) return false;
   for (const DirectionControl* d : {tx_, rx_})
     if (d->head.load(std::memory_order_relaxed) - d->trimmed.load(std::memory_order_relaxed) >=
         kTrimMinBytes)
@@ -423,10 +451,7 @@ size_t ShmChannel::trim_ring(DirectionControl* d, size_t ring_offset, bool ours,
     RingSpan spans[2];
     const int n = ring_split(first, len, ring_bytes_, spans);
     bool ok = true;
-    for (int k = 0; k < n && ok; ++k)
-      ok = fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                     static_cast<off_t>(ring_offset + spans[k].offset),
-                     static_cast<off_t>(spans[k].len)) == 0;
+    for (int k = 0; k < n && ok; ++k) ok = punch(ring_offset + spans[k].offset, spans[k].len);
     if (ok) {
       d->trimmed.store(head, std::memory_order_relaxed);
       freed = len;

@@ -1,15 +1,18 @@
-// Same-host transport: both rings and their control words live in one memfd
-// region mapped by the two processes (layout in src/ring/wire.h). The
+// Same-host transport: both rings and their control words live in one
+// region of shared memory mapped by the two processes (layout in
+// src/ring/wire.h), a place in the memfd that holds every region of the
+// pair of processes (arena.h). The
 // sender's "DMA" is one memcpy into the peer's ring and a release store of
 // the head; a sleeping peer is woken by a one-byte doorbell on the kernel TCP
 // socket, which stays open under the application's fd and also carries
 // liveness (a peer that dies closes it). Both ends count the doorbells they
 // send and the bytes they drain in the region, so that a byte that reached
 // the socket behind librsock is found and resets the connection instead of
-// being drained as a doorbell. The channel keeps the region's memfd
-// (close-on-exec) so that an exec'd program can take this end over
-// (src/lifecycle/exec_handoff.h); everything the new image needs besides the
-// socket is in the region. Thread-safety: as Channel; the accessors for the
+// being drained as a doorbell. The channel holds a reference to the
+// region's file (close-on-exec, one per peer process) so that an exec'd
+// program can take this end over (src/lifecycle/exec_handoff.h), and to
+// give ring pages back; everything the new image needs besides the socket
+// is in the region. Thread-safety: as Channel; the accessors for the
 // exec hand-off read atomics and may be called from any thread.
 #pragma once
 
@@ -22,15 +25,21 @@
 #include "ring/wire.h"
 #include "transport/channel.h"
 #include "transport/handoff.h"
+#include "transport/shm/arena.h"
 #include "transport/shm/region_cache.h"
 #include "transport/shm/shm_linger.h"
 #include "transport/socket_number.h"
 
 namespace rsock {
 
-// Creates a memfd region for rings of ring_bytes each and initialises its
-// header. Returns the memfd (close-on-exec) or a negative errno; *map and
-// *map_len receive the mapping.
+// Places a region for rings of ring_bytes each in the arena for `peer`
+// (arena.h), maps it and initialises its header. Returns 0 (*out holds the
+// place, *map and *map_len the mapping) or a negative errno.
+int shm_region_place(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, RegionRef* out,
+                     void** map, size_t* map_len);
+// A region in a memfd of its own, at offset 0, its size sealed (tests).
+// Returns the memfd (close-on-exec) or a negative errno; *map and *map_len
+// receive the mapping.
 int shm_region_create(size_t ring_bytes, uint64_t nonce, void** map, size_t* map_len);
 // Both ends of a region created as above start with their directions on the
 // kernel socket (docs/protocol.md section 10). An end whose pairing runs
@@ -45,28 +54,33 @@ void shm_region_end_on_ring(void* map, bool server);
 // (zeroing the old one first: a kept region's, region_cache.h).
 void shm_region_init_header(void* map, size_t ring_bytes, uint64_t nonce);
 
-// The file a region was mapped from, by which a kept mapping is found again.
+// The place a region was mapped from, by which a kept mapping is found
+// again.
 struct RegionFile {
   dev_t dev = 0;
   ino_t ino = 0;
+  uint64_t offset = 0;
 };
 
-// Maps a region received from the peer and checks it against the handshake
-// (size, magic, version, nonce, ring size): a mapping of the same file kept
-// from an earlier connection is used again (region_cache.h). Returns 0 or a
-// negative errno; *file (may be nullptr) receives the file's identity, and
-// *reused (may be nullptr) whether the mapping is such a kept one.
-int shm_region_attach(int memfd, size_t region_bytes, uint64_t nonce, size_t ring_bytes, void** map,
-                      RegionFile* file = nullptr, bool* reused = nullptr);
+// Maps the region at `offset` (a page multiple) of a file received from the
+// peer and checks it against the handshake (seals, size, magic, version,
+// nonce, ring size): a mapping of the same place kept from an earlier
+// connection is used again (region_cache.h). Returns 0 or a negative errno;
+// *file (may be nullptr) receives the place's identity, and *reused (may be
+// nullptr) whether the mapping is such a kept one.
+int shm_region_attach(int memfd, uint64_t offset, size_t region_bytes, uint64_t nonce,
+                      size_t ring_bytes, void** map, RegionFile* file = nullptr,
+                      bool* reused = nullptr);
 
-// Validates a region inherited through exec before anything trusts it:
-// memfd seals (size final), size, magic, version, ring layout and nonce, and
+// Validates the region at `offset` of a file inherited through exec before
+// anything trusts it: seals (no shrinking), size, magic, version, ring
+// layout and nonce, and
 // that `socket_fd` is the TCP connection the region was made for (its local
 // and peer address equal what side `is_server` recorded). Maps it on
 // success. Returns 0 or a negative errno (-EPROTO: not this connection's
 // region).
-int shm_region_validate(int memfd, int socket_fd, bool is_server, uint64_t nonce, void** map,
-                        size_t* map_len);
+int shm_region_validate(int memfd, uint64_t offset, int socket_fd, bool is_server, uint64_t nonce,
+                        void** map, size_t* map_len);
 
 // The positions of one end as the region holds them, from which a process
 // that takes this end over rebuilds its stream (Stream::resume).
@@ -87,20 +101,20 @@ class ShmChannel final : public Channel {
   // A freshly paired end: takes ownership of the mapping (map_len bytes,
   // checked by shm_region_create/attach: the rings' layout follows from it),
   // of doorbell_fd (a private dup of the connection's TCP socket) and of
-  // memfd (the region's, close-on-exec; -1 when the caller keeps none: no
-  // exec hand-off then).
+  // the reference to the region's place (none: no exec hand-off, no pages
+  // given back then).
   // This process is the end's only holder, and its socket's addresses are
   // recorded in the region: ends[0] (local) and ends[1] (peer) when the
   // caller knows them, else asked of doorbell_fd. rx_read_only: the mapping
   // served an earlier end of this process on the same side (a kept region,
   // region_cache.h), so its receive ring is mapped read-only already.
-  ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd = -1,
+  ShmChannel(void* map, size_t map_len, bool is_server, int doorbell_fd, RegionRef region = {},
              const WireAddr* ends = nullptr, bool rx_read_only = false);
   // An end taken over after exec (the region validated by
   // shm_region_validate): the holder count is left alone, since exec does
   // not change which processes hold the connection.
   struct Resume {};
-  ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd, int memfd);
+  ShmChannel(Resume, void* map, size_t map_len, bool is_server, int doorbell_fd, RegionRef region);
   ~ShmChannel() override;
   ShmChannel(const ShmChannel&) = delete;
   ShmChannel& operator=(const ShmChannel&) = delete;
@@ -139,9 +153,6 @@ class ShmChannel final : public Channel {
   void tcp_closed(bool) override { peer_gone(kPeerClosed); }
   bool peer_told_close() const override;
   void foreign_bytes() override { kernel_bytes_seen(); }
-  void own_fds(std::vector<int>* out) override {
-    if (memfd_ >= 0) out->push_back(memfd_);
-  }
   void add_holder() override;
   bool drop_holder() override;
   bool sole_holder() const override { return holders_->load(std::memory_order_acquire) == 1; }
@@ -185,7 +196,8 @@ class ShmChannel final : public Channel {
   // Drops this process as a holder unless it is the last one (then it
   // must tell the peer, which the new image does); returns whether it did.
   bool drop_holder_unless_last();
-  int memfd() const { return memfd_; }
+  const RegionRef& region() const { return region_; }
+  int arena_fd_or_none() const { return region_.arena ? arena_fd(region_.arena) : -1; }
   bool is_server() const { return is_server_; }
   uint64_t nonce() const;
   ShmPositions positions() const;
@@ -198,6 +210,8 @@ class ShmChannel final : public Channel {
  private:
   void init(void* map, bool is_server, bool rx_read_only = false);
   void doorbells_only();  // TCP_NODELAY, no cork: our sender switched
+  // Gives back the pages of len bytes at `offset` in the region.
+  bool punch(size_t offset, size_t len);
   // Whether our sender has switched (doorbells may go out) / our receiver
   // has read the peer's prefix (every byte on the socket is a doorbell), as
   // the region says: another holder of the end may have moved it on.
@@ -238,13 +252,13 @@ class ShmChannel final : public Channel {
   EndpointControl* peer_;
   uint8_t* tx_ring_;  // the peer's receive ring
   const uint8_t* rx_ring_;
-  size_t tx_ring_offset_;  // in the region (and memfd)
+  size_t tx_ring_offset_;  // in the region
   size_t rx_ring_offset_;
   // The socket, which carries the doorbells: the private dup the pairing
   // made until the hand-over gives the channel the application's number
   // (socket_number.h).
   SocketNumber socket_;
-  int memfd_;
+  RegionRef region_;  // the region's place (its arena's reference)
   bool is_server_;
   // kPeerClosed/kTransportError/kKernelBytes seen on the TCP socket.
   std::atomic<uint32_t> carrier_flags_{0};
