@@ -69,10 +69,10 @@
 #                      after the other), the seconds until the client's
 #                      descriptor count held still (its last connection
 #                      paired in the background), then fds and KiB as above. A
-#                      librsock connection holds 2 fds today (issue 9), so
-#                      where RLIMIT_NOFILE cannot grow to 2 x 10,000 the
-#                      row opens as many as fit (both paths alike) and its
-#                      label says how many
+#                      librsock connection holds one fd, as on TCP (two
+#                      until 2026-12-06), so where RLIMIT_NOFILE cannot
+#                      grow to 10,000 + 2,000 the row opens as many as fit
+#                      (both paths alike) and its label says how many
 # Each measurement runs BENCH_REPEAT times (default 3), TCP and librsock
 # alternating; the table shows the median of the runs, the spread (min-max)
 # and the ratio librsock/TCP (for latency TCP/librsock: above 1 is better
@@ -97,7 +97,7 @@ SECS=${BENCH_SECONDS:-3}
 ONLY=${BENCH_APPS:-.}
 read -r CPU_SRV CPU_CLI <<<"${BENCH_CPUS:-0 1}"
 STREAM_SECS=${BENCH_STREAM_SECONDS:-1}
-# conns-10k holds 10,000 connections in each process: room for 2 fds each,
+# conns-10k holds 10,000 connections in each process: room for one fd each,
 # or as many connections as the hard limit allows, less 2,000 for the
 # pairings in flight (in the default mode a burst of connections pairs in
 # the background, each pairing holding a few descriptors for a while: with
@@ -105,7 +105,7 @@ STREAM_SECS=${BENCH_STREAM_SECONDS:-1}
 (($(ulimit -n) >= 65536)) || ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 MANY=10000
 NOFILE=$(ulimit -n)
-[[ $NOFILE == unlimited ]] || (((MANY * 2 + 2000) <= NOFILE)) || MANY=$(((NOFILE - 2000) / 2 / 100 * 100))
+[[ $NOFILE == unlimited ]] || (((MANY + 2000) <= NOFILE)) || MANY=$(((NOFILE - 2000) / 100 * 100))
 WORK=$(mktemp -d /tmp/rsock-bench-apps.XXXXXX)
 SERVER_PID=""
 FAILED=0
