@@ -161,7 +161,17 @@ void region_cache_drop_all() {
 
 void region_cache_fork_prepare() { g_mu.lock(); }
 
-void region_cache_after_fork_parent() { g_mu.unlock(); }
+void region_cache_after_fork_parent() {
+  // The child holds every region file of ours now (arena.h): a region kept
+  // in one serves no new connection again. Mappings of others' files stay.
+  if (g_kept != nullptr)
+    std::erase_if(*g_kept, [](const Kept& k) {
+      if (!k.creator()) return false;
+      drop(k);
+      return true;
+    });
+  g_mu.unlock();
+}
 
 void region_cache_after_fork_child() {
   // Parent and child would otherwise both hand a kept region to a new

@@ -25,8 +25,8 @@
 // ShmChannel::kKeptWarmBytes of each ring (the rest is punched out); one
 // whose server end closed first keeps what its rings touched (up to
 // 2 x RSOCK_RING_SIZE + 4 KiB), since the client may still read. A fork's
-// child starts with none, and its parent takes none of those it kept
-// before (the child holds their file too, arena.h). Thread-safety: every call may come from any
+// child starts with none, and its parent drops those it kept before (the
+// child holds their file too, arena.h). Thread-safety: every call may come from any
 // thread.
 #pragma once
 
@@ -74,7 +74,8 @@ size_t region_cache_size();
 void region_cache_drop_all();
 
 // fork(): held across it; the child drops its copies, so that parent and
-// child never hand the same region to two connections.
+// child never hand the same region to two connections, and the parent its
+// own (their files are the child's too). Call after arena's fork hooks.
 void region_cache_fork_prepare();
 void region_cache_after_fork_parent();
 void region_cache_after_fork_child();
