@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -210,6 +211,35 @@ TEST_F(ArenaTest, AfterAForkNothingNewGoesInTheSharedFile) {
   region_cache_drop_all();
   give_up(a, true);
   give_up(c, false);
+}
+
+// A program's RLIMIT_FSIZE bounds a file it writes, memfds too: past it
+// ftruncate raises SIGXFSZ, which ends the program. A full file's regions
+// stay; the next region goes into a new file. (In a child: the limit is
+// the whole process's.)
+TEST_F(ArenaTest, AFileStopsGrowingAtTheProgramsFileSizeLimit) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const size_t len = region_bytes_for(kRing);
+    rlimit lim = {static_cast<rlim_t>(2 * len + len / 2), RLIM_INFINITY};
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(2);
+    Placed p[3];
+    for (Placed& x : p)
+      if (shm_region_place(kPeer, kRing, 1, &x.ref, &x.map, &x.len) != 0) _exit(3);
+    const bool two_then_new = p[0].ref.arena == p[1].ref.arena && p[1].ref.offset == len &&
+                              p[2].ref.arena != p[0].ref.arena && p[2].ref.offset == 0;
+    // One more than the limit allows on its own: refused, nothing raised.
+    lim.rlim_cur = len / 2;
+    Placed big;
+    const bool refused = setrlimit(RLIMIT_FSIZE, &lim) == 0 &&
+                         shm_region_place(kPeer, kRing, 1, &big.ref, &big.map, &big.len) == -EFBIG;
+    _exit(two_then_new && refused ? 0 : 1);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST_F(ArenaTest, AnOfferedPlaceOutsideTheFileIsRefused) {

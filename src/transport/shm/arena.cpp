@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -102,6 +103,13 @@ int grow(Arena* a, size_t len, uint64_t* offset) {
   const uint64_t size = (static_cast<uint64_t>(st.st_size) + kPageBytes - 1) & ~(kPageBytes - 1);
   const uint64_t at = std::max(a->end, size);
   if (at > kMaxEnd) return -EFBIG;
+  // A file longer than the program's RLIMIT_FSIZE: the kernel would
+  // answer the ftruncate with SIGXFSZ, whose default action ends the
+  // program. Never asked.
+  rlimit lim;
+  if (getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+      at + len > static_cast<uint64_t>(lim.rlim_cur))
+    return -EFBIG;
   if (ftruncate(a->fd, static_cast<off_t>(at + len)) != 0) return -errno;
   a->end = at + len;
   *offset = at;
@@ -165,11 +173,20 @@ int arena_place(const RegionPeer& peer, size_t len, RegionRef* out) {
   if (a == nullptr)
     if (const int rc = make_arena(peer, &a); rc < 0) return rc;
   uint64_t offset = 0;
-  if (!take_given_up(a, len, &offset))
-    if (const int rc = grow(a, len, &offset); rc < 0) {
+  if (!take_given_up(a, len, &offset)) {
+    int rc = grow(a, len, &offset);
+    if (rc == -EFBIG && a->end > 0) {
+      // A file as long as it may be: its regions stay, the next go into a
+      // new one.
+      a->places = false;
       if (a->refs == 0) destroy(a);
-      return rc;
+      rc = make_arena(peer, &a);
+      if (rc == 0 && (rc = grow(a, len, &offset)) < 0) destroy(a);
+    } else if (rc < 0 && a->refs == 0) {
+      destroy(a);
     }
+    if (rc < 0) return rc;
+  }
   ++a->refs;
   *out = {a, offset};
   return 0;

@@ -7,7 +7,9 @@
 // itself with, region_cache.h) in one memfd, its arena for that peer, each
 // region at a page-aligned offset; the file grows as regions are placed and
 // is sealed against shrinking (a peer can never pull pages from under a
-// mapping), not against growing. The offer names the offset, and the
+// mapping), not against growing, and never past the program's
+// RLIMIT_FSIZE (a full file keeps its regions; the next go into a new
+// one). The offer names the offset, and the
 // connecting side keeps one descriptor per file however many connections
 // it maps from it, found by the file's identity. So a process holds one
 // memfd per peer process, beside the sockets.
