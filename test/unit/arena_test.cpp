@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <vector>
+
 #include "ring/region.h"
 #include "ring/wire.h"
 #include "transport/shm/region_cache.h"
@@ -178,6 +180,22 @@ TEST_F(ArenaTest, APlaceServesAgainOnlyOnceThePeerIsDone) {
   const Placed e = place(kPeer);
   EXPECT_NE(e.ref.offset, a.ref.offset);
   for (const Placed* p : {&keep, &b, &e}) give_up(*p, false);
+}
+
+// A peer that keeps one connection open and never says it is done with
+// the others: past 64 places held for it, the file takes no more regions
+// (it goes, with those pages, when its last region does).
+TEST_F(ArenaTest, AFileTakesNoMoreRegionsPastItsBoundOfHeldPlaces) {
+  const Placed keep = place(kPeer);
+  std::vector<Placed> given(65);
+  for (Placed& p : given) p = place(kPeer);
+  for (int i = 0; i < 64; ++i) give_up(given[i], true);  // the peer's end not done
+  const Placed still = place(kPeer);
+  EXPECT_EQ(still.ref.arena, keep.ref.arena);
+  give_up(given[64], true);
+  const Placed next = place(kPeer);
+  EXPECT_NE(next.ref.arena, keep.ref.arena);
+  for (const Placed* p : {&keep, &still, &next}) give_up(*p, false);
 }
 
 TEST_F(ArenaTest, AfterAForkNothingNewGoesInTheSharedFile) {

@@ -49,6 +49,10 @@ std::vector<Arena*>& arenas() {
 // never says it is done cannot make every placement slower.
 constexpr size_t kHeldLooks = 8;
 
+// The most places a file holds given up while the peer's end still held
+// them.
+constexpr size_t kMaxHeld = 64;
+
 // The bound on a file's length: far past any count of regions, and well
 // inside off_t even when a peer grew the file (its right) first.
 constexpr uint64_t kMaxEnd = uint64_t{1} << 46;
@@ -222,13 +226,16 @@ void arena_release(const RegionRef& r, size_t len, const void* header, bool reus
     // The peer (the client, side 1) done too: its pages go back now.
     const Arena::Place p = {r.offset, len};
     const auto* h = static_cast<const RegionHeader*>(header);
-    if (h == nullptr) {
-      a->free.push_back(p);
-    } else if (h->released[1].load(std::memory_order_acquire) == 1) {
+    if (h == nullptr || h->released[1].load(std::memory_order_acquire) == 1) {
       give_back(a, p);
       a->free.push_back(p);
     } else {
       a->held.push_back(p);
+      // A peer that keeps one connection open and never says it is done
+      // with the others would keep their pages here for as long as the
+      // pair connects: past kMaxHeld, the file takes no more regions, and
+      // goes (pages and all) with the last of those it has.
+      if (a->held.size() > kMaxHeld) a->places = false;
     }
   }
   if (--a->refs == 0) destroy(a);

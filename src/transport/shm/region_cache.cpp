@@ -159,11 +159,16 @@ void region_cache_drop_all() {
   g_kept->clear();
 }
 
+void region_process_token_renew() { g_token.store(0, std::memory_order_release); }
+
 void region_cache_fork_prepare() { g_mu.lock(); }
 
 void region_cache_after_fork_parent() {
   // The child holds every region file of ours now (arena.h): a region kept
   // in one serves no new connection again. Mappings of others' files stay.
+  // And it holds the files our servers made for us: a new token makes them
+  // place our next regions in new ones.
+  g_token.store(0, std::memory_order_relaxed);
   if (g_kept != nullptr)
     std::erase_if(*g_kept, [](const Kept& k) {
       if (!k.creator()) return false;

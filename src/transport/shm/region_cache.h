@@ -50,8 +50,13 @@ struct RegionPeer {
 void region_cache_set_limit(size_t n);
 
 // This process's token, proved with in each pairing as a client: random,
-// made at first use, and new in a fork's child (which is another process).
+// made at first use, and new in a fork's child (which is another process)
+// and its parent. A server places the regions of all connections with
+// one (pid, token) in one file (arena.h): a process that hands such a file
+// to another one (a spawn) renews its token, so that no later region of
+// its goes there.
 uint64_t region_process_token();
+void region_process_token_renew();
 
 // Creator's side. A kept region for a new connection to `peer` with rings
 // of ring_bytes whose peer end is done: its header made fresh for `nonce`
@@ -75,7 +80,8 @@ void region_cache_drop_all();
 
 // fork(): held across it; the child drops its copies, so that parent and
 // child never hand the same region to two connections, and the parent its
-// own (their files are the child's too). Call after arena's fork hooks.
+// own (their files are the child's too); both draw a new token. The
+// prepare hook runs before arena_fork_prepare, the others after arena's.
 void region_cache_fork_prepare();
 void region_cache_after_fork_parent();
 void region_cache_after_fork_child();

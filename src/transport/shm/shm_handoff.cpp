@@ -95,9 +95,11 @@ void ShmChannel::exec_prepare(ExecKind kind, bool inherited, ExecSink& sink) {
   sink.keep(dup);
   // The spawned child holds the connection from the moment it runs, which
   // may be before it takes it over (this process could close its own copy
-  // meanwhile): count it now. It holds the file too: nothing new goes in it.
+  // meanwhile): count it now. It holds the file too: nothing new goes in it,
+  // ours or (a new token) our server's.
   if (kind == ExecKind::kSpawn) {
     arena_stop_placing(region_.arena);
+    region_process_token_renew();
     add_holder();
     sink.quiesce();
     sink.undo_later(kUndoHolder);
