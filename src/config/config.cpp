@@ -75,6 +75,7 @@ enum class Knob {
   kTcpFirst,
   kPairDelayMs,
   kRegionCache,
+  kRegionFile,
   kLogLevel,
   kLogFile,
   kStats
@@ -87,13 +88,14 @@ struct KnobName {
   bool is_path;  // paths are taken verbatim; other values are trimmed
 };
 
-constexpr std::array<KnobName, 9> kKnobs = {{
+constexpr std::array<KnobName, 10> kKnobs = {{
     {Knob::kRingSize, "RSOCK_RING_SIZE", "ring_size", false},
     {Knob::kSpinUs, "RSOCK_SPIN_US", "spin_us", false},
     {Knob::kConnectTimeoutMs, "RSOCK_CONNECT_TIMEOUT_MS", "connect_timeout_ms", false},
     {Knob::kTcpFirst, "RSOCK_TCP_FIRST", "tcp_first", false},
     {Knob::kPairDelayMs, "RSOCK_PAIR_DELAY_MS", "pair_delay_ms", false},
     {Knob::kRegionCache, "RSOCK_REGION_CACHE", "region_cache", false},
+    {Knob::kRegionFile, "RSOCK_REGION_FILE", "region_file", false},
     {Knob::kLogLevel, "RSOCK_LOG_LEVEL", "log_level", false},
     {Knob::kLogFile, "RSOCK_LOG_FILE", "log_file", true},
     {Knob::kStats, "RSOCK_STATS", "stats", true},
@@ -170,6 +172,13 @@ bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* 
       config->region_cache = static_cast<uint32_t>(v);
       return true;
     }
+    case Knob::kRegionFile:
+      if (!iequals(value, "pair") && !iequals(value, "connection")) {
+        *error = quoted(value) + " is not valid; expected pair or connection";
+        return false;
+      }
+      config->region_file_per_connection = iequals(value, "connection");
+      return true;
     case Knob::kLogLevel: {
       for (size_t i = 0; i < kLogLevelNames.size(); ++i) {
         if (iequals(value, kLogLevelNames[i]) ||
@@ -320,8 +329,8 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
         errors->push_back(
             {source(), "unknown knob " + quoted(words[1]) +
                            "; expected ring_size, spin_us, connect_timeout_ms, "
-                           "tcp_first, pair_delay_ms, region_cache, log_level, log_file "
-                           "or stats"});
+                           "tcp_first, pair_delay_ms, region_cache, region_file, log_level, "
+                           "log_file or stats"});
         continue;
       }
       if (!apply_knob(found->knob, words[2], config, &error)) {

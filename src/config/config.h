@@ -82,6 +82,12 @@ struct Config {
   // for its next connections with the same peer processes, and as many
   // mappings (transport/shm/region_cache.h); 0 keeps none.
   uint32_t region_cache = kDefaultRegionCache;
+  // RSOCK_REGION_FILE=connection: each shared-memory connection's region
+  // in a memfd of its own (one more descriptor per connection), not in the
+  // file of the pair of processes (transport/shm/arena.h), for a program
+  // that hands accelerated sockets to programs it trusts less through exec
+  // or spawn: such a program gets the file with the socket.
+  bool region_file_per_connection = false;
   // RSOCK_TEST_HANDOVER_PAUSE_US, for tests: the pairing's thread pauses
   // this long in each hand-over, after the outcome is published and the
   // epoll members converted, before the fds change hands (socket/pending.cpp,

@@ -393,6 +393,28 @@ TEST_F(TcpFirstTest, APairedConnectionHoldsOneDescriptor) {
   }
 }
 
+// RSOCK_REGION_FILE=connection (docs/security.md: for a program that hands
+// accelerated sockets to programs it trusts less) puts each connection's
+// region in a file of its own again: one descriptor more per connection,
+// on both sides (the client proves itself without a token, the server
+// places for nobody).
+TEST_F(TcpFirstTest, ARegionFileOfItsOwnOnRequest) {
+  const int n = 20;
+  int tcp_c = 0, tcp_s = 0, rs_c = 0, rs_s = 0;
+  const int port = free_port(), port2 = free_port();
+  ASSERT_GT(port, 0);
+  ASSERT_GT(port2, 0);
+  count_descriptors(Env{}, port, n, &tcp_c, &tcp_s);
+  count_descriptors(preloaded({{"RSOCK_PEERS", "127.0.0.1:" + std::to_string(port2)},
+                               {"RSOCK_TCP_FIRST", "0"},
+                               {"RSOCK_REGION_FILE", "connection"}}),
+                    port2, n, &rs_c, &rs_s);
+  EXPECT_GE(rs_c, tcp_c + n) << "client: " << rs_c << " fds against " << tcp_c << " on TCP";
+  EXPECT_GE(rs_s, tcp_s + n) << "server: " << rs_s << " fds against " << tcp_s << " on TCP";
+  EXPECT_LE(rs_c, tcp_c + n + 4) << "client: " << rs_c << " fds against " << tcp_c << " on TCP";
+  EXPECT_LE(rs_s, tcp_s + n + 4) << "server: " << rs_s << " fds against " << tcp_s << " on TCP";
+}
+
 // A closed fd leaves nothing in an epoll set, as on kernel TCP, where a
 // registration goes with the socket's file. A pairing that ends on plain
 // TCP (here the server has no librsock: peer_not_accelerated, a

@@ -525,6 +525,20 @@ TEST(ConfigEnv, TestHandoverPause) {
     expect_rejected("RSOCK_TEST_HANDOVER_PAUSE_US", bad, "integer from 0 to 100000");
 }
 
+TEST(ConfigEnv, RegionFile) {
+  std::vector<ConfigError> errors;
+  Config c = parse_env({}, &errors);
+  EXPECT_FALSE(c.region_file_per_connection);
+  c = parse_env({{"RSOCK_REGION_FILE", "connection"}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_TRUE(c.region_file_per_connection);
+  c = parse_env({{"RSOCK_REGION_FILE", "Pair"}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_FALSE(c.region_file_per_connection);
+  for (const char* bad : {"1", "per-connection", "pairs"})
+    expect_rejected("RSOCK_REGION_FILE", bad, "expected pair or connection");
+}
+
 TEST(ConfigEnv, RegionCache) {
   std::vector<ConfigError> errors;
   Config c = parse_env({}, &errors);

@@ -14,10 +14,14 @@
 // it maps from it, found by the file's identity. So a process holds one
 // memfd per peer process, beside the sockets.
 //
-// Only the two processes of a pair ever hold the file. Nothing new is
-// placed in an arena once a fork or spawn shared its descriptor: the next
-// region for that peer goes in a new file, as it would with a file per
-// region.
+// The file holds only what the two processes of the pair said to each
+// other. Nothing new is placed in an arena once a fork or spawn shared its
+// descriptor: the next region for that peer goes in a new file, as it
+// would with a file per region (and the peer, its token renewed at a fork
+// or spawn, proves itself as a new process). A program that receives an
+// accelerated socket through exec or spawn gets the whole file with it:
+// RSOCK_REGION_FILE=connection (a token of 0) gives each region a file of
+// its own instead (docs/security.md).
 //
 // A region the creator gives up is placed again (or its pages given back)
 // only once the peer's end said it is done with it (RegionHeader::released,

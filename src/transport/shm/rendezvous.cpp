@@ -280,6 +280,7 @@ class ShmServerPairing final : public Pairing {
       : tcp_fd_(tcp_fd),
         ring_bytes_(cfg.ring_bytes),
         tcp_first_(cfg.tcp_first),
+        own_file_(cfg.region_file_per_connection),
         deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {
     region_cache_set_limit(cfg.region_cache);
   }
@@ -507,8 +508,10 @@ class ShmServerPairing final : public Pairing {
     }
     // The process that proved itself: the pid the kernel gave for the
     // rendezvous's owner and its token. A region kept from our last
-    // connection with it serves, else a new one.
-    peer_.token = m.token;
+    // connection with it serves, else a new one. A region asked to be in a
+    // file of its own (RSOCK_REGION_FILE=connection here, or a client that
+    // proved itself without a token) is placed and kept for nobody.
+    peer_.token = own_file_ ? 0 : m.token;
     reused_ = region_cache_take(peer_, ring_bytes_, nonce_, &region_, &map_, &map_len_);
     int rc = 0;
     if (reused_)
@@ -565,6 +568,7 @@ class ShmServerPairing final : public Pairing {
   int tcp_fd_;
   const size_t ring_bytes_;
   const bool tcp_first_;
+  const bool own_file_;  // RSOCK_REGION_FILE=connection
   const int64_t deadline_;
   WireAddr ends_[2] = {};  // the connection's local and peer address
   bool have_ends_ = false;
@@ -599,6 +603,7 @@ class ShmClientPairing final : public Pairing {
       : tcp_fd_(tcp_fd),
         listener_(rendezvous_fd),
         tcp_first_(cfg.tcp_first),
+        own_file_(cfg.region_file_per_connection),
         deadline_(monotonic_ms() + pairing_bound_ms(cfg)) {
     region_cache_set_limit(cfg.region_cache);
   }
@@ -806,8 +811,10 @@ class ShmClientPairing final : public Pairing {
       *why = Fallback::kResources;
       return false;
     }
+    // Without a token (RSOCK_REGION_FILE=connection) the server places our
+    // region in a file of its own.
     HelloMsg m = {static_cast<uint32_t>(MsgType::kProof), kHandshakeVersion,
-                  region_process_token()};
+                  own_file_ ? 0 : region_process_token()};
     int rc = send_msg(server_, &m, sizeof m, &proof, 1);
     real().close(proof);
     *why = when_peer_left(rc);  // (the server closes its end at its deadline)
@@ -873,6 +880,7 @@ class ShmClientPairing final : public Pairing {
   int tcp_fd_;
   int listener_;
   const bool tcp_first_;
+  const bool own_file_;  // RSOCK_REGION_FILE=connection
   const int64_t deadline_;
   WireAddr ends_[2] = {};  // the connection's local and peer address
   bool have_ends_ = false;
