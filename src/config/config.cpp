@@ -651,16 +651,19 @@ Config parse_config(const EnvLookup& env, const std::string* conf_text,
     if (!apply_knob(k.knob, value, &config, &why)) errors->push_back({k.env, why});
   }
   // For tests only (no rule-file spelling): see Config.
-  if (auto v = get("RSOCK_TEST_HANDOVER_PAUSE_US"); v && !trim(*v).empty()) {
+  auto test_pause = [&](const char* env, uint32_t* out) {
+    auto v = get(env);
+    if (!v || trim(*v).empty()) return;
     uint64_t us = 0;
     if (parse_uint(trim(*v), kMaxTestHandoverPauseUs, &us)) {
-      config.test_handover_pause_us = static_cast<uint32_t>(us);
+      *out = static_cast<uint32_t>(us);
     } else {
-      errors->push_back({"RSOCK_TEST_HANDOVER_PAUSE_US",
-                         quoted(trim(*v)) + " is not valid; expected an integer from 0 to " +
-                             std::to_string(kMaxTestHandoverPauseUs) + " (microseconds)"});
+      errors->push_back({env, quoted(trim(*v)) + " is not valid; expected an integer from 0 to " +
+                                  std::to_string(kMaxTestHandoverPauseUs) + " (microseconds)"});
     }
-  }
+  };
+  test_pause("RSOCK_TEST_HANDOVER_PAUSE_US", &config.test_handover_pause_us);
+  test_pause("RSOCK_TEST_EPOLL_PAUSE_US", &config.test_epoll_pause_us);
 
   for (PeerRule& rule : file_rules) config.rules.push_back(std::move(rule));
   for (ConfigError& e : file_errors) errors->push_back(std::move(e));

@@ -49,7 +49,7 @@ inline constexpr uint32_t kDefaultPairDelayMs = 5;           // RSOCK_PAIR_DELAY
 inline constexpr uint32_t kMaxPairDelayMs = 60000;
 inline constexpr uint32_t kDefaultRegionCache = 16;  // RSOCK_REGION_CACHE
 inline constexpr uint32_t kMaxRegionCache = 4096;
-inline constexpr uint32_t kMaxTestHandoverPauseUs = 100000;  // RSOCK_TEST_HANDOVER_PAUSE_US
+inline constexpr uint32_t kMaxTestHandoverPauseUs = 100000;  // RSOCK_TEST_*_PAUSE_US
 
 // Messages about configuration (and the files it names) echo values from
 // the environment and the rule file, which may be hostile: a value is cut to
@@ -94,6 +94,10 @@ struct Config {
   // hand_over). A thread that loses the processor there opens the same
   // window; the pause makes it wide enough for a test to meet often.
   uint32_t test_handover_pause_us = 0;
+  // RSOCK_TEST_EPOLL_PAUSE_US, for tests: an epoll_wait whose first look at
+  // its members found one ready pauses this long before it asks the kernel
+  // too (progress/readiness.cpp, rs_epoll_wait), with the set's lock held.
+  uint32_t test_epoll_pause_us = 0;
   std::vector<PeerRule> rules;  // RSOCK_PEERS rules first, then the rule file's, in order
 };
 

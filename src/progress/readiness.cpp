@@ -56,6 +56,12 @@ int64_t spin_budget_ns() {
   return static_cast<int64_t>(rt ? rt->config.spin_us : kDefaultSpinUs) * 1000;
 }
 
+// RSOCK_TEST_EPOLL_PAUSE_US (Config): tests only.
+uint32_t test_epoll_pause_us() {
+  const Runtime* rt = runtime();
+  return rt ? rt->config.test_epoll_pause_us : 0;
+}
+
 // Remaining time for a blocking kernel wait; -1 = infinite.
 bool remaining(int64_t deadline, timespec* ts, int* ms) {
   if (deadline < 0) {
@@ -444,10 +450,9 @@ void kick_set(EpollState& s, bool fresh) {
 // the rest look only at those with news (EpollMember::tcp_news).
 enum class OnTcp { kLook, kSkip };
 // *ring (when given) is set when a member looked at has a direction on a
-// transport: one worth a spin.
-int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLook,
-            bool* ring = nullptr) {
-  std::lock_guard<std::mutex> lock(s.mu);
+// transport: one worth a spin. Under s.mu.
+int collect_locked(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLook,
+                   bool* ring = nullptr) {
   int n = 0;
   // Members that are one connection (dup'd fds, wait_shared) report from
   // one look at it per pass, as the kernel's wakeup queues all of a file's
@@ -539,6 +544,12 @@ int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLoo
     if (m.events & EPOLLONESHOT) m.disabled = true;
   }
   return n;
+}
+
+int collect(EpollState& s, epoll_event* out, int max, OnTcp on_tcp = OnTcp::kLook,
+            bool* ring = nullptr) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  return collect_locked(s, out, max, on_tcp, ring);
 }
 
 // A connection this epoll_wait sleeps on: held (with its hub) until the
@@ -741,12 +752,11 @@ bool has_joined(const std::vector<Joined>* joined, const ConnectionState* c) {
 // Moves kernel events into place, draining doorbells of accelerated members
 // (and passing on what a drain consumed: joined, the connections this wait
 // sleeps on, or nullptr while spinning). A kick needs nothing here: the
-// caller looks at every member next.
-int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joined>* joined) {
+// caller looks at every member next. Under s.mu.
+int filter_kernel_locked(EpollState& s, epoll_event* ev, int n, const std::vector<Joined>* joined) {
   int kept = 0;
   for (int i = 0; i < n; ++i) {
     if ((ev[i].data.u64 & kTagMask) == kKickTag) {  // the set's waker (kSetKick)
-      std::lock_guard<std::mutex> lock(s.mu);
       if (!s.kick) continue;
       s.kick->drain();
       // A WakeHub kick among the pokes: another thread consumed a wakeup
@@ -762,7 +772,6 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
     if ((ev[i].data.u64 & kTagMask) == kTag) {
       const auto low = static_cast<uint32_t>(ev[i].data.u64);
       const int fd = static_cast<int>(low & kTagFdMask);
-      std::lock_guard<std::mutex> lock(s.mu);
       auto it = s.members.find(fd);
       if (it == s.members.end()) continue;
       EpollMember& m = it->second;
@@ -787,6 +796,11 @@ int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joine
     ev[kept++] = ev[i];
   }
   return kept;
+}
+
+int filter_kernel(EpollState& s, epoll_event* ev, int n, const std::vector<Joined>* joined) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  return filter_kernel_locked(s, ev, n, joined);
 }
 
 }  // namespace
@@ -1618,12 +1632,21 @@ int rs_epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout_ms,
       // less per wait), unless the members' look finds something after
       // all: one that switched to a transport meanwhile, or one
       // level-triggered and still ready (kernel fds must not starve).
-      n = collect(*s, events, maxevents, OnTcp::kLook, &ring);
+      // One look under the set's lock: a pairing that ends on plain TCP
+      // meanwhile (epoll_pending_resolved, under the lock too) would else
+      // have its member reported here and the kernel's registration it
+      // hands over reported again below, one fd twice in one answer (which
+      // a loop that closes the fd at the first takes for a closed fd's, or
+      // a freed object's, at the second).
+      std::lock_guard<std::mutex> lock(s->mu);
+      n = collect_locked(*s, events, maxevents, OnTcp::kLook, &ring);
       if ((n > 0 || ring) && look_at_kernel(true, last, iter, now, &s->kernel_look)) {
         looked = true;
-        const int k = ask_kernel(events + n, maxevents - n);
+        if (const uint32_t us = test_epoll_pause_us()) usleep(us);  // tests only
+        int k = maxevents > n ? real().epoll_wait(epfd, events + n, maxevents - n, 0) : 0;
+        k = k > 0 ? filter_kernel_locked(*s, events + n, k, nullptr) : 0;
         // With nothing of ours yet, the kernel's news of members counts too.
-        n = n > 0 ? n + k : k + collect(*s, events + k, maxevents - k);
+        n = n > 0 ? n + k : k + collect_locked(*s, events + k, maxevents - k);
       }
     } else {
       looked = look_at_kernel(iter == 1, last, iter, now, &s->kernel_look);

@@ -105,6 +105,34 @@ class TcpFirstTest : public PreloadTest {
     expect_paths(*cs, 0, 2, "client");
     expect_fallbacks(*cs, {{"closed_before_pairing", 1}}, "client");
   }
+  // rs_stale against a server without librsock that answers each of
+  // `runs` connections with a byte `send_after_ms` after its accept: `runs`
+  // client processes with client_args (besides role and port), preloaded
+  // with `env`, one connection each (a failed pairing puts the server in
+  // the negative cache of the process). Each must exit 0; their RESULT
+  // lines, in order.
+  void stale_clients(int port, int runs, const std::string& send_after_ms, const Env& env,
+                     const std::vector<std::string>& client_args,
+                     std::vector<std::map<std::string, std::string>>* results) {
+    bool ready = false;
+    Proc& server =
+        start_server("server", "rs_stale",
+                     {"--role", "server", "--port", std::to_string(port), "--connections",
+                      std::to_string(runs), "--send-after-ms", send_after_ms},
+                     Env{}, &ready);
+    ASSERT_TRUE(ready) << server.describe();
+    std::vector<std::string> args = {"--role",        "client", "--port", std::to_string(port),
+                                     "--connections", "1"};
+    args.insert(args.end(), client_args.begin(), client_args.end());
+    for (int i = 0; i < runs; ++i) {
+      Proc& client = spawn("client", "rs_stale", args, env);
+      ASSERT_TRUE(wait_exit(client, 30000)) << "client hung";
+      ASSERT_TRUE(client.exited_ok()) << client.describe();
+      results->push_back(parse_result(client.out(), "RESULT"));
+    }
+    ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+    ASSERT_TRUE(server.exited_ok()) << server.describe();
+  }
   // rs_stream both ways at once, `bytes` each way, in random writes and
   // mixed reads; every byte checked by the reader and hashed.
   void exchange(uint64_t bytes, const std::string& delay_ms, Run* out) {
@@ -432,25 +460,12 @@ TEST_F(TcpFirstTest, AClosedFdLeavesNoRegistrationBehind) {
   const int port = free_port();
   ASSERT_GT(port, 0);
   const int runs = 3;
-  bool ready = false;
-  Proc& server = start_server("server", "rs_stale",
-                              {"--role", "server", "--port", std::to_string(port), "--connections",
-                               std::to_string(runs), "--send-after-ms", "30"},
-                              Env{}, &ready);
-  ASSERT_TRUE(ready) << server.describe();
   Env env = preloaded(tcp_first_env(port, "0"));
   env["RSOCK_TEST_HANDOVER_PAUSE_US"] = "100000";
-  for (int i = 0; i < runs; ++i) {
-    Proc& client = spawn("client", "rs_stale",
-                         {"--role", "client", "--port", std::to_string(port), "--connections", "1",
-                          "--close-after-ms", "20", "--watch-ms", "50"},
-                         env);
-    ASSERT_TRUE(wait_exit(client, 30000)) << "client hung";
-    ASSERT_TRUE(client.exited_ok()) << client.describe();
-    EXPECT_EQ(parse_result(client.out(), "RESULT")["clean"], "1");
-  }
-  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
-  ASSERT_TRUE(server.exited_ok()) << server.describe();
+  std::vector<std::map<std::string, std::string>> results;
+  stale_clients(port, runs, "30", env, {"--close-after-ms", "20", "--watch-ms", "50"}, &results);
+  if (HasFatalFailure()) return;
+  for (auto& r : results) EXPECT_EQ(r["clean"], "1");
   // Each pairing ran and ended on plain TCP before the close (the path
   // under test). Under a sanitizer the pairing may take longer than the
   // 20 ms: the close then comes first and ends it (closed_before_pairing),
@@ -463,6 +478,41 @@ TEST_F(TcpFirstTest, AClosedFdLeavesNoRegistrationBehind) {
       EXPECT_EQ(st.fallback("peer_not_accelerated") + st.fallback("closed_before_pairing"), 1u);
     else
       EXPECT_EQ(st.fallback("peer_not_accelerated"), 1u);
+  }
+}
+
+// A pairing that ends on plain TCP (the server has no librsock:
+// peer_not_accelerated) hands the set's member to the kernel under the
+// application's registration. An epoll_wait that looked at its members
+// (one ready: the server's byte, unread, level-triggered) and then at the
+// kernel must not report the fd from both when the hand-over comes between
+// the two looks: the pairing starts 30 ms after the connect, and each wait
+// pauses 50 ms between them (the test knob RSOCK_TEST_EPOLL_PAUSE_US), so
+// the hand-over falls inside a pause. Each answer must name the fd once
+// (rs_stale --once). Before 2026-12-06 the first answer after the
+// hand-over named it twice (connrate's epoll client closed the fd at the
+// first and read a closed fd at the second; found under perf trace). Three
+// client processes, one connection each (the negative cache).
+TEST_F(TcpFirstTest, AHandOverToTheKernelIsNoSecondReport) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const int runs = 3;
+  Env env = preloaded(tcp_first_env(port, "30"));
+  env["RSOCK_TEST_EPOLL_PAUSE_US"] = "50000";
+  std::vector<std::map<std::string, std::string>> results;
+  stale_clients(port, runs, "0", env, {"--once", "1", "--watch-ms", "300"}, &results);
+  if (HasFatalFailure()) return;
+  for (auto& r : results) {
+    EXPECT_EQ(r["once"], "1");
+    EXPECT_GT(to_u64(r["answers"]), 1u) << "the fd was never reported";
+  }
+  // Each pairing ended on plain TCP while the client watched (the path
+  // under test).
+  const std::vector<Stats> all = stats();
+  ASSERT_EQ(all.size(), static_cast<size_t>(runs));
+  for (const Stats& st : all) {
+    EXPECT_EQ(st.conn("tcp"), 1u);
+    EXPECT_EQ(st.fallback("peer_not_accelerated"), 1u);
   }
 }
 

@@ -30,6 +30,14 @@
 //       be reported: "STALE" and exit 1 if it is, "RESULT clean=1" if
 //       nothing names B within W ms. The server waits for A's end (the
 //       child's exit) and prints "RESULT served=2".
+//   rs_stale --role client --port P --connections N --once 1 --watch-ms W
+//       one answer names an fd once: for each connection, socket, connect,
+//       EPOLL_CTL_ADD for EPOLLIN (level-triggered, data.fd = the fd), then
+//       epoll_wait for up to 8 events in 10 ms slices for W ms, while the
+//       server's byte waits unread (each answer reports the fd); then the
+//       close. An answer that names the fd twice: "TWICE" and exit 1.
+//       Prints "RESULT once=N answers=A" when none did (A: the answers
+//       that reported the fd).
 // Every wait is bounded; exit 1 on any failure, 2 on bad usage.
 #include <errno.h>
 #include <poll.h>
@@ -158,11 +166,42 @@ int client(int port, int n, int close_after_ms, int watch_ms) {
   return 0;
 }
 
+int64_t now_ms() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return int64_t{t.tv_sec} * 1000 + t.tv_nsec / 1000000;
+}
+
+int client_once(int port, int n, int watch_ms) {
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) fail("epoll_create1");
+  int answers = 0;
+  for (int i = 0; i < n; ++i) {
+    const int fd = connect_and_add(ep, port, kDataIsFd);
+    for (const int64_t end = now_ms() + watch_ms; now_ms() < end;) {
+      epoll_event got[8];
+      const int k = epoll_wait(ep, got, 8, 10);
+      if (k < 0 && errno != EINTR) fail("epoll_wait");
+      int named = 0;
+      for (int j = 0; j < k; ++j)
+        if (got[j].data.fd == fd) ++named;
+      if (named > 1) {
+        printf("TWICE connection %d: fd %d named %d times in one answer of %d\n", i, fd, named, k);
+        return 1;
+      }
+      answers += named;
+    }
+    if (close(fd) != 0) fail("close");
+  }
+  printf("RESULT once=%d answers=%d\n", n, answers);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string role;
-  int port = 0, n = 0, send_after = 0, close_after = 0, watch = 0, held = 0;
+  int port = 0, n = 0, send_after = 0, close_after = 0, watch = 0, held = 0, once = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = atoi(argv[i + 1]);
@@ -180,16 +219,20 @@ int main(int argc, char** argv) {
       watch = v;
     else if (k == "--held")
       held = v;
+    else if (k == "--once")
+      once = v;
   }
   if (held && port > 0 && role == "server") return server_held(port, send_after);
   if (held && port > 0 && role == "client") return client_held(port, watch);
+  if (once && port > 0 && n > 0 && role == "client") return client_once(port, n, watch);
   if (port <= 0 || n <= 0 || (role != "server" && role != "client")) {
     fprintf(stderr,
             "usage: rs_stale --role server --port P --connections N --send-after-ms S\n"
             "       rs_stale --role client --port P --connections N --close-after-ms C "
             "--watch-ms W\n"
             "       rs_stale --role server|client --port P --held 1 [--send-after-ms S] "
-            "[--watch-ms W]\n");
+            "[--watch-ms W]\n"
+            "       rs_stale --role client --port P --connections N --once 1 --watch-ms W\n");
     return 2;
   }
   return role == "server" ? server(port, n, send_after) : client(port, n, close_after, watch);

@@ -525,6 +525,18 @@ TEST(ConfigEnv, TestHandoverPause) {
     expect_rejected("RSOCK_TEST_HANDOVER_PAUSE_US", bad, "integer from 0 to 100000");
 }
 
+TEST(ConfigEnv, TestEpollPause) {
+  std::vector<ConfigError> errors;
+  Config c = parse_env({}, &errors);
+  EXPECT_EQ(c.test_epoll_pause_us, 0u);
+  c = parse_env({{"RSOCK_TEST_EPOLL_PAUSE_US", " 2500 "}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_EQ(c.test_epoll_pause_us, 2500u);
+  EXPECT_EQ(c.test_handover_pause_us, 0u);
+  for (const char* bad : {"100001", "x", "-5"})
+    expect_rejected("RSOCK_TEST_EPOLL_PAUSE_US", bad, "integer from 0 to 100000");
+}
+
 TEST(ConfigEnv, RegionFile) {
   std::vector<ConfigError> errors;
   Config c = parse_env({}, &errors);
