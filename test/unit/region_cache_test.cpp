@@ -291,6 +291,38 @@ TEST_F(RegionCache, AForkLeavesNoKeptRegionAndNewTokensOnBothSides) {
   EXPECT_NE(region_process_token(), 0u);
 }
 
+// A client's token is its server's alone: another server process gets
+// another, the same one the same (its regions go to one file) until the
+// tokens are renewed (a spawn) or a fork makes new ones, and none is 0
+// (which asks for a file per region).
+TEST(RegionToken, OnePerServerProcess) {
+  const uint64_t a = region_token_for(1001);
+  const uint64_t b = region_token_for(1002);
+  EXPECT_NE(a, 0u);
+  EXPECT_NE(b, 0u);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(region_token_for(1001), a);
+  EXPECT_EQ(region_token_for(1002), b);
+  region_process_token_renew();
+  const uint64_t a2 = region_token_for(1001);
+  EXPECT_NE(a2, a);
+  EXPECT_NE(a2, 0u);
+  EXPECT_EQ(region_token_for(1001), a2);
+  region_cache_fork_prepare();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    region_cache_after_fork_child();
+    const uint64_t c = region_token_for(1001);
+    _exit(c != a2 && c != 0 && region_token_for(1001) == c ? 0 : 1);
+  }
+  region_cache_after_fork_parent();
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_NE(region_token_for(1001), a2);
+}
+
 // The protection of this process's mapping that holds addr, as
 // /proc/self/maps shows it ("r--s"), or "" when none does.
 std::string protection_at(const void* addr) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 #include "common/real.h"
 #include "config/config.h"
@@ -33,6 +34,22 @@ std::mutex g_mu;
 std::vector<Kept>* g_kept = nullptr;  // oldest first; never freed
 std::atomic<size_t> g_limit{kDefaultRegionCache};
 std::atomic<uint64_t> g_token{0};
+// region_token_for's tokens: server pid -> (generation, token); under g_mu.
+// Bounded: past kMaxServerTokens it starts afresh (a server then gets a new
+// token, and places our next regions in a new file).
+struct ServerToken {
+  uint64_t generation = 0;
+  uint64_t token = 0;
+};
+std::unordered_map<int32_t, ServerToken>* g_server_tokens = nullptr;  // never freed
+constexpr size_t kMaxServerTokens = 1024;
+
+uint64_t random_nonzero() {
+  uint64_t v = 0;
+  while (v == 0)
+    if (getrandom(&v, sizeof v, 0) != static_cast<ssize_t>(sizeof v)) v = 0;
+  return v;
+}
 
 void drop(const Kept& k) {
   // (a place given up while this process still maps it: its header says
@@ -72,11 +89,22 @@ void region_cache_set_limit(size_t n) { g_limit.store(n, std::memory_order_relax
 uint64_t region_process_token() {
   uint64_t t = g_token.load(std::memory_order_acquire);
   if (t != 0) return t;
-  uint64_t mine = 0;
-  while (mine == 0)
-    if (getrandom(&mine, sizeof mine, 0) != static_cast<ssize_t>(sizeof mine)) mine = 0;
+  const uint64_t mine = random_nonzero();
   // Two threads may race to make it: one value wins for both.
   return g_token.compare_exchange_strong(t, mine, std::memory_order_acq_rel) ? mine : t;
+}
+
+uint64_t region_token_for(int32_t server_pid) {
+  const uint64_t generation = region_process_token();
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_server_tokens == nullptr) g_server_tokens = new std::unordered_map<int32_t, ServerToken>;
+  auto it = g_server_tokens->find(server_pid);
+  if (it != g_server_tokens->end() && it->second.generation == generation) return it->second.token;
+  if (it == g_server_tokens->end() && g_server_tokens->size() >= kMaxServerTokens)
+    g_server_tokens->clear();
+  const ServerToken made = {generation, random_nonzero()};
+  (*g_server_tokens)[server_pid] = made;
+  return made.token;
 }
 
 bool region_cache_take(const RegionPeer& peer, size_t ring_bytes, uint64_t nonce, RegionRef* out,

@@ -49,14 +49,21 @@ struct RegionPeer {
 // Config::region_cache (RSOCK_REGION_CACHE).
 void region_cache_set_limit(size_t n);
 
-// This process's token, proved with in each pairing as a client: random,
-// made at first use, and new in a fork's child (which is another process)
-// and its parent. A server places the regions of all connections with
-// one (pid, token) in one file (arena.h): a process that hands such a file
-// to another one (a spawn) renews its token, so that no later region of
-// its goes there.
+// This process's token generation: random, made at first use, and new in
+// a fork's child (which is another process) and its parent, and at
+// region_process_token_renew. A server places the regions of all
+// connections with one (pid, token) in one file (arena.h): a process that
+// hands such a file to another one (a spawn) renews its tokens, so that no
+// later region of its goes there.
 uint64_t region_process_token();
 void region_process_token_renew();
+// The token this process proves itself with as a client to the server
+// process `server_pid`: random per server process within a generation
+// (never 0). A token sent to one server names nothing at another: a
+// process that learned it as our server and later got our pid (once we
+// exited) cannot present it to another server of ours to be placed in the
+// file that server shared with us.
+uint64_t region_token_for(int32_t server_pid);
 
 // Creator's side. A kept region for a new connection to `peer` with rings
 // of ring_bytes whose peer end is done: its header made fresh for `nonce`

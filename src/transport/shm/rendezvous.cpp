@@ -811,10 +811,15 @@ class ShmClientPairing final : public Pairing {
       *why = Fallback::kResources;
       return false;
     }
-    // Without a token (RSOCK_REGION_FILE=connection) the server places our
-    // region in a file of its own.
-    HelloMsg m = {static_cast<uint32_t>(MsgType::kProof), kHandshakeVersion,
-                  own_file_ ? 0 : region_process_token()};
+    // Without a token (RSOCK_REGION_FILE=connection, or a server process
+    // we cannot name) the server places our region in a file of its own.
+    // A token is this server's alone (region_token_for).
+    uint64_t token = 0;
+    ucred cred = {};
+    socklen_t clen = sizeof cred;
+    if (!own_file_ && real().getsockopt(server_, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0)
+      token = region_token_for(cred.pid);
+    HelloMsg m = {static_cast<uint32_t>(MsgType::kProof), kHandshakeVersion, token};
     int rc = send_msg(server_, &m, sizeof m, &proof, 1);
     real().close(proof);
     *why = when_peer_left(rc);  // (the server closes its end at its deadline)
