@@ -10,7 +10,8 @@
 //
 // Cases (same list, same order on both ends):
 //   xfer          8 MiB each direction at once, random write sizes, every
-//                 byte checked, then shutdown -> EOF on both ends, close
+//                 byte checked, then shutdown -> EOF on both ends, close;
+//                 first, the channel holds at most 5 descriptors, no timer
 //   pingpong      64-byte ping-pong over the stream: latency percentiles
 //   bw            32 MiB client -> server in 65000-byte writes: throughput
 //   tcp-pingpong, tcp-bw   the same over kernel TCP (no pairing), for reference
@@ -248,7 +249,28 @@ struct Result {
 };
 
 // Both directions at once: this thread sends, a helper thread receives.
+// The descriptors a connected channel holds in this process (own_fds):
+// none is a timer (made only for a move's deadline, 2026-12-06), and
+// there are at most `most`. "" or why not.
+std::string check_channel_fds(rsock::Channel& ch, size_t most) {
+  std::vector<int> fds;
+  ch.own_fds(&fds);
+  for (int fd : fds) {
+    char link[64] = {}, path[32];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    if (readlink(path, link, sizeof link - 1) > 0 && strstr(link, "timerfd"))
+      return "fd " + std::to_string(fd) + " is a timer (" + link + ")";
+  }
+  if (fds.size() > most)
+    return std::to_string(fds.size()) + " descriptors, want at most " + std::to_string(most);
+  return "";
+}
+
 void case_xfer(rsock::Stream& s, bool is_server, Result* res) {
+  // Its socket dup, completion channel, rdma_cm channel, epoll set and the
+  // end's memfd (a device this process opened itself would add its own).
+  if (const std::string why = check_channel_fds(s.channel(), 5); !why.empty())
+    res->fail("the channel's descriptors: %s", why.c_str());
   const uint64_t tx_seed = is_server ? 1 : 2, rx_seed = is_server ? 2 : 1;
   std::atomic<bool> rx_ok{true};
   std::string rx_why;

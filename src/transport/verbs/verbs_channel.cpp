@@ -239,14 +239,11 @@ uint64_t VerbsChannel::rx_addr() const { return reinterpret_cast<uintptr_t>(rx_r
 uint32_t VerbsChannel::rx_rkey() const { return rx_mr_->rkey; }
 uint64_t VerbsChannel::nonce() const { return end_.hdr() ? end_.hdr()->nonce : 0; }
 
-// The wait fds of this process: epoll set and timer (not the verbs
-// ones, which come with a queue pair).
+// The wait fd of this process: the epoll set (not the verbs ones, which
+// come with a queue pair; the timer comes with a move, arm_deadline_locked).
 int VerbsChannel::open_wait_fds() {
   epoll_fd_ = lift_fd(real().epoll_create1(EPOLL_CLOEXEC));
   if (epoll_fd_ < 0) return -errno;
-  timer_fd_ = lift_fd(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (timer_fd_ < 0) return -errno;
-  watch_fd_locked(timer_fd_);
   return 0;
 }
 
@@ -266,17 +263,29 @@ void VerbsChannel::unwatch_tcp_locked() {
   tcp_watched_ = false;
 }
 
-namespace {
-void arm_timer(int fd, int64_t deadline_ms) {
-  if (fd < 0) return;
-  itimerspec its = {};
-  if (deadline_ms > 0) {
-    its.it_value.tv_sec = deadline_ms / 1000;
-    its.it_value.tv_nsec = (deadline_ms % 1000) * 1000000;
+// A sleeper wakes at at_ms (CLOCK_MONOTONIC; a move's bound, 0: none)
+// through a timer in the epoll set, made for the move and closed after it
+// (a connection that never moves holds none: one descriptor less each). A
+// move whose timer cannot be made fails at once rather than wait unbounded.
+void VerbsChannel::arm_deadline_locked(int64_t at_ms) {
+  if (at_ms <= 0) {
+    if (timer_fd_ >= 0) real().close(timer_fd_);  // (leaves the epoll set with its file)
+    timer_fd_ = -1;
+    return;
   }
-  timerfd_settime(fd, deadline_ms > 0 ? TFD_TIMER_ABSTIME : 0, &its, nullptr);
+  if (timer_fd_ < 0) {
+    timer_fd_ = lift_fd(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    if (timer_fd_ < 0) {
+      fail_move_locked("no descriptor for the move's timer", true);
+      return;
+    }
+    watch_fd_locked(timer_fd_);
+  }
+  itimerspec its = {};
+  its.it_value.tv_sec = at_ms / 1000;
+  its.it_value.tv_nsec = (at_ms % 1000) * 1000000;
+  timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
 }
-}  // namespace
 
 int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -939,7 +948,7 @@ void VerbsChannel::become_lost_locked() {
   poll_cq_locked();  // what arrived is a fact the taker may need (rx_head)
   state_.store(kLost, std::memory_order_release);
   unwatch_tcp_locked();
-  arm_timer(timer_fd_, 0);
+  arm_deadline_locked(0);
 }
 
 // A call on a lost end fails: the first one says why, once.
@@ -1087,7 +1096,7 @@ void VerbsChannel::detach_locked(bool bounded) {
   record_rx_locked();
   state_.store(kDetached, std::memory_order_release);
   deadline_ms_ = bounded ? monotonic_ms() + kVerbsMoveMs : 0;
-  arm_timer(timer_fd_, deadline_ms_);
+  arm_deadline_locked(deadline_ms_);
   // A channel never started is a pairing candidate torn down: no stream
   // waits for anyone, so no line says so.
   if (remote_rkey_ != 0)
@@ -1113,7 +1122,7 @@ void VerbsChannel::fail_move_locked(const char* why, bool tell_peer) {
   if (state_.load(std::memory_order_relaxed) == kFailed) return;
   state_.store(kFailed, std::memory_order_release);
   carrier_lost(kTransportError | kPeerClosed);
-  arm_timer(timer_fd_, 0);
+  arm_deadline_locked(0);
   stats_reset_connection(Reset::kMoveFailed);
   LOG_WARN("rdma: moving the connection to another process failed (%s): it is reset", why);
   if (tell_peer) send_reset_frame_locked(0);
@@ -1255,7 +1264,7 @@ bool VerbsChannel::service_kernel_socket_locked() {
                      : k == Kernel::kReset ? kPeerClosed | kPeerReset
                                            : kTransportError | kPeerClosed);
         unwatch_tcp_locked();
-        arm_timer(timer_fd_, 0);
+        arm_deadline_locked(0);
         return true;
       case Kernel::kForeign:
       case Kernel::kBad:
@@ -1388,7 +1397,7 @@ void VerbsChannel::handle_move_locked(const MoveFrame& f) {
   }
   state_.store(kAwaitHello, std::memory_order_release);
   deadline_ms_ = monotonic_ms() + kVerbsMoveMs;
-  arm_timer(timer_fd_, deadline_ms_);
+  arm_deadline_locked(deadline_ms_);
   LOG_INFO("rdma: the other end moved to another process: new queue pair");
 }
 
@@ -1397,7 +1406,7 @@ void VerbsChannel::handle_move_locked(const MoveFrame& f) {
 void VerbsChannel::on_hello_locked() {
   state_.store(kOwned, std::memory_order_release);
   deadline_ms_ = 0;
-  arm_timer(timer_fd_, 0);
+  arm_deadline_locked(0);
   // Our read total as of now (the MOVED frame had it as of then): a close
   // that comes with the flags below must find it exact at the taker.
   const uint64_t consumed = rx_consumed_.load(std::memory_order_relaxed);
@@ -1875,7 +1884,7 @@ void VerbsChannel::stop_moving_locked() {
   if (st != kDetached && st != kAwaitHello && st != kTaking) return;
   state_.store(kFailed, std::memory_order_release);
   deadline_ms_ = 0;
-  arm_timer(timer_fd_, 0);
+  arm_deadline_locked(0);
 }
 
 // One look at the kernel socket (a MSG_PEEK that finds nothing, as a rule):

@@ -258,6 +258,7 @@ class VerbsChannel final : public Channel {
   void handle_move_locked(const MoveFrame& f);
   void on_hello_locked();
   void check_deadline_locked();
+  void arm_deadline_locked(int64_t at_ms);
   void fail_move_locked(const char* why, bool tell_peer);
   void send_reset_frame_locked(uint8_t flags);
   void settle_locked(std::unique_lock<std::mutex>& lock, int64_t deadline_ms, bool last_holder);
@@ -290,8 +291,8 @@ class VerbsChannel final : public Channel {
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
   int tcp_fd_ = -1;    // private dup of the kernel TCP socket
-  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ + timer
-  int timer_fd_ = -1;  // wakes a sleeper at a move's deadline
+  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ (+ timer)
+  int timer_fd_ = -1;  // wakes a sleeper at a move's deadline (only while one is set)
   bool tcp_watched_ = false;
 
   // Receive side: what the peer told us.
