@@ -175,7 +175,11 @@ void record_client_outcome(int fd, const sockaddr* addr, bool accelerated, Path 
 }
 
 ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, int /*fd*/)
-    : FdState(Kind::kConnection), stream_(std::move(channel)), path_(path) {}
+    : FdState(Kind::kConnection), stream_(std::move(channel)), path_(path) {
+  // (The hub outlives the channel: stream_ is declared after it.)
+  stream_.channel().set_async_kick([](void* hub) { static_cast<WakeHub*>(hub)->kick(false); },
+                                   &wake);
+}
 
 ConnectionState::~ConnectionState() {
   if (ConnectionState* n = next_.load(std::memory_order_acquire)) n->unref();

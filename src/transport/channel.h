@@ -166,6 +166,11 @@ class Channel {
   // wait_fd() shares those wakeups, so the caller must then wake the
   // others (socket/wake_hub.h), which may have slept through this one.
   [[nodiscard]] virtual bool drain_wakeups() = 0;
+  // A transport whose wakeups may be consumed on a thread of its own
+  // (verbs: the engine's, verbs_engine.h) wakes the connection's sleepers
+  // with fn(arg), the connection's WakeHub kick; fn must not call back
+  // into the channel. Others ignore it.
+  virtual void set_async_kick(void (* /*fn*/)(void*), void* /*arg*/) {}
   // A sleeper that wakes on wait_fd() to find what it waited for may leave
   // the wakeups there (true: this transport keeps them for later), so that
   // the drain is off the path to the application's next call, and the

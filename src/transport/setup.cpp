@@ -11,6 +11,7 @@
 #include "transport/shm/region_cache.h"
 #include "transport/shm/rendezvous.h"
 #include "transport/shm/shm_linger.h"
+#include "transport/verbs/verbs_engine.h"
 #include "transport/verbs/verbs_setup.h"
 
 namespace rsock {
@@ -147,6 +148,7 @@ void client_fell_back(const sockaddr* addr, Fallback why) {
 
 void transports_after_fork_child() {
   verbs_after_fork_child();
+  VerbsEngine::after_fork_child();
   shm_linger_after_fork_child();
   arena_after_fork_child();  // (before the kept regions' places are given up)
   region_cache_after_fork_child();
@@ -165,6 +167,7 @@ void transports_after_fork_parent() {
 }
 
 void transports_own_fds(std::vector<int>* out) {
+  VerbsEngine::own_fds(out);
   shm_linger_own_fds(out);
   arena_own_fds(out);
 }

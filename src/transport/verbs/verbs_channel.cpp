@@ -35,13 +35,12 @@
 // The wakeup path. What a sleeper does between waking and its reply is on
 // the round trip; what it does before it sleeps overlaps the peer's turn.
 // Measured on soft-RoCE (rxe, TCG guests): ibv_req_notify_cq ~50 us,
-// ibv_get_cq_event ~20 us, ibv_post_recv ~4 us, ibv_poll_cq < 1 us. So a
-// sleeper woken by new completions while the CQ was armed (the notification
-// must have fired) leaves reading that event for arm(), which runs before
-// the next sleep (event_owed_); and the receive WQEs it consumed are
-// re-posted in batches of kRepostBatch, or all of them in arm(). A drain
-// that finds an event still owed (its caller did not arm in between) reads
-// it at once, so wait_fd never stays readable for more than one extra turn.
+// ibv_get_cq_event ~20 us, ibv_post_recv ~4 us, ibv_poll_cq < 1 us. The
+// CQ and its completion channel are the engine's (verbs_engine.h): its
+// thread reads the event and requests the next notification, off the
+// sleeper's path; the sleeper is woken by the engine's kick, polls, and
+// re-posts the receive WQEs it consumed in batches of kRepostBatch, or all
+// of them in arm(), before it sleeps again.
 //
 // Moving the connection (docs/protocol.md section 7, "Moving a connection";
 // docs/design.md, "RDMA connections that move"). The states (State in the
@@ -98,7 +97,9 @@ namespace rsock {
 namespace {
 
 constexpr uint64_t kRecvWrId = ~0ull;   // receive WQEs; send WRs carry their sequence number
-constexpr int kAckEventsBatch = 16;     // ibv_ack_cq_events batching
+// The completions one queue pair can have outstanding in its CQ (a failed
+// one flushes every posted work request), which the engine makes room for.
+constexpr int kCqePerQp = static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16);
 constexpr int64_t kSqWaitMs = 2000;     // bound of a wait for send-queue room
 constexpr int64_t kCloseWaitMs = 1000;  // bound of the final flush at close
 // Receive WQEs consumed are re-posted once this many are due (and all of
@@ -197,24 +198,21 @@ int VerbsChannel::setup(size_t ring_bytes) {
   ctx_ = id_->verbs;
   if (ctx_ == nullptr) return -ENODEV;
   port_ = id_->port_num;
-  pd_ = ibv_alloc_pd(ctx_);
-  if (!pd_) return errno ? -errno : -ENOMEM;
-  comp_channel_ = verbs_comp_channel(ctx_);
-  if (!comp_channel_) return errno ? -errno : -ENOMEM;
-  const int cqe = static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16);
-  cq_ = ibv_create_cq(ctx_, cqe, nullptr, comp_channel_, 0);
-  if (!cq_) return errno ? -errno : -ENOMEM;
-  if (int r = set_nonblock(comp_channel_->fd); r < 0) return r;
+  int err = 0;
+  engine_ = VerbsEngine::of_context(ctx_, &err);
+  if (!engine_) return err;
+  if (int rc = engine_->join(&member_, kCqePerQp, kick_fn_, kick_arg_, armed_); rc < 0) return rc;
 
-  ibv_qp_init_attr qa = verbs_qp_init_attr(cq_);
-  if (rdma_create_qp(id_, pd_, &qa) != 0) {
+  ibv_qp_init_attr qa = verbs_qp_init_attr(member_.cq());
+  if (rdma_create_qp(id_, engine_->pd(), &qa) != 0) {
     // Some devices refuse large inline sizes: retry without inline data.
     qa.cap.max_inline_data = 0;
-    if (rdma_create_qp(id_, pd_, &qa) != 0) return errno ? -errno : -ENOMEM;
+    if (rdma_create_qp(id_, engine_->pd(), &qa) != 0) return errno ? -errno : -ENOMEM;
   }
   qp_ = id_->qp;
   qp_from_cm_ = true;
   max_inline_ = qa.cap.max_inline_data;
+  engine_->set_qp(&member_, qp_->qp_num);
 
   // The end's memory (verbs_end.h): ring and mirror in a memfd that the
   // processes holding this end share. Registered once here. ibv_fork_init
@@ -224,9 +222,10 @@ int VerbsChannel::setup(size_t ring_bytes) {
   if (int rc = VerbsEnd::create(ring_bytes, none, none, &end_); rc < 0) return rc;
   rx_ring_ = end_.rx_ring();
   tx_buf_ = end_.tx_mirror();
-  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  rx_mr_ = ibv_reg_mr(engine_->pd(), rx_ring_, ring_bytes,
+                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!rx_mr_) return errno ? -errno : -ENOMEM;
-  tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes, IBV_ACCESS_LOCAL_WRITE);
+  tx_mr_ = ibv_reg_mr(engine_->pd(), tx_buf_, ring_bytes, IBV_ACCESS_LOCAL_WRITE);
   if (!tx_mr_) return errno ? -errno : -ENOMEM;
   epoch_ = end_.hdr()->own.epoch.load(std::memory_order_relaxed);
 
@@ -316,7 +315,6 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   qa.min_rnr_timer = 12;
   if (ibv_modify_qp(qp_, &qa, IBV_QP_MIN_RNR_TIMER) != 0)
     LOG_DEBUG("rdma: cannot lower the RNR timer: %s", strerror(errno));
-  watch_fd_locked(comp_channel_->fd);
   watch_fd_locked(cm_channel_->fd);
   watch_fd_locked(tcp_fd_);
   cm_connected_ = true;
@@ -369,23 +367,14 @@ void VerbsChannel::destroy_qp_locked() {
   qp_from_cm_ = false;
 }
 
-// The queue pair and what it needs (registrations, CQ, completion channel,
-// protection domain), in the order verbs wants them gone.
+// The queue pair and what it needs of ours (registrations, the engine's
+// place; the PD, CQ and completion channel are the engine's).
 void VerbsChannel::destroy_verbs_locked() {
   destroy_qp_locked();
   if (rx_mr_) ibv_dereg_mr(rx_mr_);
   if (tx_mr_) ibv_dereg_mr(tx_mr_);
   rx_mr_ = tx_mr_ = nullptr;
-  if (cq_) {
-    if (unacked_cq_events_) ibv_ack_cq_events(cq_, unacked_cq_events_);
-    unacked_cq_events_ = 0;
-    ibv_destroy_cq(cq_);
-    cq_ = nullptr;
-  }
-  if (comp_channel_) ibv_destroy_comp_channel(comp_channel_);
-  comp_channel_ = nullptr;
-  if (pd_) ibv_dealloc_pd(pd_);
-  pd_ = nullptr;
+  if (member_.engine()) member_.engine()->leave(&member_);
 }
 
 void VerbsChannel::teardown(bool destroy_id) {
@@ -400,36 +389,28 @@ void VerbsChannel::teardown(bool destroy_id) {
   id_ = nullptr;
   if (destroy_id && cm_channel_) rdma_destroy_event_channel(cm_channel_);
   cm_channel_ = nullptr;
-  if (own_ctx_ && ctx_) ibv_close_device(ctx_);
   ctx_ = nullptr;
-  own_ctx_ = false;
+  engine_ = nullptr;
 }
 
 // In a fork's child: every verbs object (and librdmacm's) is the parent's.
 // The kernel refuses their commands here (EACCES) and some providers map
 // queues that the parent still uses, so none is touched: our copies of
-// their descriptors are closed and the user memory is left alone.
+// their descriptors are closed (the engine's by VerbsEngine::
+// after_fork_child) and the user memory is left alone.
 void VerbsChannel::forget_verbs_objects() {
-  if (comp_channel_) real().close(comp_channel_->fd);
   if (cm_channel_) real().close(cm_channel_->fd);
-  if (own_ctx_ && ctx_) {
-    real().close(ctx_->cmd_fd);
-    real().close(ctx_->async_fd);
-  }
-  comp_channel_ = nullptr;
   cm_channel_ = nullptr;
   id_ = nullptr;
   ctx_ = nullptr;
-  own_ctx_ = false;
-  pd_ = nullptr;
-  cq_ = nullptr;
+  engine_ = nullptr;
+  member_.forget();
   qp_ = nullptr;
   qp_from_cm_ = false;
   cm_connected_ = false;
   rx_mr_ = tx_mr_ = nullptr;
   end_.unmap_rings();
   rx_ring_ = tx_buf_ = nullptr;
-  unacked_cq_events_ = 0;
 }
 
 void VerbsChannel::reset_qp_counters_locked() {
@@ -517,19 +498,21 @@ void VerbsChannel::on_completion(const ibv_wc& wc) {
 
 // Returns the number of completions taken.
 int VerbsChannel::poll_cq_locked() {
-  if (!cq_) return 0;
-  ibv_wc wc[32];
-  int found = 0;
-  for (;;) {
-    int n = ibv_poll_cq(cq_, 32, wc);
-    if (n < 0) {
-      carrier_lost(kTransportError | kPeerClosed);
-      break;
-    }
-    for (int i = 0; i < n; ++i) on_completion(wc[i]);
-    found += n;
-    if (n < 32) break;
+  if (!member_.engine()) return 0;
+  // Our completions: the engine's CQ holds those of other connections too
+  // (verbs_engine.h). The batch is swapped out while it is read, should a
+  // completion's handling poll again.
+  std::vector<ibv_wc> batch;
+  batch.swap(wcs_);
+  batch.clear();
+  int found = member_.engine()->take(&member_, &batch);
+  if (found < 0) {
+    carrier_lost(kTransportError | kPeerClosed);
+    found = 0;
   }
+  for (const ibv_wc& wc : batch) on_completion(wc);
+  batch.clear();
+  wcs_.swap(batch);
   if (found > 0) record_rx_locked();
   if (detach_pending_) {
     detach_pending_ = false;
@@ -801,20 +784,16 @@ PeerState VerbsChannel::poll() {
 bool VerbsChannel::arm(uint32_t want, uint64_t /*sleep: every arm counts*/) {
   std::lock_guard<std::mutex> lock(mu_);
   ++armed_;
-  if (!cq_) return false;  // nothing of ours to be notified of yet (the end moves here)
+  if (!member_.engine())
+    return false;  // nothing of ours to be notified of yet (the end moves here)
   // Work left over from the last wakeup, done now that the caller is about
-  // to sleep (see "The wakeup path" above). The event it reads may be one
-  // another thread still sleeps on: the caller passes it on.
+  // to sleep (see "The wakeup path" above).
   if (state_.load(std::memory_order_relaxed) == kOwned) flush_reposts_locked();
-  bool took_event = false;
-  if (event_owed_) {
-    event_owed_ = false;
-    took_event = take_cq_event_locked();
-  }
-  // Any completion from now on (data, credit, flags, ACK, error) makes the
-  // completion channel readable; the caller re-checks after arm(), which
-  // polls the CQ, so nothing that completed before is missed.
-  if (!cq_armed_) request_notify_locked();  // armed until its event is taken
+  // Any completion from now on (data, credit, flags, ACK, error) kicks our
+  // sleepers (the engine's thread or whoever polls it); the caller
+  // re-checks after arm(), which polls, so nothing that completed before is
+  // missed.
+  member_.engine()->arm(&member_);
   if ((want & kWantSpace) && !stall_announced_ &&
       state_.load(std::memory_order_relaxed) == kOwned &&
       (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0) {
@@ -822,12 +801,20 @@ bool VerbsChannel::arm(uint32_t want, uint64_t /*sleep: every arm counts*/) {
     if (post_imm_locked(verbs_imm::kFlags, flags_sent_ | verbs_imm::kStalled) == 0)
       stall_announced_ = true;
   }
-  return took_event;
+  return false;  // the engine kicks; no wakeup was taken from another sleeper
 }
 
 void VerbsChannel::disarm(uint32_t /*want*/) {
   std::lock_guard<std::mutex> lock(mu_);
   if (armed_ > 0) --armed_;
+  if (member_.engine()) member_.engine()->disarm(&member_);
+}
+
+void VerbsChannel::set_async_kick(void (*fn)(void*), void* arg) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kick_fn_ = fn;
+  kick_arg_ = arg;
+  if (member_.engine()) member_.engine()->set_kick(&member_, fn, arg);
 }
 
 bool VerbsChannel::drain_cm_events_locked() {
@@ -858,54 +845,17 @@ bool VerbsChannel::drain_cm_events_locked() {
   return took;
 }
 
-bool VerbsChannel::take_cq_event_locked() {
-  ibv_cq* cq = nullptr;
-  void* ctx = nullptr;
-  if (!comp_channel_ || ibv_get_cq_event(comp_channel_, &cq, &ctx) != 0) return false;
-  cq_armed_ = false;
-  if (++unacked_cq_events_ >= kAckEventsBatch) {
-    ibv_ack_cq_events(cq_, unacked_cq_events_);
-    unacked_cq_events_ = 0;
-  }
-  return true;
-}
-
-void VerbsChannel::request_notify_locked() {
-  ibv_req_notify_cq(cq_, 0);
-  cq_armed_ = true;
-}
-
 bool VerbsChannel::drain_wakeups() {
   std::lock_guard<std::mutex> lock(mu_);
   check_owner_locked();
   const int st = state_.load(std::memory_order_relaxed);
-  // The usual wakeup is a completion event: take it and leave the other
-  // sources alone. wait_fd is level-triggered, so anything else that is
-  // pending wakes the next sleeper at once and is handled then.
-  bool took_event = false;
-  if (event_owed_) {  // no arm() since the last wakeup: read it now
-    event_owed_ = false;
-    took_event = take_cq_event_locked();
-  }
-  // New completions while the CQ was armed: the notification has fired
-  // (every completion after ibv_req_notify_cq does; the caller polled after
-  // arming, so these came after it). Its event is read before the next
-  // sleep, not here on the way to the caller's reply, and meanwhile it
-  // keeps wait_fd readable for any other sleeper. Only when at most one
-  // thread is armed: with several, reading it at once and passing the
-  // wakeup on (the caller kicks the others) beats having each of them wake
-  // on it and look. Should the guess be wrong (say, another thread polled
-  // them), the cost is one wasted read in arm() or one extra wakeup, as
-  // with a stale event.
+  // The usual wakeup is the engine's kick for new completions (no
+  // descriptor of ours was made readable): take them and leave the other
+  // sources alone. wait_fd is level-triggered, so anything that is pending
+  // there wakes the next sleeper at once and is handled then.
   const int found = poll_cq_locked();
-  if (!took_event && found > 0 && cq_armed_ && armed_ <= 1) {
-    cq_armed_ = false;
-    event_owed_ = true;
-    return false;
-  }
-  if (!took_event) took_event = take_cq_event_locked();
   bool took_other = false;
-  if (!took_event) {
+  if (found == 0) {
     uint64_t count;
     if (timer_fd_ >= 0 && real().read(timer_fd_, &count, sizeof count) == sizeof count)
       took_other = true;
@@ -915,13 +865,11 @@ bool VerbsChannel::drain_wakeups() {
     if (st == kOwned || st == kDetached || st == kAwaitHello)
       took_other |= service_kernel_socket_locked();
     check_deadline_locked();
+    poll_cq_locked();
   }
-  poll_cq_locked();
-  // No CQ notification is requested here for the other sleepers: the
-  // caller's kick brings them back through arm(), which requests it before
-  // they sleep again (a CQ armed for nobody turns the next completion into
-  // a stale event and a wasted wakeup).
-  return took_event || took_other;
+  // Completions are no wakeup another sleeper could miss (the engine kicks
+  // every armed one); what wait_fd held is.
+  return took_other;
 }
 
 // -------------------------------------------------------- processes, holders --
@@ -1037,7 +985,6 @@ void VerbsChannel::after_fork_child() {
   (void)open_wait_fds();
   reset_qp_counters_locked();
   armed_ = 0;
-  cq_armed_ = event_owed_ = false;
   hello_seen_ = detach_pending_ = false;
   last_close_ = detach_close_ = exited_ = lost_reported_ = false;
   kernel_bytes_reported_ = false;  // this process counts its own resets
@@ -1063,7 +1010,7 @@ std::string VerbsChannel::describe() {
       "state %s epoch %llu (end: epoch %llu owner %d busy %d frame_lock %d holders %u) "
       "qp %u (state %d) | rx: peer_head %llu consumed %llu granted %llu | tx: posted %llu "
       "peer_consumed %llu | msgs %llu acked %llu recv done %llu reposted %llu | wr %llu "
-      "done %llu | armed %d cq_armed %d owed %d | carrier %#x peer_flags %#x sent %#x "
+      "done %llu | armed %d cq %p | carrier %#x peer_flags %#x sent %#x "
       "stall %d/%d deadline in %lld ms",
       st >= 0 && st <= kFailed ? kStates[st] : "?", static_cast<unsigned long long>(epoch_),
       h ? static_cast<unsigned long long>(h->own.epoch.load()) : 0ull,
@@ -1075,7 +1022,7 @@ std::string VerbsChannel::describe() {
       static_cast<unsigned long long>(peer_consumed_), static_cast<unsigned long long>(msgs_sent_),
       static_cast<unsigned long long>(peer_acked_), static_cast<unsigned long long>(recv_done_),
       static_cast<unsigned long long>(recv_reposted_), static_cast<unsigned long long>(wr_posted_),
-      static_cast<unsigned long long>(wr_done_), armed_, cq_armed_, event_owed_,
+      static_cast<unsigned long long>(wr_done_), armed_, static_cast<void*>(member_.cq()),
       carrier_flags_.load(), peer_flags_, flags_sent_, stall_announced_, peer_stalled_,
       deadline_ms_ ? static_cast<long long>(deadline_ms_ - monotonic_ms()) : -1ll);
   return buf;
@@ -1347,7 +1294,8 @@ void VerbsChannel::handle_move_locked(const MoveFrame& f) {
   memcpy(port.gid, gid_, sizeof gid_);
   port.mtu = mtu_;
   uint32_t inline_bytes = 0;
-  ibv_qp* qp = verbs_create_qp(pd_, cq_, port, &inline_bytes);
+  ibv_qp* qp = member_.engine() ? verbs_create_qp(engine_->pd(), member_.cq(), port, &inline_bytes)
+                                : nullptr;
   if (!qp) {
     fail_move_locked("cannot create a queue pair", true);
     return;
@@ -1367,6 +1315,7 @@ void VerbsChannel::handle_move_locked(const MoveFrame& f) {
   qp_ = qp;
   qp_from_cm_ = false;
   max_inline_ = inline_bytes;
+  engine_->set_qp(&member_, qp->qp_num);  // the old one's completions are history
   reset_qp_counters_locked();
   if (old) {
     if (old_from_cm && cm_connected_ && id_) rdma_disconnect(id_);
@@ -1431,8 +1380,10 @@ int VerbsChannel::prepare_take_over_locked() {
     LOG_WARN("rdma: no RoCE device has this connection's address: it cannot be taken over");
     return rc;
   }
-  ctx_ = port.ctx;
-  own_ctx_ = true;
+  int err = 0;
+  engine_ = VerbsEngine::of_opened(port.ctx, &err);  // (keeps or closes port.ctx)
+  if (!engine_) return err;
+  ctx_ = port.ctx = engine_->context();
   port_ = port.port;
   gid_index_ = port.gid_index;
   memcpy(gid_, port.gid, sizeof gid_);
@@ -1440,23 +1391,18 @@ int VerbsChannel::prepare_take_over_locked() {
   if (int rc = end_.map_rings(); rc < 0) return rc;
   rx_ring_ = end_.rx_ring();
   tx_buf_ = end_.tx_mirror();
-  pd_ = ibv_alloc_pd(ctx_);
-  if (!pd_) return errno ? -errno : -ENOMEM;
-  comp_channel_ = verbs_comp_channel(ctx_);
-  if (!comp_channel_) return errno ? -errno : -ENOMEM;
-  cq_ = ibv_create_cq(ctx_, static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16), nullptr,
-                      comp_channel_, 0);
-  if (!cq_) return errno ? -errno : -ENOMEM;
-  if (int r = set_nonblock(comp_channel_->fd); r < 0) return r;
-  qp_ = verbs_create_qp(pd_, cq_, port, &max_inline_);
+  if (member_.engine()) member_.engine()->leave(&member_);  // (never joined here, so far)
+  if (int rc = engine_->join(&member_, kCqePerQp, kick_fn_, kick_arg_, armed_); rc < 0) return rc;
+  qp_ = verbs_create_qp(engine_->pd(), member_.cq(), port, &max_inline_);
   if (!qp_) return errno ? -errno : -ENOMEM;
-  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  engine_->set_qp(&member_, qp_->qp_num);
+  rx_mr_ = ibv_reg_mr(engine_->pd(), rx_ring_, ring_bytes_,
+                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!rx_mr_) return errno ? -errno : -ENOMEM;
-  tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE);
+  tx_mr_ = ibv_reg_mr(engine_->pd(), tx_buf_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE);
   if (!tx_mr_) return errno ? -errno : -ENOMEM;
   reset_qp_counters_locked();
   if (int rc = repost_locked(kVerbsRecvDepth); rc < 0) return rc;
-  watch_fd_locked(comp_channel_->fd);
   return 0;
 }
 
@@ -1774,12 +1720,8 @@ void VerbsChannel::own_fds(std::vector<int>* out) {
   std::lock_guard<std::mutex> lock(mu_);
   for (int fd : {tcp_fd_, epoll_fd_, timer_fd_, end_.memfd()})
     if (fd >= 0) out->push_back(fd);
-  if (comp_channel_) out->push_back(comp_channel_->fd);
   if (cm_channel_) out->push_back(cm_channel_->fd);
-  if (own_ctx_ && ctx_) {
-    out->push_back(ctx_->cmd_fd);
-    out->push_back(ctx_->async_fd);
-  }
+  // (The engine's: VerbsEngine::own_fds.)
 }
 
 void VerbsChannel::prepare_exec() {
@@ -1796,8 +1738,6 @@ void VerbsChannel::exec_failed() {
   // The other end was told this queue pair goes away: this image takes the
   // end over again, like a new one, on its next use.
   unwatch_tcp_locked();
-  if (comp_channel_ && epoll_fd_ >= 0)
-    real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, comp_channel_->fd, nullptr);
   if (cm_channel_ && epoll_fd_ >= 0)
     real().epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, cm_channel_->fd, nullptr);
   destroy_verbs_locked();
@@ -1805,12 +1745,10 @@ void VerbsChannel::exec_failed() {
   id_ = nullptr;
   if (cm_channel_) rdma_destroy_event_channel(cm_channel_);
   cm_channel_ = nullptr;
-  if (own_ctx_ && ctx_) ibv_close_device(ctx_);
   ctx_ = nullptr;
-  own_ctx_ = false;
+  engine_ = nullptr;
   end_.unmap_rings();
   rx_ring_ = tx_buf_ = nullptr;
-  cq_armed_ = event_owed_ = false;
   state_.store(kNotMine, std::memory_order_release);
 }
 

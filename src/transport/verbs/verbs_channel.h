@@ -5,9 +5,12 @@
 // publication is a WRITE_WITH_IMM whose 32-bit immediate carries the new
 // head. Credits, flags and message-credit acknowledgements are immediates
 // too (zero-length WRITE_WITH_IMM): there is no other control traffic.
-// A sleeper waits on an epoll fd holding the completion channel, the
+// The protection domain, the CQ and the completion channel are the
+// process's, shared with its other connections on the device
+// (verbs_engine.h): completions reach a sleeper through the engine's kick
+// of the connection's WakeHub. A sleeper waits on an epoll fd holding the
 // connection's rdma_cm event channel and a private dup of the kernel TCP
-// socket (liveness).
+// socket (liveness, the frames of a move).
 //
 // Several processes may hold the end (fork, exec); the queue pair belongs to
 // the one that made it. The end's rings, its send mirror and the owner's
@@ -38,16 +41,11 @@
 #include "transport/channel.h"
 #include "transport/handoff.h"
 #include "transport/verbs/verbs_end.h"
+#include "transport/verbs/verbs_engine.h"
 
 struct rdma_cm_id;
 struct rdma_event_channel;
-struct ibv_pd;
-struct ibv_cq;
-struct ibv_comp_channel;
 struct ibv_mr;
-struct ibv_wc;
-struct ibv_qp;
-struct ibv_context;
 
 namespace rsock {
 
@@ -120,12 +118,12 @@ void verbs_exec_adopt(char** f, const std::vector<int>& fds, bool spawned, Adopt
 
 class VerbsChannel final : public Channel {
  public:
-  // Phase 1 (setup, before the rdma_cm connect/accept): creates the PD, CQ,
-  // completion channel and QP on `id` (its device is known: route resolved
-  // or connect request received), the end's shared memory (verbs_end.h) and
-  // registers its ring and mirror. Takes ownership of id and of cm_channel
-  // (the id's own event channel). Returns nullptr with *err = negative errno
-  // on failure; then the caller still owns both.
+  // Phase 1 (setup, before the rdma_cm connect/accept): joins the engine of
+  // `id`'s device (its device is known: route resolved or connect request
+  // received), creates the QP on the engine's PD and a CQ of its, the end's
+  // shared memory (verbs_end.h) and registers its ring and mirror. Takes ownership of id and of
+  // cm_channel (the id's own event channel). Returns nullptr with *err = negative errno on failure;
+  // then the caller still owns both.
   static std::unique_ptr<VerbsChannel> create(rdma_cm_id* id, rdma_event_channel* cm_channel,
                                               size_t ring_bytes, int* err);
   // An end inherited through exec (the exec hand-off validated `end`): this
@@ -140,6 +138,8 @@ class VerbsChannel final : public Channel {
   uint64_t rx_addr() const;
   uint32_t rx_rkey() const;
   rdma_cm_id* id() const { return id_; }
+  // This process's engine on the connection's device (nullptr: none yet).
+  VerbsEngine* engine() const { return engine_; }
 
   // Phase 2 (after ESTABLISHED): the peer's ring, and the TCP socket whose
   // private dup carries liveness (and, later, the frames of a move).
@@ -158,6 +158,7 @@ class VerbsChannel final : public Channel {
   void disarm(uint32_t want) override;
   int wait_fd() const override { return epoll_fd_; }
   bool drain_wakeups() override;
+  void set_async_kick(void (*fn)(void*), void* arg) override;
   void probe() override;
   uint64_t peer_read_total() override;
   int kernel_socket() const override { return tcp_fd_; }
@@ -215,8 +216,6 @@ class VerbsChannel final : public Channel {
   void on_completion(const ibv_wc& wc);
   int repost_locked(uint32_t n);
   void flush_reposts_locked();
-  bool take_cq_event_locked();
-  void request_notify_locked();
   void maybe_ack_locked();
   int post_imm_locked(verbs_imm::Type type, uint64_t value);
   int post_locked(void* first_wr, int count);
@@ -230,7 +229,7 @@ class VerbsChannel final : public Channel {
   void kernel_bytes_from_peer_locked();
   bool reset_for_kernel_bytes_locked();
   void stop_moving_locked();
-  void destroy_verbs_locked();  // queue pair, registrations, CQ, channel, PD
+  void destroy_verbs_locked();  // queue pair, registrations, the engine's place
   void teardown(bool destroy_id);
   void forget_verbs_objects();
   void destroy_qp_locked();
@@ -271,15 +270,16 @@ class VerbsChannel final : public Channel {
   rdma_event_channel* cm_channel_ = nullptr;
   rdma_cm_id* id_ = nullptr;
   bool cm_connected_ = false;  // the queue pair is rdma_cm's, connected through id_
-  ibv_context* ctx_ = nullptr;
-  bool own_ctx_ = false;  // opened by us (a taker), not rdma_cm's
+  ibv_context* ctx_ = nullptr;        // rdma_cm's, or the engine's (a taker)
+  VerbsEngine* engine_ = nullptr;     // this process's on ctx_ (PD, CQs, completion channel)
+  VerbsEngine::Member member_;        // our queue pair's place in it (joined while we have one)
+  std::vector<ibv_wc> wcs_;           // poll_cq_locked's batch (kept: no allocation per poll)
+  void (*kick_fn_)(void*) = nullptr;  // set_async_kick
+  void* kick_arg_ = nullptr;
   uint8_t port_ = 0;
   int gid_index_ = -1;  // of our TCP address on port_ (-1: unknown, a move fails)
   uint8_t gid_[16] = {};
   uint8_t mtu_ = 0;
-  ibv_pd* pd_ = nullptr;
-  ibv_comp_channel* comp_channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
   ibv_qp* qp_ = nullptr;
   bool qp_from_cm_ = false;
   ibv_mr* rx_mr_ = nullptr;
@@ -291,7 +291,7 @@ class VerbsChannel final : public Channel {
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
   int tcp_fd_ = -1;    // private dup of the kernel TCP socket
-  int epoll_fd_ = -1;  // wait_fd(): completion channel + cm channel + tcp_fd_ (+ timer)
+  int epoll_fd_ = -1;  // wait_fd(): cm channel + tcp_fd_ (+ timer)
   int timer_fd_ = -1;  // wakes a sleeper at a move's deadline (only while one is set)
   bool tcp_watched_ = false;
 
@@ -333,12 +333,7 @@ class VerbsChannel final : public Channel {
   int prev_owner_ = 0;           // the owner a takeover fenced (its pid)
   bool quiet_failure_ = false;   // this process could not take over; the connection is fine
 
-  int armed_ = 0;
-  uint32_t unacked_cq_events_ = 0;
-  bool cq_armed_ = false;  // notification requested, its event not yet taken
-  // The notification fired (a sleeper woke to new completions) but its event
-  // is still unread in the completion channel: read before the next sleep.
-  bool event_owed_ = false;
+  int armed_ = 0;  // sleepers (the engine's member counts them too, while joined)
   std::atomic<uint32_t> carrier_flags_{0};  // from TCP, rdma_cm or a failed completion
   bool kernel_bytes_reported_ = false;      // the one log line and count of kernel_bytes
   int64_t partial_since_ms_ = 0;            // a frame's prefix waits on the kernel socket since

@@ -1,0 +1,361 @@
+// VerbsEngine (see verbs_engine.h).
+#include "transport/verbs/verbs_engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+
+#include <new>
+
+#include "common/log.h"
+#include "common/quiet_thread.h"
+#include "common/real.h"
+#include "transport/verbs/verbs_qp.h"
+
+namespace rsock {
+
+struct VerbsEngine::Cq {
+  ibv_cq* cq = nullptr;
+  int members = 0;
+  int capacity = 0;       // queue pairs it has room for
+  int armed = 0;          // sleepers of its members
+  bool notified = false;  // a notification is requested and its event not yet taken
+  int kicked = 0;         // run(): sleepers of the members it just kicked
+};
+
+namespace {
+
+// Room is made for this many queue pairs at a time (a new CQ, or a resize
+// of the last one), up to the device's limit.
+constexpr int kQpsPerStep = 4;
+constexpr int kBatch = 32;  // completions per ibv_poll_cq
+
+// Every engine of this process. The list is never destroyed (an engine's
+// thread may run while the process exits; std::mutex has nothing to destroy).
+std::mutex g_mu;
+std::vector<VerbsEngine*>& engines() {
+  static auto* list = new std::vector<VerbsEngine*>();
+  return *list;
+}
+
+}  // namespace
+
+ibv_cq* VerbsEngine::Member::cq() const { return cq_ ? cq_->cq : nullptr; }
+
+void VerbsEngine::Member::forget() {
+  engine_ = nullptr;
+  cq_ = nullptr;
+  has_qpn_ = kick_due_ = false;
+  armed_ = 0;
+  inbox_.clear();
+}
+
+VerbsEngine* VerbsEngine::make(ibv_context* ctx, bool own_ctx, int* err) {
+  // (Under g_mu.)
+  ibv_device_attr da = {};
+  if (ibv_query_device(ctx, &da) != 0) {
+    *err = errno ? -errno : -ENODEV;
+    return nullptr;
+  }
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  if (!pd) {
+    *err = errno ? -errno : -ENOMEM;
+    return nullptr;
+  }
+  ibv_comp_channel* comp = verbs_comp_channel(ctx);
+  if (!comp) {
+    *err = errno ? -errno : -ENOMEM;
+    ibv_dealloc_pd(pd);
+    return nullptr;
+  }
+  const int fl = real().fcntl(comp->fd, F_GETFL);
+  if (fl < 0 || real().fcntl(comp->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+    *err = -errno;
+    ibv_destroy_comp_channel(comp);
+    ibv_dealloc_pd(pd);
+    return nullptr;
+  }
+  auto* e = new (std::nothrow) VerbsEngine();
+  if (!e) {
+    *err = -ENOMEM;
+    ibv_destroy_comp_channel(comp);
+    ibv_dealloc_pd(pd);
+    return nullptr;
+  }
+  e->ctx_ = ctx;
+  e->own_ctx_ = own_ctx;
+  e->pd_ = pd;
+  e->comp_ = comp;
+  e->max_cqe_ = da.max_cqe;
+  engines().push_back(e);
+  *err = 0;
+  return e;
+}
+
+VerbsEngine* VerbsEngine::of_context(ibv_context* ctx, int* err) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (VerbsEngine* e : engines())
+    if (e->ctx_ == ctx) {
+      *err = 0;
+      return e;
+    }
+  return make(ctx, false, err);
+}
+
+VerbsEngine* VerbsEngine::of_opened(ibv_context* opened, int* err) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const char* name = ibv_get_device_name(opened->device);
+  for (VerbsEngine* e : engines())
+    if (name && strcmp(ibv_get_device_name(e->ctx_->device), name) == 0) {
+      ibv_close_device(opened);
+      *err = 0;
+      return e;
+    }
+  VerbsEngine* e = make(opened, true, err);
+  if (!e) ibv_close_device(opened);
+  return e;
+}
+
+// ------------------------------------------------------------- members --
+
+int VerbsEngine::grow_locked(int cqe_per_qp) {
+  // The last CQ grows while the device allows; then a new one.
+  if (!cqs_.empty()) {
+    Cq* last = cqs_.back();
+    const int want = (last->capacity + kQpsPerStep) * cqe_per_qp;
+    if (want <= max_cqe_ && ibv_resize_cq(last->cq, want) == 0) {
+      last->capacity = last->cq->cqe / cqe_per_qp;
+      return 0;
+    }
+  }
+  int qps = kQpsPerStep;
+  while (qps > 1 && qps * cqe_per_qp > max_cqe_) --qps;
+  if (qps * cqe_per_qp > max_cqe_) return -ENOMEM;  // one queue pair's work does not fit
+  auto* c = new (std::nothrow) Cq();
+  if (!c) return -ENOMEM;
+  c->cq = ibv_create_cq(ctx_, qps * cqe_per_qp, c, comp_, 0);
+  if (!c->cq) {
+    const int e = errno ? -errno : -ENOMEM;
+    delete c;
+    return e;
+  }
+  c->capacity = c->cq->cqe / cqe_per_qp;
+  cqs_.push_back(c);
+  return 0;
+}
+
+int VerbsEngine::join(Member* m, int cqe_per_qp, KickFn kick, void* kick_arg, int armed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!thread_started_) {
+    // The thread that wakes sleepers: without it an armed member would
+    // sleep through its completions, so no member joins.
+    if (int rc = spawn_quiet_thread(&VerbsEngine::thread_main, this); rc != 0) return -rc;
+    thread_started_ = true;
+  }
+  Cq* room = nullptr;
+  for (Cq* c : cqs_)
+    if (c->members < c->capacity) room = c;
+  if (!room) {
+    if (int rc = grow_locked(cqe_per_qp); rc < 0) return rc;
+    for (Cq* c : cqs_)
+      if (c->members < c->capacity) room = c;
+    if (!room) return -ENOMEM;
+  }
+  ++room->members;
+  ++members_;
+  m->engine_ = this;
+  m->cq_ = room;
+  m->has_qpn_ = false;
+  m->kick_due_ = false;
+  m->armed_ = armed;
+  m->kick_ = kick;
+  m->kick_arg_ = kick_arg;
+  m->inbox_.clear();
+  room->armed += armed;
+  if (armed > 0) notify_locked(room);
+  return 0;
+}
+
+void VerbsEngine::set_qp(Member* m, uint32_t qpn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (m->has_qpn_) {
+    auto it = by_qpn_.find(m->qpn_);
+    if (it != by_qpn_.end() && it->second == m) by_qpn_.erase(it);
+  }
+  m->qpn_ = qpn;
+  m->has_qpn_ = true;
+  by_qpn_[qpn] = m;
+}
+
+void VerbsEngine::set_kick(Member* m, KickFn kick, void* kick_arg) {
+  std::lock_guard<std::mutex> lock(mu_);
+  m->kick_ = kick;
+  m->kick_arg_ = kick_arg;
+}
+
+void VerbsEngine::leave(Member* m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (m->has_qpn_) {
+    auto it = by_qpn_.find(m->qpn_);
+    if (it != by_qpn_.end() && it->second == m) by_qpn_.erase(it);
+  }
+  if (m->kick_due_) {
+    for (auto& d : due_)
+      if (d == m) d = nullptr;
+  }
+  m->cq_->armed -= m->armed_;
+  --m->cq_->members;
+  --members_;
+  m->engine_ = nullptr;
+  m->cq_ = nullptr;
+  m->has_qpn_ = false;
+  m->kick_due_ = false;
+  m->armed_ = 0;
+  m->inbox_.clear();
+  m->inbox_.shrink_to_fit();
+}
+
+// ---------------------------------------------------------- completions --
+
+void VerbsEngine::dispatch_locked(Cq* c) {
+  ibv_wc wc[kBatch];
+  for (;;) {
+    const int n = ibv_poll_cq(c->cq, kBatch, wc);
+    if (n < 0) {
+      broken_ = true;
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      auto it = by_qpn_.find(wc[i].qp_num);
+      if (it == by_qpn_.end()) continue;  // a queue pair that is gone
+      Member* m = it->second;
+      m->inbox_.push_back(wc[i]);
+      if (m->armed_ > 0 && m->kick_ && !m->kick_due_) {
+        m->kick_due_ = true;
+        due_.push_back(m);
+      }
+    }
+    if (n < kBatch) return;
+  }
+}
+
+void VerbsEngine::kick_due_locked() {
+  for (Member* m : due_) {
+    if (!m) continue;  // left meanwhile
+    m->kick_due_ = false;
+    m->kick_(m->kick_arg_);
+  }
+  due_.clear();
+}
+
+void VerbsEngine::notify_locked(Cq* c) {
+  if (c->notified) return;
+  if (ibv_req_notify_cq(c->cq, 0) == 0) c->notified = true;
+}
+
+int VerbsEngine::take(Member* m, std::vector<ibv_wc>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!m->cq_) return 0;
+  dispatch_locked(m->cq_);
+  kick_due_locked();
+  if (broken_) return -1;
+  const int n = static_cast<int>(m->inbox_.size());
+  out->insert(out->end(), m->inbox_.begin(), m->inbox_.end());
+  m->inbox_.clear();
+  return n;
+}
+
+void VerbsEngine::arm(Member* m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!m->cq_) return;
+  ++m->armed_;
+  ++m->cq_->armed;
+  notify_locked(m->cq_);
+}
+
+void VerbsEngine::disarm(Member* m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!m->cq_ || m->armed_ == 0) return;
+  --m->armed_;
+  --m->cq_->armed;
+}
+
+void* VerbsEngine::thread_main(void* self) {
+  static_cast<VerbsEngine*>(self)->run();
+  return nullptr;
+}
+
+// The engine's thread: asleep until a CQ with an armed member has new
+// completions; then it hands them out and kicks the armed members that got
+// some. The next notification (about 50 us on soft-RoCE) is requested after
+// the kicks, and only for members still asleep: a member kicked now
+// requests it itself when a sleeper of its arms again, before it sleeps,
+// off its reply's path.
+void VerbsEngine::run() {
+  for (;;) {
+    pollfd p = {comp_->fd, POLLIN, 0};
+    if (real().poll(&p, 1, -1) < 0 && errno != EINTR) {
+      // Nothing to wait on: never happens with a valid descriptor. Stop
+      // rather than spin; sleepers then wake only on their own sources.
+      LOG_WARN("rdma: the completion channel cannot be waited on (%s)", strerror(errno));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ibv_cq* cq = nullptr;
+    void* cq_ctx = nullptr;
+    while (ibv_get_cq_event(comp_, &cq, &cq_ctx) == 0) {
+      ibv_ack_cq_events(cq, 1);
+      static_cast<Cq*>(cq_ctx)->notified = false;
+    }
+    for (Cq* c : cqs_) dispatch_locked(c);
+    for (Cq* c : cqs_) c->kicked = 0;
+    for (Member* m : due_)
+      if (m) m->cq_->kicked += m->armed_;
+    kick_due_locked();
+    for (Cq* c : cqs_) {
+      if (c->notified || c->armed <= c->kicked) continue;
+      notify_locked(c);
+      dispatch_locked(c);  // what completed before the request
+      kick_due_locked();
+    }
+  }
+}
+
+// ----------------------------------------------------------- processes --
+
+int VerbsEngine::cqs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(cqs_.size());
+}
+
+int VerbsEngine::members() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return members_;
+}
+
+void VerbsEngine::own_fds(std::vector<int>* out) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (VerbsEngine* e : engines()) {
+    out->push_back(e->comp_->fd);
+    if (e->own_ctx_) {
+      out->push_back(e->ctx_->cmd_fd);
+      out->push_back(e->ctx_->async_fd);
+    }
+  }
+}
+
+void VerbsEngine::after_fork_child() {
+  // The parent's threads, and any lock they held, are not here.
+  new (&g_mu) std::mutex();
+  for (VerbsEngine* e : engines()) {
+    real().close(e->comp_->fd);
+    if (e->own_ctx_) {
+      real().close(e->ctx_->cmd_fd);
+      real().close(e->ctx_->async_fd);
+    }
+  }
+  engines().clear();  // (the engines themselves are left: the parent's memory)
+}
+
+}  // namespace rsock

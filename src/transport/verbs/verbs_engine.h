@@ -1,0 +1,139 @@
+// VerbsEngine: what the RDMA connections of one process share on one
+// device context: the protection domain, one completion channel, and the
+// completion queues, each of which serves many queue pairs (docs/design.md,
+// "One engine per device"). A connection holds its queue pair, its two
+// registrations and a Member, not a CQ or a descriptor of its own.
+//
+// Completions. A CQ holds the completions of all its queue pairs; whoever
+// polls it (a channel's poll, under the engine's lock) hands each one to
+// the member its queue pair number names (its inbox) and keeps its own.
+// Wakeups. A member with sleepers is armed: its CQ has a notification
+// requested, and the engine's thread (one per engine, asleep in poll(2) on
+// the completion channel; it never spins) takes the event, polls the CQ
+// and kicks every armed member that got completions, through the kick the
+// connection gave it (its WakeHub: the sleepers wake on their wakers, no
+// descriptor per connection). A kick also comes from any poller that hands
+// an armed member a completion. So a sleeper that armed, looked, and slept
+// is woken by any completion after its look, whoever polled it.
+//
+// CQ size: a CQ has room for every completion its queue pairs can have
+// outstanding (a queue pair that fails flushes all of its work requests),
+// cqe_per_qp each; it grows (ibv_resize_cq) as queue pairs join, and a new
+// CQ is made on the same completion channel when the device's limit is
+// reached. CQs are kept for the engine's life, for the next queue pairs.
+//
+// Lifetime. Engines are made on first use and never freed (a library
+// thread may use one until the process ends). In a fork's child they are
+// forgotten: their objects are the parent's (after_fork_child).
+// Thread-safety: everything is under the engine's mutex; a kick runs under
+// it, so it must not call back into the engine or a channel.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace rsock {
+
+class VerbsEngine {
+  struct Cq;  // verbs_engine.cpp
+
+ public:
+  using KickFn = void (*)(void* arg);
+
+  // One queue pair's place, inside its channel: the channel joins before
+  // it makes the queue pair and leaves after it destroyed it.
+  class Member {
+   public:
+    Member() = default;
+    Member(const Member&) = delete;
+    Member& operator=(const Member&) = delete;
+    VerbsEngine* engine() const { return engine_; }
+    ibv_cq* cq() const;
+    // In a fork's child: the engine is the parent's; the member is not in it.
+    void forget();
+
+   private:
+    friend class VerbsEngine;
+    VerbsEngine* engine_ = nullptr;
+    Cq* cq_ = nullptr;
+    uint32_t qpn_ = 0;
+    bool has_qpn_ = false;
+    bool kick_due_ = false;
+    int armed_ = 0;  // sleepers (arm minus disarm)
+    KickFn kick_ = nullptr;
+    void* kick_arg_ = nullptr;
+    std::vector<ibv_wc> inbox_;
+  };
+
+  // The engine of ctx, a device context rdma_cm opened (made on first
+  // use). nullptr with *err = negative errno.
+  static VerbsEngine* of_context(ibv_context* ctx, int* err);
+  // For a queue pair made by hand (a taker): the engine of the device of
+  // `opened`, a context the caller opened for it. If this process has one
+  // for that device, `opened` is closed and that engine's context is
+  // used; otherwise a new engine keeps `opened`. nullptr with *err (then
+  // `opened` is closed).
+  static VerbsEngine* of_opened(ibv_context* opened, int* err);
+
+  ibv_context* context() const { return ctx_; }
+  ibv_pd* pd() const { return pd_; }
+
+  // A place on a CQ with room for cqe_per_qp more completions; kick (may
+  // be null) wakes the member's sleepers, `armed` of which sleep already.
+  // 0 or a negative errno.
+  int join(Member* m, int cqe_per_qp, KickFn kick, void* kick_arg, int armed);
+  // The member's queue pair is qpn from now on: completions of another
+  // number (an earlier queue pair's) are dropped.
+  void set_qp(Member* m, uint32_t qpn);
+  void set_kick(Member* m, KickFn kick, void* kick_arg);
+  // The queue pair is gone: its completions from now on are dropped and its
+  // place is free.
+  void leave(Member* m);
+  // Appends m's completions to *out: what others handed it and what its CQ
+  // holds now (others' go to their inboxes, and armed ones are kicked).
+  // Returns how many, or -1 when the CQ cannot be polled (broken device).
+  int take(Member* m, std::vector<ibv_wc>* out);
+  // A sleeper of m is about to sleep: completions from now on kick m.
+  void arm(Member* m);
+  void disarm(Member* m);
+
+  // Every engine's descriptors (a close_range of the application must
+  // leave them open).
+  static void own_fds(std::vector<int>* out);
+  // In a fork's child: every engine is the parent's. Their descriptors are
+  // closed here, the objects left alone; the next use makes new engines.
+  static void after_fork_child();
+
+  // Completion queues and members (tests, describe()).
+  int cqs();
+  int members();
+
+ private:
+  VerbsEngine() = default;
+  static VerbsEngine* make(ibv_context* ctx, bool own_ctx, int* err);
+  static void* thread_main(void* self);
+  void run();
+  int grow_locked(int cqe_per_qp);
+  void notify_locked(Cq* c);
+  void dispatch_locked(Cq* c);
+  void kick_due_locked();
+
+  std::mutex mu_;
+  ibv_context* ctx_ = nullptr;
+  bool own_ctx_ = false;
+  ibv_pd* pd_ = nullptr;
+  ibv_comp_channel* comp_ = nullptr;
+  int max_cqe_ = 0;
+  bool thread_started_ = false;
+  bool broken_ = false;  // a CQ poll failed: every member's carrier is lost
+  std::vector<Cq*> cqs_;
+  std::unordered_map<uint32_t, Member*> by_qpn_;
+  std::vector<Member*> due_;  // members to kick after a dispatch
+  int members_ = 0;
+};
+
+}  // namespace rsock
