@@ -24,8 +24,8 @@ cd "$ROOT" # vm.sh shares the current directory read-write with the guests
 BUILD=${BUILD:-build}
 OUT=$BUILD/rdma
 # One line: the list goes into the guests' command lines as it is.
-CASES_RDMA="xfer pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill move-raw move-raw-detached kill"
-NCASES=14 # the above plus nolistener
+CASES_RDMA="xfer many pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill move-raw move-raw-detached kill"
+NCASES=15 # the above plus nolistener
 
 need=()
 for p in g++ libibverbs-dev librdmacm-dev; do

@@ -11,7 +11,15 @@
 // Cases (same list, same order on both ends):
 //   xfer          8 MiB each direction at once, random write sizes, every
 //                 byte checked, then shutdown -> EOF on both ends, close;
-//                 first, the channel holds at most 5 descriptors, no timer
+//                 first, the channel holds at most 4 descriptors, no timer
+//   many          kManyConns more connections at once, paired one after
+//                 the other: a blocking ping-pong on each in turn (every
+//                 wait sleeps on the engine's wakeups), then 32 KiB each
+//                 way on all of them at once, every byte checked. The
+//                 process's descriptors grow by at most 5 per connection
+//                 (its socket and the channel's 4), its completion
+//                 channels not at all, and the channels share one engine
+//                 with fewer CQs than half their number
 //   pingpong      64-byte ping-pong over the stream: latency percentiles
 //   bw            32 MiB client -> server in 65000-byte writes: throughput
 //   tcp-pingpong, tcp-bw   the same over kernel TCP (no pairing), for reference
@@ -65,6 +73,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -77,6 +86,7 @@
 #include "stats/stats.h"
 #include "stream/stream.h"
 #include "transport/verbs/verbs_channel.h"
+#include "transport/verbs/verbs_engine.h"
 #include "transport/verbs/verbs_setup.h"
 
 namespace {
@@ -86,6 +96,8 @@ constexpr size_t kXferBytes = 8u << 20;  // per direction
 constexpr size_t kBwBytes = 32u << 20;
 constexpr size_t kBwWrite = 65000;
 constexpr int kPingIters = 2000;
+constexpr int kManyConns = 40;
+constexpr size_t kManyBytes = 32u << 10;  // each way on each connection, at once
 int g_spin_us = 50;  // RSOCK_SPIN_US, as the socket layer
 
 const char* g_role = "?";
@@ -138,7 +150,7 @@ rsock::WakeHub g_wake;
 
 // Waits until the stream is readable (kWantData) or writable (kWantSpace),
 // as src/socket does. Returns false after kWaitMs.
-bool wait_ready(rsock::Stream& s, uint32_t want) {
+bool wait_ready(rsock::Stream& s, uint32_t want, rsock::WakeHub& hub) {
   auto ready = [&] {
     rsock::StreamEvents ev = s.events();
     return want == rsock::kWantData ? ev.readable : ev.writable;
@@ -151,27 +163,30 @@ bool wait_ready(rsock::Stream& s, uint32_t want) {
   rsock::Channel& ch = s.channel();
   for (;;) {
     rsock::SleepWaker own;
-    const rsock::WakeHub::Ticket t = g_wake.join(own.get());
-    if (ch.arm(want, rsock::new_sleep_token())) g_wake.kick(true);
+    const rsock::WakeHub::Ticket t = hub.join(own.get());
+    if (ch.arm(want, rsock::new_sleep_token())) hub.kick(true);
     if (ready()) {
       ch.disarm(want);
-      g_wake.leave(t);
+      hub.leave(t);
       return true;
     }
     const int64_t left = deadline - now_us();
     if (left <= 0) {
       ch.disarm(want);
-      g_wake.leave(t);
+      hub.leave(t);
       return false;
     }
     pollfd p[2] = {{ch.wait_fd(), POLLIN, 0}, {t.waker ? t.waker->fd() : -1, POLLIN, 0}};
     poll(p, 2, static_cast<int>(left / 1000) + 1);
-    if (ch.drain_wakeups()) g_wake.kick(true);
+    if (ch.drain_wakeups()) hub.kick(true);
     ch.disarm(want);
-    g_wake.leave(t);
+    hub.leave(t);
     if (ready()) return true;
   }
 }
+
+// The engine's kick (Channel::set_async_kick): the stream's sleepers.
+void kick_wake(void* hub) { static_cast<rsock::WakeHub*>(hub)->kick(false); }
 
 // The verbs end's state in this process, for a failure report.
 std::string channel_state(rsock::Stream& s) {
@@ -180,7 +195,7 @@ std::string channel_state(rsock::Stream& s) {
 }
 
 // Sends all of buf. Returns 0 or a negative errno (-ETIMEDOUT on a stuck wait).
-int send_all(rsock::Stream& s, const uint8_t* buf, size_t len) {
+int send_all(rsock::Stream& s, const uint8_t* buf, size_t len, rsock::WakeHub& hub = g_wake) {
   while (len > 0) {
     iovec iov = {const_cast<uint8_t*>(buf), len};
     ssize_t n = s.send(&iov, 1);
@@ -190,25 +205,25 @@ int send_all(rsock::Stream& s, const uint8_t* buf, size_t len) {
       continue;
     }
     if (n != -EAGAIN) return static_cast<int>(n);
-    if (!wait_ready(s, rsock::kWantSpace)) return -ETIMEDOUT;
+    if (!wait_ready(s, rsock::kWantSpace, hub)) return -ETIMEDOUT;
   }
   return 0;
 }
 
 // Receives up to len bytes (at least one). Returns the count, 0 at EOF, or a
 // negative errno.
-ssize_t recv_some(rsock::Stream& s, uint8_t* buf, size_t len) {
+ssize_t recv_some(rsock::Stream& s, uint8_t* buf, size_t len, rsock::WakeHub& hub = g_wake) {
   for (;;) {
     iovec iov = {buf, len};
     ssize_t n = s.recv(&iov, 1, false);
     if (n != -EAGAIN) return n;
-    if (!wait_ready(s, rsock::kWantData)) return -ETIMEDOUT;
+    if (!wait_ready(s, rsock::kWantData, hub)) return -ETIMEDOUT;
   }
 }
 
-int recv_all(rsock::Stream& s, uint8_t* buf, size_t len) {
+int recv_all(rsock::Stream& s, uint8_t* buf, size_t len, rsock::WakeHub& hub = g_wake) {
   while (len > 0) {
-    ssize_t n = recv_some(s, buf, len);
+    ssize_t n = recv_some(s, buf, len, hub);
     if (n <= 0) return n == 0 ? -EPIPE : static_cast<int>(n);
     buf += n;
     len -= static_cast<size_t>(n);
@@ -267,9 +282,9 @@ std::string check_channel_fds(rsock::Channel& ch, size_t most) {
 }
 
 void case_xfer(rsock::Stream& s, bool is_server, Result* res) {
-  // Its socket dup, completion channel, rdma_cm channel, epoll set and the
-  // end's memfd (a device this process opened itself would add its own).
-  if (const std::string why = check_channel_fds(s.channel(), 5); !why.empty())
+  // Its socket dup, rdma_cm channel, epoll set and the end's memfd (the
+  // completion channel and CQ are the process's engine's).
+  if (const std::string why = check_channel_fds(s.channel(), 4); !why.empty())
     res->fail("the channel's descriptors: %s", why.c_str());
   const uint64_t tx_seed = is_server ? 1 : 2, rx_seed = is_server ? 2 : 1;
   std::atomic<bool> rx_ok{true};
@@ -558,7 +573,8 @@ pid_t fork_taker(rsock::Stream& s, Fn fn) {
   s.channel().add_holder();  // as the fork hook does, before the fork
   const pid_t pid = fork();
   if (pid != 0) return pid;
-  s.after_fork_child();  // as the fork hook does, in the child
+  rsock::VerbsEngine::after_fork_child();  // as the fork hook does, in the child
+  s.after_fork_child();
   _exit(fn() ? 0 : 1);
 }
 
@@ -751,6 +767,128 @@ void case_move_raw(std::unique_ptr<rsock::Stream>& sp, int tcp_fd, bool is_serve
 
 // ------------------------------------------------------------------ driver --
 
+// --------------------------------------------------------------- many --
+
+// This process's descriptors whose link names `needle` (all: nullptr).
+int count_fds(const char* needle) {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd) {
+    char link[128] = {}, path[32];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    if (readlink(path, link, sizeof link - 1) <= 0) continue;
+    if (!needle || strstr(link, needle)) ++n;
+  }
+  return n;
+}
+
+struct ManyConn {
+  int fd = -1;
+  rsock::WakeHub hub;  // its own sleepers, as each ConnectionState's
+  std::unique_ptr<rsock::Stream> s;
+};
+
+// kManyConns connections made and paired one after the other (the peer
+// does the same), then the case. `open` makes one: its fd and channel.
+bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Channel>*)>& open) {
+  Result res;
+  // Completion channels and the contexts' async descriptors are anonymous
+  // "[infinibandevent]" files.
+  const int fds0 = count_fds(nullptr), events0 = count_fds("infinibandevent");
+  std::vector<std::unique_ptr<ManyConn>> conns;
+  for (int i = 0; i < kManyConns && res.ok; ++i) {
+    auto c = std::make_unique<ManyConn>();
+    std::unique_ptr<rsock::Channel> ch;
+    c->fd = open(&ch);
+    if (c->fd < 0 || !ch) {
+      res.fail("connection %d: not paired", i);
+      if (c->fd >= 0) close(c->fd);
+      break;
+    }
+    ch->set_async_kick(&kick_wake, &c->hub);
+    c->s = std::make_unique<rsock::Stream>(std::move(ch));
+    conns.push_back(std::move(c));
+  }
+  const int fds1 = count_fds(nullptr), events1 = count_fds("infinibandevent");
+  rsock::VerbsEngine* engine = nullptr;
+  if (res.ok) {
+    for (auto& c : conns) {
+      auto* v = dynamic_cast<rsock::VerbsChannel*>(&c->s->channel());
+      rsock::VerbsEngine* e = v ? v->engine() : nullptr;
+      if (!e || (engine && e != engine)) res.fail("the channels do not share one engine");
+      engine = e;
+    }
+  }
+  if (res.ok && fds1 - fds0 > 5 * kManyConns)
+    res.fail("%d descriptors more for %d connections, want at most 5 each", fds1 - fds0,
+             kManyConns);
+  if (res.ok && events1 > events0 + 2)  // (the first connection's context and engine)
+    res.fail("%d completion channels and event descriptors more for %d connections",
+             events1 - events0, kManyConns);
+  const int cqs = engine ? engine->cqs() : 0;
+  if (res.ok && (cqs < 1 || cqs > kManyConns / 4))
+    res.fail("%d CQs for %d connections", cqs, kManyConns);
+  // A ping-pong on each in turn: the side that waits sleeps (the other has
+  // nothing to send until it answered), woken by the engine.
+  uint8_t buf[100];
+  for (int round = 0; round < 2 && res.ok; ++round) {
+    for (int i = 0; i < kManyConns && res.ok; ++i) {
+      ManyConn& c = *conns[i];
+      Pattern p(1000 + 10 * i + round);
+      if (!is_server) {
+        for (uint8_t& b : buf) b = p.next();
+        int rc = send_all(*c.s, buf, sizeof buf, c.hub);
+        if (rc == 0) rc = recv_all(*c.s, buf, sizeof buf, c.hub);
+        Pattern q(1000 + 10 * i + round);
+        for (size_t k = 0; rc == 0 && k < sizeof buf; ++k)
+          if (buf[k] != q.next()) rc = -EBADMSG;
+        if (rc < 0) res.fail("ping-pong on connection %d: %s", i, strerror(-rc));
+      } else {
+        int rc = recv_all(*c.s, buf, sizeof buf, c.hub);
+        for (size_t k = 0; rc == 0 && k < sizeof buf; ++k)
+          if (buf[k] != p.next()) rc = -EBADMSG;
+        if (rc == 0) rc = send_all(*c.s, buf, sizeof buf, c.hub);
+        if (rc < 0)
+          res.fail("ping-pong on connection %d: %s (%s)", i, strerror(-rc),
+                   channel_state(*c.s).c_str());
+      }
+    }
+  }
+  // All at once: a thread sends on each in turn while this one receives.
+  if (res.ok) {
+    std::string tx_why;
+    std::thread tx([&] {
+      std::vector<uint8_t> out(kManyBytes);
+      for (int i = 0; i < kManyConns && tx_why.empty(); ++i) {
+        Pattern p(5000 + 2 * i + (is_server ? 1 : 0));
+        for (uint8_t& b : out) b = p.next();
+        if (int rc = send_all(*conns[i]->s, out.data(), out.size(), conns[i]->hub); rc < 0)
+          tx_why = "send on connection " + std::to_string(i) + ": " + strerror(-rc);
+      }
+    });
+    std::vector<uint8_t> in(kManyBytes);
+    for (int i = 0; i < kManyConns && res.ok; ++i) {
+      int rc = recv_all(*conns[i]->s, in.data(), in.size(), conns[i]->hub);
+      Pattern p(5000 + 2 * i + (is_server ? 0 : 1));
+      for (size_t k = 0; rc == 0 && k < in.size(); ++k)
+        if (in[k] != p.next()) rc = -EBADMSG;
+      if (rc < 0) res.fail("recv on connection %d: %s", i, strerror(-rc));
+    }
+    tx.join();
+    if (!tx_why.empty()) res.fail("%s", tx_why.c_str());
+  }
+  for (auto& c : conns) {
+    c->s->close();
+    c->s.reset();
+    close(c->fd);
+  }
+  if (res.ok)
+    say("PASS many (%d connections: %d descriptors more, %d event descriptors more, %d CQs)",
+        kManyConns, fds1 - fds0, events1 - events0, cqs);
+  else
+    say("FAIL many: %s", res.why.c_str());
+  return res.ok;
+}
+
 bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
 
 // Runs a pairing to its end: its channel, or nullptr with *why.
@@ -804,6 +942,7 @@ bool run_case(const std::string& c, int fd, std::unique_ptr<rsock::Channel> ch, 
     else
       res.fail("unknown case");
   } else {
+    ch->set_async_kick(&kick_wake, &g_wake);  // as ConnectionState does
     auto sp = std::make_unique<rsock::Stream>(std::move(ch));
     rsock::Stream& s = *sp;
     if (c == "xfer")
@@ -845,6 +984,15 @@ int server(int port, const std::vector<std::string>& cases) {
   say("listening on :%d (TCP + rdma_cm)", port);
   int failed = 0;
   for (const auto& c : cases) {
+    if (c == "many") {
+      const bool ok = run_many(true, [&](std::unique_ptr<rsock::Channel>* ch) {
+        const int fd = accept_one(ls);
+        if (fd >= 0) *ch = run_pairing(rsock::verbs_server_pairing(vl, fd, cfg), &why);
+        return fd;
+      });
+      if (!ok) ++failed;
+      continue;
+    }
     int fd = accept_one(ls);
     if (fd < 0) {
       say("FAIL %s: no connection", c.c_str());
@@ -890,6 +1038,16 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
   const rsock::Config cfg = test_config();
   int failed = 0;
   for (const auto& c : cases) {
+    if (c == "many") {
+      const bool ok = run_many(false, [&](std::unique_ptr<rsock::Channel>* ch) {
+        const int fd = connect_to(host, port);
+        rsock::Fallback why = rsock::Fallback::kCount;
+        if (fd >= 0) *ch = run_pairing(rsock::verbs_client_pairing(fd, nullptr, cfg), &why);
+        return fd;
+      });
+      if (!ok) ++failed;
+      continue;
+    }
     int fd = connect_to(host, port);
     if (fd < 0) {
       say("FAIL %s: TCP connect to %s:%d failed", c.c_str(), host, port);
