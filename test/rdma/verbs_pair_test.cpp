@@ -11,15 +11,15 @@
 // Cases (same list, same order on both ends):
 //   xfer          8 MiB each direction at once, random write sizes, every
 //                 byte checked, then shutdown -> EOF on both ends, close;
-//                 first, the channel holds at most 4 descriptors, no timer
+//                 first, the channel holds at most 3 descriptors, no timer
 //   many          kManyConns more connections at once, paired one after
 //                 the other: a blocking ping-pong on each in turn (every
 //                 wait sleeps on the engine's wakeups), then 32 KiB each
 //                 way on all of them at once, every byte checked. The
-//                 process's descriptors grow by at most 5 per connection
-//                 (its socket and the channel's 4), its completion
-//                 channels not at all, and the channels share one engine
-//                 with fewer CQs than half their number
+//                 process's descriptors grow by at most 4 per connection
+//                 (its socket and the channel's 3), its completion and
+//                 rdma_cm event channels not at all, and the channels
+//                 share one engine with at most a CQ per 4 connections
 //   pingpong      64-byte ping-pong over the stream: latency percentiles
 //   bw            32 MiB client -> server in 65000-byte writes: throughput
 //   tcp-pingpong, tcp-bw   the same over kernel TCP (no pairing), for reference
@@ -282,9 +282,9 @@ std::string check_channel_fds(rsock::Channel& ch, size_t most) {
 }
 
 void case_xfer(rsock::Stream& s, bool is_server, Result* res) {
-  // Its socket dup, rdma_cm channel, epoll set and the end's memfd (the
-  // completion channel and CQ are the process's engine's).
-  if (const std::string why = check_channel_fds(s.channel(), 4); !why.empty())
+  // Its socket dup, epoll set and the end's memfd (the completion channel,
+  // CQ and rdma_cm event channel are the process's engine's).
+  if (const std::string why = check_channel_fds(s.channel(), 3); !why.empty())
     res->fail("the channel's descriptors: %s", why.c_str());
   const uint64_t tx_seed = is_server ? 1 : 2, rx_seed = is_server ? 2 : 1;
   std::atomic<bool> rx_ok{true};
@@ -792,8 +792,9 @@ struct ManyConn {
 bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Channel>*)>& open) {
   Result res;
   // Completion channels and the contexts' async descriptors are anonymous
-  // "[infinibandevent]" files.
+  // "[infinibandevent]" files, rdma_cm event channels /dev/infiniband/rdma_cm.
   const int fds0 = count_fds(nullptr), events0 = count_fds("infinibandevent");
+  const int cm0 = count_fds("rdma_cm");
   std::vector<std::unique_ptr<ManyConn>> conns;
   for (int i = 0; i < kManyConns && res.ok; ++i) {
     auto c = std::make_unique<ManyConn>();
@@ -809,6 +810,7 @@ bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Cha
     conns.push_back(std::move(c));
   }
   const int fds1 = count_fds(nullptr), events1 = count_fds("infinibandevent");
+  const int cm1 = count_fds("rdma_cm");
   rsock::VerbsEngine* engine = nullptr;
   if (res.ok) {
     for (auto& c : conns) {
@@ -818,9 +820,11 @@ bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Cha
       engine = e;
     }
   }
-  if (res.ok && fds1 - fds0 > 5 * kManyConns)
-    res.fail("%d descriptors more for %d connections, want at most 5 each", fds1 - fds0,
+  if (res.ok && fds1 - fds0 > 4 * kManyConns)
+    res.fail("%d descriptors more for %d connections, want at most 4 each", fds1 - fds0,
              kManyConns);
+  if (res.ok && cm1 > cm0 + 1)  // (the engine's, made by the first connection)
+    res.fail("%d rdma_cm event channels more for %d connections", cm1 - cm0, kManyConns);
   if (res.ok && events1 > events0 + 2)  // (the first connection's context and engine)
     res.fail("%d completion channels and event descriptors more for %d connections",
              events1 - events0, kManyConns);
@@ -882,8 +886,9 @@ bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Cha
     close(c->fd);
   }
   if (res.ok)
-    say("PASS many (%d connections: %d descriptors more, %d event descriptors more, %d CQs)",
-        kManyConns, fds1 - fds0, events1 - events0, cqs);
+    say("PASS many (%d connections: %d descriptors more, %d event descriptors more, %d rdma_cm "
+        "channels more, %d CQs)",
+        kManyConns, fds1 - fds0, events1 - events0, cm1 - cm0, cqs);
   else
     say("FAIL many: %s", res.why.c_str());
   return res.ok;

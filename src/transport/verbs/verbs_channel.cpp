@@ -307,7 +307,14 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
     }
   }
   if (int r = open_wait_fds(); r < 0) return r;
-  if (int r = set_nonblock(cm_channel_->fd); r < 0) return r;
+  // The id's events go to the engine's event channel from now on (ours
+  // closes: one descriptor less); should it refuse, the id stays on ours.
+  if (engine_->adopt_id(&member_, id_) == 0) {
+    rdma_destroy_event_channel(cm_channel_);
+    cm_channel_ = nullptr;
+  } else if (int r = set_nonblock(cm_channel_->fd); r < 0) {
+    return r;
+  }
   // rdma_cm leaves the RNR NAK delay at its maximum (655 ms); an RNR only
   // happens when the peer stopped polling, and then it should retry soon
   // after the peer re-posts: 0.64 ms (encoding 12). Best effort.
@@ -315,7 +322,7 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   qa.min_rnr_timer = 12;
   if (ibv_modify_qp(qp_, &qa, IBV_QP_MIN_RNR_TIMER) != 0)
     LOG_DEBUG("rdma: cannot lower the RNR timer: %s", strerror(errno));
-  watch_fd_locked(cm_channel_->fd);
+  if (cm_channel_) watch_fd_locked(cm_channel_->fd);
   watch_fd_locked(tcp_fd_);
   cm_connected_ = true;
   state_.store(kOwned, std::memory_order_release);
@@ -503,9 +510,10 @@ int VerbsChannel::poll_cq_locked() {
   // (verbs_engine.h). The batch is swapped out while it is read, should a
   // completion's handling poll again.
   std::vector<ibv_wc> batch;
+  std::vector<rdma_cm_event_type> events;  // (rare: no allocation while empty)
   batch.swap(wcs_);
   batch.clear();
-  int found = member_.engine()->take(&member_, &batch);
+  int found = member_.engine()->take(&member_, &batch, &events);
   if (found < 0) {
     carrier_lost(kTransportError | kPeerClosed);
     found = 0;
@@ -513,6 +521,7 @@ int VerbsChannel::poll_cq_locked() {
   for (const ibv_wc& wc : batch) on_completion(wc);
   batch.clear();
   wcs_.swap(batch);
+  for (rdma_cm_event_type type : events) on_cm_event_locked(type);
   if (found > 0) record_rx_locked();
   if (detach_pending_) {
     detach_pending_ = false;
@@ -817,30 +826,36 @@ void VerbsChannel::set_async_kick(void (*fn)(void*), void* arg) {
   if (member_.engine()) member_.engine()->set_kick(&member_, fn, arg);
 }
 
+// Connection events: the peer disconnected (after CLOSED: a clean end;
+// after DETACH, or without a word: its queue pair is gone, the end may
+// move) or the device went away. They come through the engine (its event
+// channel, poll_cq_locked), or on our own channel if the id could not move
+// there (drain_cm_events_locked).
+void VerbsChannel::on_cm_event_locked(rdma_cm_event_type type) {
+  if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+    if (!cm_connected_) return;  // the queue pair before a move
+    cm_connected_ = false;
+    poll_cq_locked();  // the peer's last immediates precede its disconnect
+    if ((peer_flags_ & (kPeerClosed | kKernelBytes)) ||
+        (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes))
+      carrier_lost(kPeerClosed);
+    else
+      detach_locked();
+  } else if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || type == RDMA_CM_EVENT_ADDR_CHANGE) {
+    LOG_INFO("rdma: %s: failing the connection", rdma_event_str(type));
+    carrier_lost(kTransportError | kPeerClosed);
+  }
+}
+
 bool VerbsChannel::drain_cm_events_locked() {
   if (!cm_channel_) return false;
-  // Connection events: the peer disconnected (after CLOSED: a clean end;
-  // after DETACH, or without a word: its queue pair is gone, the end may
-  // move) or the device went away.
   bool took = false;
   for (;; took = true) {
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(cm_channel_, &ev) != 0) break;
     const rdma_cm_event_type type = ev->event;
     rdma_ack_cm_event(ev);
-    if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
-      if (!cm_connected_) continue;  // the queue pair before a move
-      cm_connected_ = false;
-      poll_cq_locked();  // the peer's last immediates precede its disconnect
-      if ((peer_flags_ & (kPeerClosed | kKernelBytes)) ||
-          (carrier_flags_.load(std::memory_order_relaxed) & kKernelBytes))
-        carrier_lost(kPeerClosed);
-      else
-        detach_locked();
-    } else if (type == RDMA_CM_EVENT_DEVICE_REMOVAL || type == RDMA_CM_EVENT_ADDR_CHANGE) {
-      LOG_INFO("rdma: %s: failing the connection", rdma_event_str(type));
-      carrier_lost(kTransportError | kPeerClosed);
-    }
+    on_cm_event_locked(type);
   }
   return took;
 }

@@ -7,10 +7,12 @@
 // too (zero-length WRITE_WITH_IMM): there is no other control traffic.
 // The protection domain, the CQ and the completion channel are the
 // process's, shared with its other connections on the device
-// (verbs_engine.h): completions reach a sleeper through the engine's kick
-// of the connection's WakeHub. A sleeper waits on an epoll fd holding the
-// connection's rdma_cm event channel and a private dup of the kernel TCP
-// socket (liveness, the frames of a move).
+// (verbs_engine.h), and so is the event channel of the connection's
+// rdma_cm id once it is up: completions and rdma_cm events reach a
+// sleeper through the engine's kick of the connection's WakeHub. A
+// sleeper waits on an epoll fd holding a private dup of the kernel TCP
+// socket (liveness, the frames of a move) and, while a move is bounded,
+// its timer.
 //
 // Several processes may hold the end (fork, exec); the queue pair belongs to
 // the one that made it. The end's rings, its send mirror and the owner's
@@ -223,7 +225,8 @@ class VerbsChannel final : public Channel {
   int reserve_sq_locked(int count);
   bool data_window_open_locked() const;
   void carrier_lost(uint32_t flags);
-  bool drain_cm_events_locked();  // whether it took any
+  void on_cm_event_locked(rdma_cm_event_type type);
+  bool drain_cm_events_locked();  // whether it took any (our own channel's)
   bool ended_locked() const;
   void kernel_bytes_seen_locked();
   void kernel_bytes_from_peer_locked();
@@ -267,7 +270,7 @@ class VerbsChannel final : public Channel {
   std::atomic<int> state_{kOwned};
   VerbsEnd end_;        // the shared memory of this end
   uint64_t epoch_ = 0;  // the epoch this process owns (owner states)
-  rdma_event_channel* cm_channel_ = nullptr;
+  rdma_event_channel* cm_channel_ = nullptr;  // until start() moves the id to the engine
   rdma_cm_id* id_ = nullptr;
   bool cm_connected_ = false;  // the queue pair is rdma_cm's, connected through id_
   ibv_context* ctx_ = nullptr;        // rdma_cm's, or the engine's (a taker)
@@ -291,7 +294,7 @@ class VerbsChannel final : public Channel {
   uint64_t remote_addr_ = 0;
   uint32_t remote_rkey_ = 0;
   int tcp_fd_ = -1;    // private dup of the kernel TCP socket
-  int epoll_fd_ = -1;  // wait_fd(): cm channel + tcp_fd_ (+ timer)
+  int epoll_fd_ = -1;  // wait_fd(): tcp_fd_ (+ timer, + cm_channel_ if it stayed ours)
   int timer_fd_ = -1;  // wakes a sleeper at a move's deadline (only while one is set)
   bool tcp_watched_ = false;
 

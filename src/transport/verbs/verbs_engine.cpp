@@ -46,13 +46,16 @@ ibv_cq* VerbsEngine::Member::cq() const { return cq_ ? cq_->cq : nullptr; }
 void VerbsEngine::Member::forget() {
   engine_ = nullptr;
   cq_ = nullptr;
+  id_ = nullptr;
+  cm_inbox_.clear();
   has_qpn_ = kick_due_ = false;
   armed_ = 0;
   inbox_.clear();
 }
 
 VerbsEngine* VerbsEngine::make(ibv_context* ctx, bool own_ctx, int* err) {
-  // (Under g_mu.)
+  // (Under g_mu.) A context rdma_cm opened gets an event channel for its
+  // connections' ids too.
   ibv_device_attr da = {};
   if (ibv_query_device(ctx, &da) != 0) {
     *err = errno ? -errno : -ENODEV;
@@ -76,13 +79,27 @@ VerbsEngine* VerbsEngine::make(ibv_context* ctx, bool own_ctx, int* err) {
     ibv_dealloc_pd(pd);
     return nullptr;
   }
+  rdma_event_channel* cm = nullptr;
+  if (!own_ctx) {
+    cm = verbs_event_channel();
+    const int cfl = cm ? real().fcntl(cm->fd, F_GETFL) : -1;
+    if (cfl < 0 || real().fcntl(cm->fd, F_SETFL, cfl | O_NONBLOCK) != 0) {
+      *err = errno ? -errno : -ENOMEM;
+      if (cm) rdma_destroy_event_channel(cm);
+      ibv_destroy_comp_channel(comp);
+      ibv_dealloc_pd(pd);
+      return nullptr;
+    }
+  }
   auto* e = new (std::nothrow) VerbsEngine();
   if (!e) {
     *err = -ENOMEM;
+    if (cm) rdma_destroy_event_channel(cm);
     ibv_destroy_comp_channel(comp);
     ibv_dealloc_pd(pd);
     return nullptr;
   }
+  e->cm_ = cm;
   e->ctx_ = ctx;
   e->own_ctx_ = own_ctx;
   e->pd_ = pd;
@@ -194,12 +211,26 @@ void VerbsEngine::set_kick(Member* m, KickFn kick, void* kick_arg) {
   m->kick_arg_ = kick_arg;
 }
 
+int VerbsEngine::adopt_id(Member* m, rdma_cm_id* id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!cm_) return -ENOTSUP;
+  // (Under our lock: an event of the id that comes at once waits for the
+  // map to name m.)
+  if (rdma_migrate_id(id, cm_) != 0) return errno ? -errno : -EINVAL;
+  m->id_ = id;
+  by_id_[id] = m;
+  return 0;
+}
+
 void VerbsEngine::leave(Member* m) {
   std::lock_guard<std::mutex> lock(mu_);
   if (m->has_qpn_) {
     auto it = by_qpn_.find(m->qpn_);
     if (it != by_qpn_.end() && it->second == m) by_qpn_.erase(it);
   }
+  if (m->id_) by_id_.erase(m->id_);
+  m->id_ = nullptr;
+  m->cm_inbox_.clear();
   if (m->kick_due_) {
     for (auto& d : due_)
       if (d == m) d = nullptr;
@@ -231,12 +262,30 @@ void VerbsEngine::dispatch_locked(Cq* c) {
       if (it == by_qpn_.end()) continue;  // a queue pair that is gone
       Member* m = it->second;
       m->inbox_.push_back(wc[i]);
-      if (m->armed_ > 0 && m->kick_ && !m->kick_due_) {
-        m->kick_due_ = true;
-        due_.push_back(m);
-      }
+      due_locked(m);
     }
     if (n < kBatch) return;
+  }
+}
+
+void VerbsEngine::due_locked(Member* m) {
+  if (m->armed_ > 0 && m->kick_ && !m->kick_due_) {
+    m->kick_due_ = true;
+    due_.push_back(m);
+  }
+}
+
+void VerbsEngine::take_cm_events_locked() {
+  if (!cm_) return;
+  rdma_cm_event* ev = nullptr;
+  while (rdma_get_cm_event(cm_, &ev) == 0) {
+    const rdma_cm_event_type type = ev->event;
+    rdma_cm_id* id = ev->id;
+    rdma_ack_cm_event(ev);  // (an id's destruction waits for its events' acks)
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) continue;  // an id that left
+    it->second->cm_inbox_.push_back(type);
+    due_locked(it->second);
   }
 }
 
@@ -254,9 +303,15 @@ void VerbsEngine::notify_locked(Cq* c) {
   if (ibv_req_notify_cq(c->cq, 0) == 0) c->notified = true;
 }
 
-int VerbsEngine::take(Member* m, std::vector<ibv_wc>* out) {
+int VerbsEngine::take(Member* m, std::vector<ibv_wc>* out, std::vector<rdma_cm_event_type>* cm) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!m->cq_) return 0;
+  // The CQ after the events: completions that precede an event (the
+  // peer's last immediates before its disconnect) are taken with it.
+  if (!m->cm_inbox_.empty()) {
+    cm->insert(cm->end(), m->cm_inbox_.begin(), m->cm_inbox_.end());
+    m->cm_inbox_.clear();
+  }
   dispatch_locked(m->cq_);
   kick_due_locked();
   if (broken_) return -1;
@@ -294,8 +349,8 @@ void* VerbsEngine::thread_main(void* self) {
 // off its reply's path.
 void VerbsEngine::run() {
   for (;;) {
-    pollfd p = {comp_->fd, POLLIN, 0};
-    if (real().poll(&p, 1, -1) < 0 && errno != EINTR) {
+    pollfd p[2] = {{comp_->fd, POLLIN, 0}, {cm_ ? cm_->fd : -1, POLLIN, 0}};
+    if (real().poll(p, 2, -1) < 0 && errno != EINTR) {
       // Nothing to wait on: never happens with a valid descriptor. Stop
       // rather than spin; sleepers then wake only on their own sources.
       LOG_WARN("rdma: the completion channel cannot be waited on (%s)", strerror(errno));
@@ -308,6 +363,7 @@ void VerbsEngine::run() {
       ibv_ack_cq_events(cq, 1);
       static_cast<Cq*>(cq_ctx)->notified = false;
     }
+    take_cm_events_locked();
     for (Cq* c : cqs_) dispatch_locked(c);
     for (Cq* c : cqs_) c->kicked = 0;
     for (Member* m : due_)
@@ -338,6 +394,7 @@ void VerbsEngine::own_fds(std::vector<int>* out) {
   std::lock_guard<std::mutex> lock(g_mu);
   for (VerbsEngine* e : engines()) {
     out->push_back(e->comp_->fd);
+    if (e->cm_) out->push_back(e->cm_->fd);
     if (e->own_ctx_) {
       out->push_back(e->ctx_->cmd_fd);
       out->push_back(e->ctx_->async_fd);
@@ -350,6 +407,7 @@ void VerbsEngine::after_fork_child() {
   new (&g_mu) std::mutex();
   for (VerbsEngine* e : engines()) {
     real().close(e->comp_->fd);
+    if (e->cm_) real().close(e->cm_->fd);
     if (e->own_ctx_) {
       real().close(e->ctx_->cmd_fd);
       real().close(e->ctx_->async_fd);

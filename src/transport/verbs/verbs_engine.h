@@ -4,6 +4,10 @@
 // "One engine per device"). A connection holds its queue pair, its two
 // registrations and a Member, not a CQ or a descriptor of its own.
 //
+// rdma_cm events. A connection's rdma_cm id moves onto the engine's event
+// channel once the connection is up (adopt_id); the engine's thread takes
+// its events (a disconnect, the device going away) and hands them to the
+// member as it does completions.
 // Completions. A CQ holds the completions of all its queue pairs; whoever
 // polls it (a channel's poll, under the engine's lock) hands each one to
 // the member its queue pair number names (its inbox) and keeps its own.
@@ -30,6 +34,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include <cstdint>
 #include <mutex>
@@ -66,7 +71,9 @@ class VerbsEngine {
     int armed_ = 0;  // sleepers (arm minus disarm)
     KickFn kick_ = nullptr;
     void* kick_arg_ = nullptr;
+    rdma_cm_id* id_ = nullptr;  // adopt_id
     std::vector<ibv_wc> inbox_;
+    std::vector<rdma_cm_event_type> cm_inbox_;
   };
 
   // The engine of ctx, a device context rdma_cm opened (made on first
@@ -90,13 +97,19 @@ class VerbsEngine {
   // number (an earlier queue pair's) are dropped.
   void set_qp(Member* m, uint32_t qpn);
   void set_kick(Member* m, KickFn kick, void* kick_arg);
-  // The queue pair is gone: its completions from now on are dropped and its
-  // place is free.
+  // The member's connection is up on `id` (rdma_cm's): its events come to
+  // the engine's event channel from now on (rdma_migrate_id) and go to m.
+  // 0, or a negative errno (then the id stays where it was). An engine of
+  // a context opened by hand (of_opened) has no event channel: -ENOTSUP.
+  int adopt_id(Member* m, rdma_cm_id* id);
+  // The queue pair is gone: its completions and the id's events from now
+  // on are dropped (before the id is destroyed) and its place is free.
   void leave(Member* m);
-  // Appends m's completions to *out: what others handed it and what its CQ
-  // holds now (others' go to their inboxes, and armed ones are kicked).
-  // Returns how many, or -1 when the CQ cannot be polled (broken device).
-  int take(Member* m, std::vector<ibv_wc>* out);
+  // Appends m's completions to *out and its rdma_cm events to *cm: what
+  // others handed it and what its CQ holds now (others' go to their
+  // inboxes, and armed ones are kicked). Returns how many completions, or
+  // -1 when the CQ cannot be polled (broken device).
+  int take(Member* m, std::vector<ibv_wc>* out, std::vector<rdma_cm_event_type>* cm);
   // A sleeper of m is about to sleep: completions from now on kick m.
   void arm(Member* m);
   void disarm(Member* m);
@@ -120,6 +133,8 @@ class VerbsEngine {
   int grow_locked(int cqe_per_qp);
   void notify_locked(Cq* c);
   void dispatch_locked(Cq* c);
+  void take_cm_events_locked();
+  void due_locked(Member* m);
   void kick_due_locked();
 
   std::mutex mu_;
@@ -127,11 +142,13 @@ class VerbsEngine {
   bool own_ctx_ = false;
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* comp_ = nullptr;
+  rdma_event_channel* cm_ = nullptr;  // rdma_cm's contexts only (of_context)
   int max_cqe_ = 0;
   bool thread_started_ = false;
   bool broken_ = false;  // a CQ poll failed: every member's carrier is lost
   std::vector<Cq*> cqs_;
   std::unordered_map<uint32_t, Member*> by_qpn_;
+  std::unordered_map<rdma_cm_id*, Member*> by_id_;
   std::vector<Member*> due_;  // members to kick after a dispatch
   int members_ = 0;
 };
