@@ -101,7 +101,9 @@ constexpr uint64_t kRecvWrId = ~0ull;   // receive WQEs; send WRs carry their se
 // one flushes every posted work request), which the engine makes room for.
 constexpr int kCqePerQp = static_cast<int>(kVerbsSendDepth + kVerbsRecvDepth + 16);
 constexpr int64_t kSqWaitMs = 2000;     // bound of a wait for send-queue room
-constexpr int64_t kCloseWaitMs = 1000;  // bound of the final flush at close
+// The final flush at close waits for the queue pair's verdict: this much
+// beyond the longest its retries can take (for the completion to be seen).
+constexpr int64_t kCloseSlackMs = 500;
 // Receive WQEs consumed are re-posted once this many are due (and all of
 // them before a sleep). The ACK reports re-posted WQEs only, so the peer's
 // data window (R - K - 1 unacknowledged) still leaves K receives free.
@@ -198,6 +200,13 @@ int VerbsChannel::setup(size_t ring_bytes) {
   ctx_ = id_->verbs;
   if (ctx_ == nullptr) return -ENODEV;
   port_ = id_->port_num;
+  // Our ACK timeout, not rdma_cm's (verbs_qp.h); applied when rdma_cm
+  // brings the queue pair to RTS, so set before the connect or accept.
+  // Best effort: a kernel that lacks the option keeps its default.
+  uint8_t ack_timeout = kVerbsAckTimeout;
+  if (rdma_set_option(id_, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
+                      sizeof ack_timeout) != 0)
+    LOG_DEBUG("rdma: cannot set the ACK timeout: %s", strerror(errno));
   int err = 0;
   engine_ = VerbsEngine::of_context(ctx_, &err);
   if (!engine_) return err;
@@ -1616,8 +1625,12 @@ int VerbsChannel::take_over(EndPositions* at) {
 
 // ------------------------------------------------ close, exit, exec hand-off --
 
-// Sends nothing new; waits (bounded) until every WR posted so far has
-// completed, so that nothing we published dies with the queue pair.
+// Sends nothing new; waits until every WR posted so far has completed, so
+// that nothing we published dies with the queue pair. The wait ends with
+// the queue pair's own verdict: the ACK, or an error completion once its
+// retries are spent (a lost packet is sent again after the ACK timeout; a
+// busy or slow peer's device still acknowledges), and at deadline_ms at the
+// latest.
 bool VerbsChannel::flush_posted_locked(int64_t deadline_ms) {
   if (!qp_ || remote_rkey_ == 0 || state_.load(std::memory_order_relaxed) != kOwned) return false;
   poll_cq_locked();
@@ -1637,17 +1650,30 @@ bool VerbsChannel::flush_posted_locked(int64_t deadline_ms) {
   last_signaled_ = wr_posted_;
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
+  ibv_qp_attr qa = {};
+  ibv_qp_init_attr ia = {};
+  qa.timeout = kVerbsAckTimeout;
+  qa.retry_cnt = kVerbsRetryCount;
+  (void)ibv_query_qp(qp_, &qa, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &ia);
+  deadline_ms = std::min(
+      deadline_ms, monotonic_ms() + verbs_retry_bound_ms(qa.timeout, qa.retry_cnt) + kCloseSlackMs);
   // Also over once the peer disconnects or detaches: nothing more can be
   // delivered (and its QP may be gone: no ACK would ever come).
+  useconds_t nap = 50;
   while (wr_done_ < wr_posted_ &&
          (carrier_flags_.load(std::memory_order_relaxed) & (kTransportError | kPeerClosed)) == 0 &&
          state_.load(std::memory_order_relaxed) == kOwned && monotonic_ms() < deadline_ms) {
     poll_cq_locked();
     if (wr_done_ < wr_posted_) {
       drain_cm_events_locked();
-      usleep(100);
+      usleep(nap);
+      nap = std::min<useconds_t>(2 * nap, 2000);  // a retry takes hundreds of ms
     }
   }
+  if (wr_done_ < wr_posted_)
+    LOG_INFO("rdma: letting the end go with work requests unacknowledged (done %llu of %llu)",
+             static_cast<unsigned long long>(wr_done_),
+             static_cast<unsigned long long>(wr_posted_));
   return wr_done_ >= wr_posted_;
 }
 
@@ -1710,7 +1736,7 @@ void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool det
         granted_ = consumed;
       (void)post_imm_locked(verbs_imm::kFlags, (flags_sent_ & kStickyFlags) | verbs_imm::kDetach);
     }
-    flush_posted_locked(std::min(deadline, monotonic_ms() + kCloseWaitMs));
+    flush_posted_locked(deadline);
   }
   poll_cq_locked();
   record_rx_locked();

@@ -126,11 +126,11 @@ int verbs_connect_qp(ibv_qp* qp, const VerbsPort& port, const QpAddress& peer, u
     return errno ? -errno : -EINVAL;
   at = {};
   at.qp_state = IBV_QPS_RTS;
-  // 4.096 us * 2^16 = 268 ms per try, 7 tries: a peer that is slow to bring
-  // its own queue pair up (both ends of a move do it at once) is waited for
-  // about 2 s; one that vanished is noticed as fast.
-  at.timeout = 16;
-  at.retry_cnt = 7;
+  // 268 ms per try, 7 retries: a peer that is slow to bring its own queue
+  // pair up (both ends of a move do it at once) is waited for about 2 s;
+  // one that vanished is noticed as fast.
+  at.timeout = kVerbsAckTimeout;
+  at.retry_cnt = kVerbsRetryCount;
   at.rnr_retry = 7;  // infinite: see verbs_channel.cpp, message credits
   at.sq_psn = psn;
   at.max_rd_atomic = 1;

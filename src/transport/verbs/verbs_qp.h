@@ -26,6 +26,21 @@ struct VerbsPort {
   uint8_t mtu = 0;  // enum ibv_mtu of the port's active MTU
 };
 
+// The local ACK timeout of every queue pair we bring up: a packet not
+// acknowledged within 4.096 us * 2^16 = 268 ms is sent again, up to
+// kVerbsRetryCount times, before the queue pair fails (2.1 s in all). One
+// value for both kinds: rdma_cm's own default on RoCE (packet lifetime + 1,
+// 19 on Debian 12's kernel: 2.1 s per try) would stall a stream for two
+// seconds on every lost packet.
+inline constexpr uint8_t kVerbsAckTimeout = 16;
+inline constexpr uint8_t kVerbsRetryCount = 7;
+
+// How long a queue pair with these settings can take to succeed or fail a
+// posted work request whose packets keep being lost: every try's timeout.
+inline constexpr int64_t verbs_retry_bound_ms(uint8_t timeout, uint8_t retry_cnt) {
+  return ((int64_t{4096} << timeout) / 1000000 + 1) * (retry_cnt + 1);
+}
+
 // How the other side reaches a queue pair.
 struct QpAddress {
   uint32_t qpn = 0;

@@ -183,7 +183,7 @@ rdma_conn_param conn_param(const void* priv, size_t len) {
   rdma_conn_param cp = {};
   cp.private_data = priv;
   cp.private_data_len = static_cast<uint8_t>(len);
-  cp.retry_count = 7;
+  cp.retry_count = kVerbsRetryCount;
   cp.rnr_retry_count = 7;  // infinite: see verbs_channel.cpp, message credits
   return cp;
 }
