@@ -22,6 +22,11 @@
 //                 (its socket and the channel's 3), its completion and
 //                 rdma_cm event channels not at all, and the channels
 //                 share one engine with at most a CQ per 4 connections
+//   rkeys         two connections: the client writes into the server's ring
+//                 of the first with its rkey, through the second's queue
+//                 pair (inline RDMA write). It must fail (each connection
+//                 has its own protection domain) and leave that ring as it
+//                 was; the first connection still works
 //   pingpong      64-byte ping-pong over the stream: latency percentiles
 //   bw            32 MiB client -> server in 65000-byte writes: throughput
 //   tcp-pingpong, tcp-bw   the same over kernel TCP (no pairing), for reference
@@ -901,6 +906,93 @@ bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Cha
   return res.ok;
 }
 
+// ------------------------------------------------------------- rkeys --
+
+// What the server tells the client of its first connection, over the second.
+struct RkeyTarget {
+  uint64_t addr;  // where in the server's ring of the first connection
+  uint32_t rkey;  // that ring's rkey
+  uint8_t pattern[12];
+};
+
+bool run_rkeys(bool is_server, const std::function<int(std::unique_ptr<rsock::Channel>*)>& open) {
+  Result res;
+  ManyConn conns[2];
+  for (int i = 0; i < 2 && res.ok; ++i) {
+    std::unique_ptr<rsock::Channel> ch;
+    conns[i].fd = open(&ch);
+    if (conns[i].fd < 0 || !ch) {
+      res.fail("connection %d: not paired", i);
+      break;
+    }
+    ch->set_async_kick(&kick_wake, &conns[i].hub);
+    conns[i].s = std::make_unique<rsock::Stream>(std::move(ch));
+  }
+  auto* v0 = res.ok ? dynamic_cast<rsock::VerbsChannel*>(&conns[0].s->channel()) : nullptr;
+  auto* v1 = res.ok ? dynamic_cast<rsock::VerbsChannel*>(&conns[1].s->channel()) : nullptr;
+  if (res.ok && (!v0 || !v1)) res.fail("not verbs channels");
+  // A place in the first connection's ring that its traffic (one byte)
+  // never reaches.
+  const size_t spot = res.ok ? v0->ring_bytes() - 64 : 0;
+  RkeyTarget t = {};
+  if (res.ok && is_server) {
+    t.addr = v0->rx_addr() + spot;
+    t.rkey = v0->rx_rkey();
+    Pattern p(static_cast<uint64_t>(now_us()));
+    for (uint8_t& b : t.pattern) b = p.next();
+    const uint8_t* ring = v0->rx_ring() + spot;
+    if (memcmp(ring, t.pattern, sizeof t.pattern) == 0)
+      res.fail("the pattern is in the ring already");
+    int rc = send_all(*conns[1].s, reinterpret_cast<const uint8_t*>(&t), sizeof t, conns[1].hub);
+    uint8_t b = 0;  // the client has tried
+    if (rc == 0) rc = recv_all(*conns[0].s, &b, 1, conns[0].hub);
+    if (memcmp(ring, t.pattern, sizeof t.pattern) == 0)
+      res.fail("the peer of connection 1 wrote into connection 0's ring with its rkey");
+    if (rc < 0) res.fail("waiting for the client on connection 0: %s", strerror(-rc));
+    if (rc == 0) rc = send_all(*conns[0].s, &b, 1, conns[0].hub);
+    if (rc < 0) res.fail("answering on connection 0: %s", strerror(-rc));
+  } else if (res.ok) {
+    int rc = recv_all(*conns[1].s, reinterpret_cast<uint8_t*>(&t), sizeof t, conns[1].hub);
+    if (rc < 0) res.fail("reading the target on connection 1: %s", strerror(-rc));
+    ibv_qp* qp = v1->id() ? v1->id()->qp : nullptr;
+    if (res.ok && !qp) res.fail("connection 1 has no rdma_cm queue pair");
+    if (res.ok) {
+      ibv_sge sge = {reinterpret_cast<uintptr_t>(t.pattern), sizeof t.pattern, 0};
+      ibv_send_wr wr = {};
+      wr.wr_id = 0;  // (none of the channel's: a failure is all it will see)
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.wr.rdma.remote_addr = t.addr;
+      wr.wr.rdma.rkey = t.rkey;
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(qp, &wr, &bad) != 0) res.fail("ibv_post_send: %s", strerror(errno));
+    }
+    // The write fails at the server's device: connection 1 breaks.
+    uint8_t b = 0;
+    const ssize_t n = res.ok ? recv_some(*conns[1].s, &b, 1, conns[1].hub) : -1;
+    if (res.ok && n != -ECONNRESET && n != -EPIPE && n != 0)
+      res.fail("connection 1 after the write: %zd, want it broken", n);
+    // Tell the server, and hear back: connection 0 is unharmed.
+    b = 7;
+    if (res.ok) rc = send_all(*conns[0].s, &b, 1, conns[0].hub);
+    if (res.ok && rc == 0) rc = recv_all(*conns[0].s, &b, 1, conns[0].hub);
+    if (res.ok && (rc < 0 || b != 7))
+      res.fail("connection 0 after the write: %s", rc < 0 ? strerror(-rc) : "wrong byte");
+  }
+  for (auto& c : conns) {
+    if (c.s) c.s->close();
+    c.s.reset();
+    if (c.fd >= 0) close(c.fd);
+  }
+  if (res.ok)
+    say("PASS rkeys (connection 0's rkey refused on connection 1's queue pair)");
+  else
+    say("FAIL rkeys: %s", res.why.c_str());
+  return res.ok;
+}
+
 bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
 
 // Runs a pairing to its end: its channel, or nullptr with *why.
@@ -995,14 +1087,14 @@ int server(int port, const std::vector<std::string>& cases) {
   }
   say("listening on :%d (TCP + rdma_cm)", port);
   int failed = 0;
+  const auto open_one = [&](std::unique_ptr<rsock::Channel>* ch) {
+    const int fd = accept_one(ls);
+    if (fd >= 0) *ch = run_pairing(rsock::verbs_server_pairing(vl, fd, cfg), &why);
+    return fd;
+  };
   for (const auto& c : cases) {
-    if (c == "many") {
-      const bool ok = run_many(true, [&](std::unique_ptr<rsock::Channel>* ch) {
-        const int fd = accept_one(ls);
-        if (fd >= 0) *ch = run_pairing(rsock::verbs_server_pairing(vl, fd, cfg), &why);
-        return fd;
-      });
-      if (!ok) ++failed;
+    if (c == "many" || c == "rkeys") {
+      if (!(c == "many" ? run_many : run_rkeys)(true, open_one)) ++failed;
       continue;
     }
     int fd = accept_one(ls);
@@ -1049,15 +1141,15 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
   g_role = "client";
   const rsock::Config cfg = test_config();
   int failed = 0;
+  const auto open_one = [&](std::unique_ptr<rsock::Channel>* ch) {
+    const int fd = connect_to(host, port);
+    rsock::Fallback why = rsock::Fallback::kCount;
+    if (fd >= 0) *ch = run_pairing(rsock::verbs_client_pairing(fd, nullptr, cfg), &why);
+    return fd;
+  };
   for (const auto& c : cases) {
-    if (c == "many") {
-      const bool ok = run_many(false, [&](std::unique_ptr<rsock::Channel>* ch) {
-        const int fd = connect_to(host, port);
-        rsock::Fallback why = rsock::Fallback::kCount;
-        if (fd >= 0) *ch = run_pairing(rsock::verbs_client_pairing(fd, nullptr, cfg), &why);
-        return fd;
-      });
-      if (!ok) ++failed;
+    if (c == "many" || c == "rkeys") {
+      if (!(c == "many" ? run_many : run_rkeys)(false, open_one)) ++failed;
       continue;
     }
     int fd = connect_to(host, port);

@@ -211,12 +211,13 @@ int VerbsChannel::setup(size_t ring_bytes) {
   engine_ = VerbsEngine::of_context(ctx_, &err);
   if (!engine_) return err;
   if (int rc = engine_->join(&member_, kCqePerQp, kick_fn_, kick_arg_, armed_); rc < 0) return rc;
+  if (int rc = alloc_pd_locked(); rc < 0) return rc;
 
   ibv_qp_init_attr qa = verbs_qp_init_attr(member_.cq());
-  if (rdma_create_qp(id_, engine_->pd(), &qa) != 0) {
+  if (rdma_create_qp(id_, pd_, &qa) != 0) {
     // Some devices refuse large inline sizes: retry without inline data.
     qa.cap.max_inline_data = 0;
-    if (rdma_create_qp(id_, engine_->pd(), &qa) != 0) return errno ? -errno : -ENOMEM;
+    if (rdma_create_qp(id_, pd_, &qa) != 0) return errno ? -errno : -ENOMEM;
   }
   qp_ = id_->qp;
   qp_from_cm_ = true;
@@ -231,10 +232,9 @@ int VerbsChannel::setup(size_t ring_bytes) {
   if (int rc = VerbsEnd::create(ring_bytes, none, none, &end_); rc < 0) return rc;
   rx_ring_ = end_.rx_ring();
   tx_buf_ = end_.tx_mirror();
-  rx_mr_ = ibv_reg_mr(engine_->pd(), rx_ring_, ring_bytes,
-                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!rx_mr_) return errno ? -errno : -ENOMEM;
-  tx_mr_ = ibv_reg_mr(engine_->pd(), tx_buf_, ring_bytes, IBV_ACCESS_LOCAL_WRITE);
+  tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes, IBV_ACCESS_LOCAL_WRITE);
   if (!tx_mr_) return errno ? -errno : -ENOMEM;
   epoch_ = end_.hdr()->own.epoch.load(std::memory_order_relaxed);
 
@@ -383,13 +383,25 @@ void VerbsChannel::destroy_qp_locked() {
   qp_from_cm_ = false;
 }
 
-// The queue pair and what it needs of ours (registrations, the engine's
-// place; the PD, CQ and completion channel are the engine's).
+// A protection domain of the connection's own: its receive ring's rkey
+// works for its own queue pair only, not for another connection's peer
+// (docs/security.md). A PD costs no descriptor; the CQs it needs are the
+// engine's.
+int VerbsChannel::alloc_pd_locked() {
+  if (!pd_) pd_ = ibv_alloc_pd(ctx_);
+  return pd_ ? 0 : errno ? -errno : -ENOMEM;
+}
+
+// The queue pair and what it needs of ours (registrations, protection
+// domain, the engine's place; the CQ and completion channel are the
+// engine's).
 void VerbsChannel::destroy_verbs_locked() {
   destroy_qp_locked();
   if (rx_mr_) ibv_dereg_mr(rx_mr_);
   if (tx_mr_) ibv_dereg_mr(tx_mr_);
   rx_mr_ = tx_mr_ = nullptr;
+  if (pd_) ibv_dealloc_pd(pd_);
+  pd_ = nullptr;
   if (member_.engine()) member_.engine()->leave(&member_);
 }
 
@@ -425,6 +437,7 @@ void VerbsChannel::forget_verbs_objects() {
   qp_from_cm_ = false;
   cm_connected_ = false;
   rx_mr_ = tx_mr_ = nullptr;
+  pd_ = nullptr;
   end_.unmap_rings();
   rx_ring_ = tx_buf_ = nullptr;
 }
@@ -1318,8 +1331,8 @@ void VerbsChannel::handle_move_locked(const MoveFrame& f) {
   memcpy(port.gid, gid_, sizeof gid_);
   port.mtu = mtu_;
   uint32_t inline_bytes = 0;
-  ibv_qp* qp = member_.engine() ? verbs_create_qp(engine_->pd(), member_.cq(), port, &inline_bytes)
-                                : nullptr;
+  ibv_qp* qp =
+      member_.engine() && pd_ ? verbs_create_qp(pd_, member_.cq(), port, &inline_bytes) : nullptr;
   if (!qp) {
     fail_move_locked("cannot create a queue pair", true);
     return;
@@ -1417,13 +1430,13 @@ int VerbsChannel::prepare_take_over_locked() {
   tx_buf_ = end_.tx_mirror();
   if (member_.engine()) member_.engine()->leave(&member_);  // (never joined here, so far)
   if (int rc = engine_->join(&member_, kCqePerQp, kick_fn_, kick_arg_, armed_); rc < 0) return rc;
-  qp_ = verbs_create_qp(engine_->pd(), member_.cq(), port, &max_inline_);
+  if (int rc = alloc_pd_locked(); rc < 0) return rc;
+  qp_ = verbs_create_qp(pd_, member_.cq(), port, &max_inline_);
   if (!qp_) return errno ? -errno : -ENOMEM;
   engine_->set_qp(&member_, qp_->qp_num);
-  rx_mr_ = ibv_reg_mr(engine_->pd(), rx_ring_, ring_bytes_,
-                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!rx_mr_) return errno ? -errno : -ENOMEM;
-  tx_mr_ = ibv_reg_mr(engine_->pd(), tx_buf_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE);
+  tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE);
   if (!tx_mr_) return errno ? -errno : -ENOMEM;
   reset_qp_counters_locked();
   if (int rc = repost_locked(kVerbsRecvDepth); rc < 0) return rc;

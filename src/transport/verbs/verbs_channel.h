@@ -122,7 +122,7 @@ class VerbsChannel final : public Channel {
  public:
   // Phase 1 (setup, before the rdma_cm connect/accept): joins the engine of
   // `id`'s device (its device is known: route resolved or connect request
-  // received), creates the QP on the engine's PD and a CQ of its, the end's
+  // received), creates the QP in a PD of its own on a CQ of the engine's, the end's
   // shared memory (verbs_end.h) and registers its ring and mirror. Takes ownership of id and of
   // cm_channel (the id's own event channel). Returns nullptr with *err = negative errno on failure;
   // then the caller still owns both.
@@ -232,7 +232,8 @@ class VerbsChannel final : public Channel {
   void kernel_bytes_from_peer_locked();
   bool reset_for_kernel_bytes_locked();
   void stop_moving_locked();
-  void destroy_verbs_locked();  // queue pair, registrations, the engine's place
+  int alloc_pd_locked();
+  void destroy_verbs_locked();  // queue pair, registrations, PD, the engine's place
   void teardown(bool destroy_id);
   void forget_verbs_objects();
   void destroy_qp_locked();
@@ -285,6 +286,7 @@ class VerbsChannel final : public Channel {
   uint8_t mtu_ = 0;
   ibv_qp* qp_ = nullptr;
   bool qp_from_cm_ = false;
+  ibv_pd* pd_ = nullptr;  // the connection's own (alloc_pd_locked)
   ibv_mr* rx_mr_ = nullptr;
   ibv_mr* tx_mr_ = nullptr;
   uint8_t* rx_ring_ = nullptr;  // the peer writes here (the end's ring, mapped here)

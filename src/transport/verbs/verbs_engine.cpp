@@ -61,22 +61,15 @@ VerbsEngine* VerbsEngine::make(ibv_context* ctx, bool own_ctx, int* err) {
     *err = errno ? -errno : -ENODEV;
     return nullptr;
   }
-  ibv_pd* pd = ibv_alloc_pd(ctx);
-  if (!pd) {
-    *err = errno ? -errno : -ENOMEM;
-    return nullptr;
-  }
   ibv_comp_channel* comp = verbs_comp_channel(ctx);
   if (!comp) {
     *err = errno ? -errno : -ENOMEM;
-    ibv_dealloc_pd(pd);
     return nullptr;
   }
   const int fl = real().fcntl(comp->fd, F_GETFL);
   if (fl < 0 || real().fcntl(comp->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
     *err = -errno;
     ibv_destroy_comp_channel(comp);
-    ibv_dealloc_pd(pd);
     return nullptr;
   }
   rdma_event_channel* cm = nullptr;
@@ -87,7 +80,6 @@ VerbsEngine* VerbsEngine::make(ibv_context* ctx, bool own_ctx, int* err) {
       *err = errno ? -errno : -ENOMEM;
       if (cm) rdma_destroy_event_channel(cm);
       ibv_destroy_comp_channel(comp);
-      ibv_dealloc_pd(pd);
       return nullptr;
     }
   }
@@ -96,13 +88,11 @@ VerbsEngine* VerbsEngine::make(ibv_context* ctx, bool own_ctx, int* err) {
     *err = -ENOMEM;
     if (cm) rdma_destroy_event_channel(cm);
     ibv_destroy_comp_channel(comp);
-    ibv_dealloc_pd(pd);
     return nullptr;
   }
   e->cm_ = cm;
   e->ctx_ = ctx;
   e->own_ctx_ = own_ctx;
-  e->pd_ = pd;
   e->comp_ = comp;
   e->max_cqe_ = da.max_cqe;
   engines().push_back(e);

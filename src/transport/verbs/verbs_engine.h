@@ -1,8 +1,9 @@
 // VerbsEngine: what the RDMA connections of one process share on one
-// device context: the protection domain, one completion channel, and the
-// completion queues, each of which serves many queue pairs (docs/design.md,
-// "One engine per device"). A connection holds its queue pair, its two
-// registrations and a Member, not a CQ or a descriptor of its own.
+// device context: one completion channel and the completion queues, each of
+// which serves many queue pairs (docs/design.md, "One engine per device").
+// A connection holds its queue pair, its protection domain (its own: an
+// rkey must work for its queue pair only), its two registrations and a
+// Member, not a CQ or a descriptor of its own.
 //
 // rdma_cm events. A connection's rdma_cm id moves onto the engine's event
 // channel once the connection is up (adopt_id); the engine's thread takes
@@ -87,7 +88,6 @@ class VerbsEngine {
   static VerbsEngine* of_opened(ibv_context* opened, int* err);
 
   ibv_context* context() const { return ctx_; }
-  ibv_pd* pd() const { return pd_; }
 
   // A place on a CQ with room for cqe_per_qp more completions; kick (may
   // be null) wakes the member's sleepers, `armed` of which sleep already.
@@ -140,7 +140,6 @@ class VerbsEngine {
   std::mutex mu_;
   ibv_context* ctx_ = nullptr;
   bool own_ctx_ = false;
-  ibv_pd* pd_ = nullptr;
   ibv_comp_channel* comp_ = nullptr;
   rdma_event_channel* cm_ = nullptr;  // rdma_cm's contexts only (of_context)
   int max_cqe_ = 0;
