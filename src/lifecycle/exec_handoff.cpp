@@ -44,6 +44,7 @@
 #include "stats/stats.h"
 #include "transport/handoff.h"
 #include "transport/lost/lost_channel.h"
+#include "transport/setup.h"
 #include "transport/socket_number.h"
 
 extern char** environ;
@@ -134,6 +135,7 @@ void exec_prepare(char* const envp[], ExecKind kind, ExecHandoff* h) {
   const bool vforked = kind == ExecKind::kReplace && in_vfork_child();
   if (vforked) kind = ExecKind::kSpawn;
   if (kind == ExecKind::kSpawn) count_child();  // the new process may keep our sockets
+  if (kind == ExecKind::kReplace) transports_before_exec();
   *h = ExecHandoff{};
   h->kind = kind;
   h->envp = envp;

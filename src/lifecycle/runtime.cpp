@@ -89,9 +89,11 @@ void before_fork() {
     s.channel().add_holder();
     s.quiesce();  // an operation that began before the count ends before the fork
   }
+  transports_fork_prepare_last();
 }
 
 void after_fork_parent() {
+  transports_after_fork_parent_first();
   transports_after_fork_parent();
   pending_after_fork_parent();
 }

@@ -5,12 +5,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/real.h"
 #include "transport/shm/arena.h"
 #include "transport/shm/region_cache.h"
 #include "transport/shm/rendezvous.h"
 #include "transport/shm/shm_linger.h"
+#include "transport/verbs/verbs_channel.h"
 #include "transport/verbs/verbs_engine.h"
 #include "transport/verbs/verbs_setup.h"
 
@@ -166,13 +168,22 @@ void transports_after_fork_parent() {
   shm_linger_after_fork_parent();
 }
 
+void transports_fork_prepare_last() { VerbsEngine::fork_prepare(); }
+
+void transports_after_fork_parent_first() { VerbsEngine::after_fork_parent(); }
+
 void transports_own_fds(std::vector<int>* out) {
   VerbsEngine::own_fds(out);
   shm_linger_own_fds(out);
   arena_own_fds(out);
 }
 
-void transports_at_exit() { shm_linger_at_exit(); }
+void transports_at_exit() {
+  shm_linger_at_exit();
+  VerbsEngine::settle_lingering(monotonic_ms() + kVerbsMoveMs);
+}
+
+void transports_before_exec() { VerbsEngine::settle_lingering(monotonic_ms() + kVerbsMoveMs); }
 
 struct ListenSetup::Impl {
   int marker_fd = -1;              // the same-host advertisement (-1: none, or another

@@ -56,12 +56,20 @@ void transports_after_fork_child();
 // closed ends that wait for their peer, shm_linger.h) is held still.
 void transports_fork_prepare();
 void transports_after_fork_parent();
+// The engines' locks, held across fork() so that the child finds their
+// lists whole: taken last, once the connections' operations have ended
+// (an operation polls through its engine), released first.
+void transports_fork_prepare_last();
+void transports_after_fork_parent_first();
 // The descriptors the transports hold beyond any connection's (an
 // application's closefrom must leave them open).
 void transports_own_fds(std::vector<int>* out);
 // The process exits (after every connection was let go): what a peer still
 // needs of it is waited for, bounded.
 void transports_at_exit();
+// An exec replaces this image: the RDMA queue pairs that linger after a
+// close (VerbsEngine::Linger) die with it, so their verdicts come first.
+void transports_before_exec();
 
 // The transports' side of one candidate listener: an advertisement to
 // same-host clients, an rdma_cm listener at the same address (as the rule

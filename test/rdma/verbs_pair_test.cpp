@@ -27,6 +27,12 @@
 //                 pair (inline RDMA write). It must fail (each connection
 //                 has its own protection domain) and leave that ring as it
 //                 was; the first connection still works
+//   linger        two connections; the server moves its queue pair of the
+//                 first to the error state (its device acknowledges nothing
+//                 more); the client sends on it and closes: the close must
+//                 return with the queue pair lingering in the engine, which
+//                 ends it at its verdict (retries spent) and releases its
+//                 descriptors
 //   pingpong      64-byte ping-pong over the stream: latency percentiles
 //   bw            32 MiB client -> server in 65000-byte writes: throughput
 //   tcp-pingpong, tcp-bw   the same over kernel TCP (no pairing), for reference
@@ -794,9 +800,30 @@ struct ManyConn {
   std::unique_ptr<rsock::Stream> s;
 };
 
+using OpenFn = std::function<int(std::unique_ptr<rsock::Channel>*)>;
+
+// Makes c, a connection `open` pairs, with its own WakeHub for the engine's
+// kicks. false: not paired.
+bool open_conn(ManyConn& c, const OpenFn& open) {
+  std::unique_ptr<rsock::Channel> ch;
+  c.fd = open(&ch);
+  if (c.fd < 0 || !ch) return false;
+  ch->set_async_kick(&kick_wake, &c.hub);
+  c.s = std::make_unique<rsock::Stream>(std::move(ch));
+  return true;
+}
+
+// The channel (queue pair) goes before the TCP socket.
+void close_conn(ManyConn& c) {
+  if (c.s) c.s->close();
+  c.s.reset();
+  if (c.fd >= 0) close(c.fd);
+  c.fd = -1;
+}
+
 // kManyConns connections made and paired one after the other (the peer
 // does the same), then the case. `open` makes one: its fd and channel.
-bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Channel>*)>& open) {
+bool run_many(bool is_server, const OpenFn& open) {
   Result res;
   // Completion channels and the contexts' async descriptors are anonymous
   // "[infinibandevent]" files, rdma_cm event channels /dev/infiniband/rdma_cm.
@@ -805,15 +832,11 @@ bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Cha
   std::vector<std::unique_ptr<ManyConn>> conns;
   for (int i = 0; i < kManyConns && res.ok; ++i) {
     auto c = std::make_unique<ManyConn>();
-    std::unique_ptr<rsock::Channel> ch;
-    c->fd = open(&ch);
-    if (c->fd < 0 || !ch) {
+    if (!open_conn(*c, open)) {
       res.fail("connection %d: not paired", i);
-      if (c->fd >= 0) close(c->fd);
+      close_conn(*c);
       break;
     }
-    ch->set_async_kick(&kick_wake, &c->hub);
-    c->s = std::make_unique<rsock::Stream>(std::move(ch));
     conns.push_back(std::move(c));
   }
   const int fds1 = count_fds(nullptr), events1 = count_fds("infinibandevent");
@@ -827,8 +850,8 @@ bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Cha
       engine = e;
     }
   }
-  // (+ 4: the engine's own, should the first of them make it.)
-  if (res.ok && fds1 - fds0 > 4 * kManyConns + 4)
+  // (+ 5: the engine's own, should the first of them make it.)
+  if (res.ok && fds1 - fds0 > 4 * kManyConns + 5)
     res.fail("%d descriptors more for %d connections, want at most 4 each", fds1 - fds0,
              kManyConns);
   if (res.ok && cm1 > cm0 + 1)  // (the engine's, made by the first connection)
@@ -892,11 +915,7 @@ bool run_many(bool is_server, const std::function<int(std::unique_ptr<rsock::Cha
   // may still be reading its connections in turn: the closes must reach a
   // busy reader as its data and EOF, not a reset (a packet lost in this
   // burst is sent again; the close waits for the queue pair's verdict).
-  for (auto& c : conns) {
-    c->s->close();
-    c->s.reset();
-    close(c->fd);
-  }
+  for (auto& c : conns) close_conn(*c);
   if (res.ok)
     say("PASS many (%d connections: %d descriptors more, %d event descriptors more, %d rdma_cm "
         "channels more, %d CQs)",
@@ -915,19 +934,11 @@ struct RkeyTarget {
   uint8_t pattern[12];
 };
 
-bool run_rkeys(bool is_server, const std::function<int(std::unique_ptr<rsock::Channel>*)>& open) {
+bool run_rkeys(bool is_server, const OpenFn& open) {
   Result res;
   ManyConn conns[2];
-  for (int i = 0; i < 2 && res.ok; ++i) {
-    std::unique_ptr<rsock::Channel> ch;
-    conns[i].fd = open(&ch);
-    if (conns[i].fd < 0 || !ch) {
-      res.fail("connection %d: not paired", i);
-      break;
-    }
-    ch->set_async_kick(&kick_wake, &conns[i].hub);
-    conns[i].s = std::make_unique<rsock::Stream>(std::move(ch));
-  }
+  for (int i = 0; i < 2 && res.ok; ++i)
+    if (!open_conn(conns[i], open)) res.fail("connection %d: not paired", i);
   auto* v0 = res.ok ? dynamic_cast<rsock::VerbsChannel*>(&conns[0].s->channel()) : nullptr;
   auto* v1 = res.ok ? dynamic_cast<rsock::VerbsChannel*>(&conns[1].s->channel()) : nullptr;
   if (res.ok && (!v0 || !v1)) res.fail("not verbs channels");
@@ -981,11 +992,7 @@ bool run_rkeys(bool is_server, const std::function<int(std::unique_ptr<rsock::Ch
     if (res.ok && (rc < 0 || b != 7))
       res.fail("connection 0 after the write: %s", rc < 0 ? strerror(-rc) : "wrong byte");
   }
-  for (auto& c : conns) {
-    if (c.s) c.s->close();
-    c.s.reset();
-    if (c.fd >= 0) close(c.fd);
-  }
+  for (auto& c : conns) close_conn(c);
   if (res.ok)
     say("PASS rkeys (connection 0's rkey refused on connection 1's queue pair)");
   else
@@ -993,7 +1000,64 @@ bool run_rkeys(bool is_server, const std::function<int(std::unique_ptr<rsock::Ch
   return res.ok;
 }
 
+// ------------------------------------------------------------ linger --
+
+bool run_linger(bool is_server, const OpenFn& open) {
+  Result res;
+  ManyConn conns[2];  // 0: the one closed, 1: control
+  for (int i = 0; i < 2 && res.ok; ++i)
+    if (!open_conn(conns[i], open)) res.fail("connection %d: not paired", i);
+  auto* v0 = res.ok ? dynamic_cast<rsock::VerbsChannel*>(&conns[0].s->channel()) : nullptr;
+  if (res.ok && (!v0 || !v0->id() || !v0->id()->qp)) res.fail("connection 0 has no queue pair");
+  uint8_t b = 1;
+  if (res.ok && is_server) {
+    ibv_qp_attr a = {};
+    a.qp_state = IBV_QPS_ERR;  // drops what comes: nothing is acknowledged
+    if (ibv_modify_qp(v0->id()->qp, &a, IBV_QP_STATE) != 0)
+      res.fail("ibv_modify_qp(ERR): %s", strerror(errno));
+    int rc = res.ok ? send_all(*conns[1].s, &b, 1, conns[1].hub) : 0;
+    if (rc == 0 && res.ok) rc = recv_all(*conns[1].s, &b, 1, conns[1].hub);  // the client is done
+    if (rc < 0) res.fail("control connection: %s", strerror(-rc));
+  } else if (res.ok) {
+    int rc = recv_all(*conns[1].s, &b, 1, conns[1].hub);
+    if (rc < 0) res.fail("control connection: %s", strerror(-rc));
+    std::vector<uint8_t> out(1000, 0x5a);
+    if (res.ok) rc = send_all(*conns[0].s, out.data(), out.size(), conns[0].hub);
+    if (res.ok && rc < 0) res.fail("send on connection 0: %s", strerror(-rc));
+    rsock::VerbsEngine* engine = v0->engine();
+    const int before = engine->lingering();
+    if (res.ok) close_conn(conns[0]);
+    const int fds_closed = count_fds(nullptr);
+    if (res.ok && engine->lingering() != before + 1)
+      res.fail("close() returned with %d queue pairs lingering, want %d", engine->lingering(),
+               before + 1);
+    // Its verdict: the retries spent (about 2 s), or the deadline.
+    const int64_t give_up = now_us() + 20 * 1000000ll;
+    while (res.ok && engine->lingering() > before && now_us() < give_up) usleep(10000);
+    if (res.ok && engine->lingering() != before)
+      res.fail("the lingering queue pair was not finished in 20 s");
+    if (res.ok && count_fds(nullptr) >= fds_closed)
+      res.fail("the finished queue pair kept its descriptors (%d, %d at the close)",
+               count_fds(nullptr), fds_closed);
+    b = 2;
+    rc = send_all(*conns[1].s, &b, 1, conns[1].hub);
+    if (res.ok && rc < 0) res.fail("control connection: %s", strerror(-rc));
+  }
+  for (auto& c : conns) close_conn(c);
+  if (res.ok)
+    say("PASS linger");
+  else
+    say("FAIL linger: %s", res.why.c_str());
+  return res.ok;
+}
+
 bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
+
+// The cases that open their own connections (several), or nullptr.
+using MultiCase = bool (*)(bool, const OpenFn&);
+MultiCase multi_case(const std::string& c) {
+  return c == "many" ? run_many : c == "rkeys" ? run_rkeys : c == "linger" ? run_linger : nullptr;
+}
 
 // Runs a pairing to its end: its channel, or nullptr with *why.
 std::unique_ptr<rsock::Channel> run_pairing(std::unique_ptr<rsock::Pairing> p, rsock::Fallback* why) {
@@ -1093,8 +1157,8 @@ int server(int port, const std::vector<std::string>& cases) {
     return fd;
   };
   for (const auto& c : cases) {
-    if (c == "many" || c == "rkeys") {
-      if (!(c == "many" ? run_many : run_rkeys)(true, open_one)) ++failed;
+    if (auto run = multi_case(c)) {
+      if (!run(true, open_one)) ++failed;
       continue;
     }
     int fd = accept_one(ls);
@@ -1148,8 +1212,8 @@ int client(const char* host, int port, const std::vector<std::string>& cases) {
     return fd;
   };
   for (const auto& c : cases) {
-    if (c == "many" || c == "rkeys") {
-      if (!(c == "many" ? run_many : run_rkeys)(false, open_one)) ++failed;
+    if (auto run = multi_case(c)) {
+      if (!run(false, open_one)) ++failed;
       continue;
     }
     int fd = connect_to(host, port);

@@ -358,7 +358,7 @@ VerbsChannel::~VerbsChannel() {
   std::unique_lock<std::mutex> lock(mu_);
   if (!exited_) {
     check_owner_locked();
-    hand_over_locked(lock, detach_close_);
+    hand_over_locked(lock, detach_close_, true);
   }
   if (tcp_fd_ >= 0 && !quiet_failure_ && state_.load(std::memory_order_relaxed) != kLost &&
       state_.load(std::memory_order_relaxed) != kNotMine &&
@@ -1645,31 +1645,9 @@ int VerbsChannel::take_over(EndPositions* at) {
 // busy or slow peer's device still acknowledges), and at deadline_ms at the
 // latest.
 bool VerbsChannel::flush_posted_locked(int64_t deadline_ms) {
-  if (!qp_ || remote_rkey_ == 0 || state_.load(std::memory_order_relaxed) != kOwned) return false;
-  poll_cq_locked();
-  // Not when the peer has closed: it reads nothing more, and it may have
-  // torn down its QP already, so the marker would only run into the
-  // deadline.
-  if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) ||
-      (peer_flags_ & kPeerClosed) || wr_done_ >= wr_posted_)
-    return true;
-  ibv_send_wr wr = {};
-  wr.opcode = IBV_WR_RDMA_WRITE;  // zero-length: a pure ordering marker
-  wr.wr.rdma.remote_addr = remote_addr_;
-  wr.wr.rdma.rkey = remote_rkey_;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  if (reserve_sq_locked(1) != 0) return false;
-  wr.wr_id = ++wr_posted_;
-  last_signaled_ = wr_posted_;
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
-  ibv_qp_attr qa = {};
-  ibv_qp_init_attr ia = {};
-  qa.timeout = kVerbsAckTimeout;
-  qa.retry_cnt = kVerbsRetryCount;
-  (void)ibv_query_qp(qp_, &qa, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &ia);
-  deadline_ms = std::min(
-      deadline_ms, monotonic_ms() + verbs_retry_bound_ms(qa.timeout, qa.retry_cnt) + kCloseSlackMs);
+  const int marked = post_marker_locked();
+  if (marked != 0) return marked > 0;
+  deadline_ms = std::min(deadline_ms, monotonic_ms() + verdict_bound_ms_locked());
   // Also over once the peer disconnects or detaches: nothing more can be
   // delivered (and its QP may be gone: no ACK would ever come).
   useconds_t nap = 50;
@@ -1688,6 +1666,109 @@ bool VerbsChannel::flush_posted_locked(int64_t deadline_ms) {
              static_cast<unsigned long long>(wr_done_),
              static_cast<unsigned long long>(wr_posted_));
   return wr_done_ >= wr_posted_;
+}
+
+// The marker of flush_posted_locked: a signaled zero-length write behind
+// every WR posted so far. 1: nothing to wait for (all completed, or the
+// peer closed or failed: it reads nothing more, and its queue pair may be
+// gone, so a marker would only run into the deadline); 0: posted, its
+// completion (wr_posted_) is the verdict; -1: no queue pair, or it refused.
+int VerbsChannel::post_marker_locked() {
+  if (!qp_ || remote_rkey_ == 0 || state_.load(std::memory_order_relaxed) != kOwned) return -1;
+  poll_cq_locked();
+  if ((carrier_flags_.load(std::memory_order_relaxed) & kTransportError) ||
+      (peer_flags_ & kPeerClosed) || wr_done_ >= wr_posted_)
+    return 1;
+  ibv_send_wr wr = {};
+  wr.opcode = IBV_WR_RDMA_WRITE;  // zero-length: a pure ordering marker
+  wr.wr.rdma.remote_addr = remote_addr_;
+  wr.wr.rdma.rkey = remote_rkey_;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (reserve_sq_locked(1) != 0) return -1;
+  wr.wr_id = ++wr_posted_;
+  last_signaled_ = wr_posted_;
+  ibv_send_wr* bad = nullptr;
+  return ibv_post_send(qp_, &wr, &bad) == 0 ? 0 : -1;
+}
+
+// How long the queue pair can take to complete or fail a posted WR: its
+// ACK timeout and retry count (queried: rdma_cm's may differ from ours).
+int64_t VerbsChannel::verdict_bound_ms_locked() {
+  ibv_qp_attr qa = {};
+  ibv_qp_init_attr ia = {};
+  qa.timeout = kVerbsAckTimeout;
+  qa.retry_cnt = kVerbsRetryCount;
+  (void)ibv_query_qp(qp_, &qa, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &ia);
+  return verbs_retry_bound_ms(qa.timeout, qa.retry_cnt) + kCloseSlackMs;
+}
+
+// A closed connection whose last WRs are still on their way: what its
+// queue pair needs until its verdict (docs/design.md, "A close that
+// lingers"). The engine's thread finishes it; the channel is gone.
+struct VerbsChannel::Closing final : VerbsEngine::Linger {
+  ibv_qp* qp = nullptr;
+  bool qp_from_cm = false;
+  rdma_cm_id* id = nullptr;
+  bool disconnect = false;
+  ibv_pd* pd = nullptr;
+  ibv_mr* rx_mr = nullptr;
+  ibv_mr* tx_mr = nullptr;
+  VerbsEnd end;     // the memory the queue pair reads and writes
+  int tcp_fd = -1;  // the connection's dup: closed last
+
+  // Moves what the queue pair needs out of ch (and back: give_back).
+  void take(VerbsChannel& ch) {
+    std::swap(qp, ch.qp_);
+    std::swap(qp_from_cm, ch.qp_from_cm_);
+    std::swap(id, ch.id_);
+    std::swap(disconnect, ch.cm_connected_);
+    std::swap(pd, ch.pd_);
+    std::swap(rx_mr, ch.rx_mr_);
+    std::swap(tx_mr, ch.tx_mr_);
+    std::swap(end, ch.end_);
+    std::swap(tcp_fd, ch.tcp_fd_);
+  }
+  void give_back(VerbsChannel& ch) { take(ch); }
+
+  void fds(std::vector<int>* out) const override {
+    if (tcp_fd >= 0) out->push_back(tcp_fd);
+    if (end.memfd() >= 0) out->push_back(end.memfd());
+  }
+
+  void finish() override {
+    LOG_DEBUG("rdma: a closed connection's queue pair goes (its last work request %s)",
+              delivered ? "delivered" : "not acknowledged");
+    if (disconnect && id) rdma_disconnect(id);
+    if (qp_from_cm && id)
+      rdma_destroy_qp(id);
+    else if (qp)
+      ibv_destroy_qp(qp);
+    if (rx_mr) ibv_dereg_mr(rx_mr);
+    if (tx_mr) ibv_dereg_mr(tx_mr);
+    if (pd) ibv_dealloc_pd(pd);
+    if (member.engine()) member.engine()->leave(&member);
+    if (id) rdma_destroy_id(id);
+    if (tcp_fd >= 0) real().close(tcp_fd);  // the FIN, after our bytes
+    delete this;                            // (and the end's mapping)
+  }
+};
+
+// The last close, with its marker posted: the engine's thread waits for the
+// verdict instead of the caller, as the kernel lingers after a TCP close.
+// Only a queue pair whose events reach the engine (its id adopted, or one
+// made by hand) and a peer still there; false: the caller waits itself.
+bool VerbsChannel::linger_locked() {
+  VerbsEngine* e = member_.engine();
+  if (!e || cm_channel_ || remote_rkey_ == 0) return false;
+  auto* l = new (std::nothrow) Closing();
+  if (!l) return false;
+  l->target = wr_posted_;
+  l->deadline_ms = monotonic_ms() + verdict_bound_ms_locked();
+  l->take(*this);
+  if (e->linger(l, &member_)) return true;  // (it may be finished already)
+  l->give_back(*this);
+  delete l;
+  return false;
 }
 
 // Drives a move that is under way to its end, bounded: the process is
@@ -1730,7 +1811,8 @@ void VerbsChannel::settle_locked(std::unique_lock<std::mutex>& lock, int64_t dea
 // everything posted; a detaching owner reports its exact read total and
 // DETACH, so that the other end waits for the next owner instead of
 // failing, and releases the end.
-void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool detach) {
+void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool detach,
+                                    bool may_linger) {
   const int st0 = state_.load(std::memory_order_relaxed);
   if (st0 != kOwned && st0 != kDetached && st0 != kAwaitHello && st0 != kTaking) {
     if (st0 == kLost) poll_cq_locked();  // records what reached the ring (rx_head)
@@ -1748,6 +1830,10 @@ void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool det
       if (consumed > granted_ && post_imm_locked(verbs_imm::kCredit, consumed) == 0)
         granted_ = consumed;
       (void)post_imm_locked(verbs_imm::kFlags, (flags_sent_ & kStickyFlags) | verbs_imm::kDetach);
+    }
+    if (may_linger && !detach && post_marker_locked() == 0) {
+      record_rx_locked();
+      if (linger_locked()) return;
     }
     flush_posted_locked(deadline);
   }

@@ -239,6 +239,10 @@ class VerbsChannel final : public Channel {
   void destroy_qp_locked();
   void reset_qp_counters_locked();
   bool flush_posted_locked(int64_t deadline_ms);
+  int post_marker_locked();
+  int64_t verdict_bound_ms_locked();
+  struct Closing;
+  bool linger_locked();
 
   // The move (docs/protocol.md section 7, "Moving a connection").
   bool owner_state() const;
@@ -265,7 +269,9 @@ class VerbsChannel final : public Channel {
   void fail_move_locked(const char* why, bool tell_peer);
   void send_reset_frame_locked(uint8_t flags);
   void settle_locked(std::unique_lock<std::mutex>& lock, int64_t deadline_ms, bool last_holder);
-  void hand_over_locked(std::unique_lock<std::mutex>& lock, bool detach);
+  // may_linger: a close (not an exit or exec) may leave the queue pair to
+  // the engine until its verdict (linger_locked).
+  void hand_over_locked(std::unique_lock<std::mutex>& lock, bool detach, bool may_linger = false);
 
   std::mutex mu_;
   std::atomic<int> state_{kOwned};

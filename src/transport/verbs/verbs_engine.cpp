@@ -5,10 +5,14 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <new>
 
+#include "common/clock.h"
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/quiet_thread.h"
 #include "common/real.h"
 #include "transport/verbs/verbs_qp.h"
@@ -30,6 +34,9 @@ namespace {
 // of the last one), up to the device's limit.
 constexpr int kQpsPerStep = 4;
 constexpr int kBatch = 32;  // completions per ibv_poll_cq
+// While queue pairs linger, the thread also looks this often (their
+// verdicts come as completions; the look bounds a device that stays mute).
+constexpr int kLingerLookMs = 100;
 
 // Every engine of this process. The list is never destroyed (an engine's
 // thread may run while the process exits; std::mutex has nothing to destroy).
@@ -156,7 +163,13 @@ int VerbsEngine::join(Member* m, int cqe_per_qp, KickFn kick, void* kick_arg, in
   std::lock_guard<std::mutex> lock(mu_);
   if (!thread_started_) {
     // The thread that wakes sleepers: without it an armed member would
-    // sleep through its completions, so no member joins.
+    // sleep through its completions, so no member joins. It sleeps
+    // without a timeout while nothing lingers, so the first queue pair
+    // that lingers wakes it (wake_fd_) to look at its deadline, which is
+    // the only bound on a device that retries without end (soft-RoCE
+    // takes a retry count of 7 as infinite). Without the eventfd, closes
+    // wait for their verdict themselves.
+    if (wake_fd_ < 0) wake_fd_ = lift_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (int rc = spawn_quiet_thread(&VerbsEngine::thread_main, this); rc != 0) return -rc;
     thread_started_ = true;
   }
@@ -235,6 +248,84 @@ void VerbsEngine::leave(Member* m) {
   m->armed_ = 0;
   m->inbox_.clear();
   m->inbox_.shrink_to_fit();
+}
+
+bool VerbsEngine::linger(Linger* l, Member* from) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!from->cq_ || static_cast<int>(lingering_.size()) >= kMaxLingering) return false;
+  if (wake_fd_ < 0) return false;
+  Member& to = l->member;
+  to.engine_ = this;
+  to.cq_ = from->cq_;
+  to.qpn_ = from->qpn_;
+  to.has_qpn_ = from->has_qpn_;
+  to.id_ = from->id_;
+  to.kick_ = nullptr;  // nobody sleeps on it: the thread looks
+  to.kick_arg_ = nullptr;
+  to.kick_due_ = false;
+  to.inbox_ = static_cast<std::vector<ibv_wc>&&>(from->inbox_);
+  to.cm_inbox_ = static_cast<std::vector<rdma_cm_event_type>&&>(from->cm_inbox_);
+  if (to.has_qpn_) by_qpn_[to.qpn_] = &to;
+  if (to.id_) by_id_[to.id_] = &to;
+  for (auto& d : due_)
+    if (d == from) d = nullptr;
+  // Armed, so that its CQ stays notified and the thread wakes for it.
+  to.cq_->armed += 1 - from->armed_;
+  to.armed_ = 1;
+  notify_locked(to.cq_);
+  from->engine_ = nullptr;
+  from->cq_ = nullptr;
+  from->has_qpn_ = false;
+  from->id_ = nullptr;
+  from->armed_ = 0;
+  from->kick_due_ = false;
+  lingering_.push_back(l);
+  if (lingering_.size() == 1) {
+    const uint64_t one = 1;
+    (void)!real().write(wake_fd_, &one, sizeof one);
+  }
+  return true;
+}
+
+// The lingering queue pairs whose verdict came (a completion of the last
+// signaled work request or of an error, a disconnect or another event of
+// their id) or whose deadline passed move to *over.
+void VerbsEngine::end_lingering_locked(std::vector<Linger*>* over) {
+  const int64_t now = monotonic_ms();
+  for (size_t i = 0; i < lingering_.size();) {
+    Linger* l = lingering_[i];
+    bool done = !l->member.cm_inbox_.empty() || now >= l->deadline_ms || broken_;
+    for (const ibv_wc& wc : l->member.inbox_) {
+      const bool target =
+          wc.status == IBV_WC_SUCCESS && !(wc.opcode & IBV_WC_RECV) && wc.wr_id >= l->target;
+      l->delivered |= target;
+      done |= target || wc.status != IBV_WC_SUCCESS;
+    }
+    l->member.inbox_.clear();
+    l->member.cm_inbox_.clear();
+    if (!done) {
+      ++i;
+      continue;
+    }
+    over->push_back(l);
+    lingering_[i] = lingering_.back();
+    lingering_.pop_back();
+  }
+}
+
+int VerbsEngine::lingering() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(lingering_.size());
+}
+
+void VerbsEngine::settle_lingering(int64_t deadline_ms) {
+  std::vector<VerbsEngine*> all;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    all = engines();
+  }
+  for (VerbsEngine* e : all)
+    while (e->lingering() > 0 && monotonic_ms() < deadline_ms) usleep(2000);
 }
 
 // ---------------------------------------------------------- completions --
@@ -338,15 +429,28 @@ void* VerbsEngine::thread_main(void* self) {
 // requests it itself when a sleeper of its arms again, before it sleeps,
 // off its reply's path.
 void VerbsEngine::run() {
+  std::vector<Linger*> over;
   for (;;) {
-    pollfd p[2] = {{comp_->fd, POLLIN, 0}, {cm_ ? cm_->fd : -1, POLLIN, 0}};
-    if (real().poll(p, 2, -1) < 0 && errno != EINTR) {
+    for (Linger* l : over) l->finish();  // (leaves: takes our lock)
+    over.clear();
+    int timeout = -1, wake_fd = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!lingering_.empty()) timeout = kLingerLookMs;
+      wake_fd = wake_fd_;
+    }
+    pollfd p[3] = {{comp_->fd, POLLIN, 0}, {cm_ ? cm_->fd : -1, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    if (real().poll(p, 3, timeout) < 0 && errno != EINTR) {
       // Nothing to wait on: never happens with a valid descriptor. Stop
       // rather than spin; sleepers then wake only on their own sources.
       LOG_WARN("rdma: the completion channel cannot be waited on (%s)", strerror(errno));
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (p[2].revents & POLLIN) {
+      uint64_t n;
+      (void)!real().read(wake_fd, &n, sizeof n);
+    }
     ibv_cq* cq = nullptr;
     void* cq_ctx = nullptr;
     while (ibv_get_cq_event(comp_, &cq, &cq_ctx) == 0) {
@@ -365,6 +469,7 @@ void VerbsEngine::run() {
       dispatch_locked(c);  // what completed before the request
       kick_due_locked();
     }
+    end_lingering_locked(&over);
   }
 }
 
@@ -389,21 +494,43 @@ void VerbsEngine::own_fds(std::vector<int>* out) {
       out->push_back(e->ctx_->cmd_fd);
       out->push_back(e->ctx_->async_fd);
     }
+    std::lock_guard<std::mutex> elock(e->mu_);
+    if (e->wake_fd_ >= 0) out->push_back(e->wake_fd_);
+    for (Linger* l : e->lingering_) l->fds(out);
   }
 }
 
+void VerbsEngine::fork_prepare() {
+  // The child reads the engines' lists (after_fork_child): not halfway
+  // through a change. Engine locks nest in g_mu (as in own_fds).
+  g_mu.lock();
+  for (VerbsEngine* e : engines()) e->mu_.lock();
+}
+
+void VerbsEngine::after_fork_parent() {
+  for (VerbsEngine* e : engines()) e->mu_.unlock();
+  g_mu.unlock();
+}
+
 void VerbsEngine::after_fork_child() {
-  // The parent's threads, and any lock they held, are not here.
-  new (&g_mu) std::mutex();
+  // This thread holds every lock (fork_prepare); the parent's other
+  // threads are not here.
   for (VerbsEngine* e : engines()) {
+    e->mu_.unlock();
     real().close(e->comp_->fd);
     if (e->cm_) real().close(e->cm_->fd);
     if (e->own_ctx_) {
       real().close(e->ctx_->cmd_fd);
       real().close(e->ctx_->async_fd);
     }
+    if (e->wake_fd_ >= 0) real().close(e->wake_fd_);
+    // The parent's closed connections: their FIN must not wait for us.
+    std::vector<int> fds;
+    for (Linger* l : e->lingering_) l->fds(&fds);
+    for (int fd : fds) real().close(fd);
   }
   engines().clear();  // (the engines themselves are left: the parent's memory)
+  g_mu.unlock();
 }
 
 }  // namespace rsock

@@ -89,6 +89,33 @@ class VerbsEngine {
 
   ibv_context* context() const { return ctx_; }
 
+  // A closed connection's queue pair that still has work requests on their
+  // way (verbs_channel.cpp makes it): the engine's thread watches its
+  // completions and rdma_cm events and ends it at its verdict, so that a
+  // close does not wait for it (docs/design.md, "A close that lingers").
+  class Linger {
+   public:
+    Linger() = default;
+    Linger(const Linger&) = delete;
+    Linger& operator=(const Linger&) = delete;
+    virtual ~Linger() = default;
+    // Destroys what it holds (the queue pair, its memory, the socket dup
+    // last, whose FIN then follows our bytes) and itself; the engine's
+    // thread calls it without the engine's lock, as the member leaves.
+    virtual void finish() = 0;
+    // The descriptors it holds (a closefrom leaves them; a fork's child
+    // closes its copies: the FIN must not wait for the child).
+    virtual void fds(std::vector<int>* out) const = 0;
+
+    Member member;            // its place (taken over from the channel's)
+    uint64_t target = 0;      // the wr_id whose completion is the verdict
+    int64_t deadline_ms = 0;  // past it, finished whatever came
+    bool delivered = false;   // the verdict was the target's completion
+  };
+  // The most queue pairs that linger at once per engine; a close beyond
+  // them waits for its verdict itself.
+  static constexpr int kMaxLingering = 256;
+
   // A place on a CQ with room for cqe_per_qp more completions; kick (may
   // be null) wakes the member's sleepers, `armed` of which sleep already.
   // 0 or a negative errno.
@@ -105,6 +132,14 @@ class VerbsEngine {
   // The queue pair is gone: its completions and the id's events from now
   // on are dropped (before the id is destroyed) and its place is free.
   void leave(Member* m);
+  // l's queue pair lingers: l->member takes over `from`'s place (its queue
+  // pair, id and inboxes), armed, and the engine's thread finishes l at
+  // its verdict. false (nothing changed): kMaxLingering linger already.
+  bool linger(Linger* l, Member* from);
+  // The process exits or execs: the queue pairs die with it, so wait (until
+  // deadline_ms) for every lingering one's verdict.
+  static void settle_lingering(int64_t deadline_ms);
+  int lingering();
   // Appends m's completions to *out and its rdma_cm events to *cm: what
   // others handed it and what its CQ holds now (others' go to their
   // inboxes, and armed ones are kicked). Returns how many completions, or
@@ -120,6 +155,9 @@ class VerbsEngine {
   // In a fork's child: every engine is the parent's. Their descriptors are
   // closed here, the objects left alone; the next use makes new engines.
   static void after_fork_child();
+  // Around fork(): every engine's lock is held across it.
+  static void fork_prepare();
+  static void after_fork_parent();
 
   // Completion queues and members (tests, describe()).
   int cqs();
@@ -134,6 +172,7 @@ class VerbsEngine {
   void notify_locked(Cq* c);
   void dispatch_locked(Cq* c);
   void take_cm_events_locked();
+  void end_lingering_locked(std::vector<Linger*>* over);
   void due_locked(Member* m);
   void kick_due_locked();
 
@@ -149,6 +188,8 @@ class VerbsEngine {
   std::unordered_map<uint32_t, Member*> by_qpn_;
   std::unordered_map<rdma_cm_id*, Member*> by_id_;
   std::vector<Member*> due_;  // members to kick after a dispatch
+  std::vector<Linger*> lingering_;
+  int wake_fd_ = -1;  // an eventfd: the thread looks again (made with the thread)
   int members_ = 0;
 };
 
