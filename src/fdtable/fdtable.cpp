@@ -127,7 +127,10 @@ bool FdTable::clear(int fd) {
 
 bool FdTable::replace(int fd, FdState* expected, FdState* next) {
   Slot* s = slot(fd, false);
-  if (!s || s->load(std::memory_order_relaxed) != reinterpret_cast<uintptr_t>(expected))
+  // The lock bit aside: a slot another thread holds for a moment (a get)
+  // still holds `expected`, and must change hands.
+  if (!s ||
+      (s->load(std::memory_order_relaxed) & ~uintptr_t{1}) != reinterpret_cast<uintptr_t>(expected))
     return false;
   uintptr_t v = lock_slot(s);
   if (v != reinterpret_cast<uintptr_t>(expected)) {
@@ -142,6 +145,34 @@ bool FdTable::replace(int fd, FdState* expected, FdState* next) {
   expected->fds_.fetch_sub(1, std::memory_order_acq_rel);
   expected->unref();
   return true;
+}
+
+int FdTable::replace_all(const std::vector<int>& fds, FdState* expected, FdState* next) {
+  // Slots are locked in ascending order, and no other holder of a slot lock
+  // takes a second one: no deadlock.
+  const auto want = reinterpret_cast<uintptr_t>(expected);
+  std::vector<Slot*> held;
+  held.reserve(fds.size());
+  for (int fd : fds) {
+    Slot* s = slot(fd, false);
+    if (!s || (s->load(std::memory_order_relaxed) & ~uintptr_t{1}) != want) continue;
+    const uintptr_t v = lock_slot(s);
+    if (v != want) {
+      s->store(v, std::memory_order_release);
+      continue;
+    }
+    held.push_back(s);
+  }
+  const int n = static_cast<int>(held.size());
+  if (n == 0) return 0;
+  if (next) {
+    for (int i = 0; i < n; ++i) next->ref();
+    next->fds_.fetch_add(n, std::memory_order_relaxed);
+  }
+  for (Slot* s : held) s->store(reinterpret_cast<uintptr_t>(next), std::memory_order_release);
+  expected->fds_.fetch_sub(n, std::memory_order_acq_rel);
+  for (int i = 0; i < n; ++i) expected->unref();
+  return n;
 }
 
 // ---- fresh TCP sockets ------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace rsock {
 
@@ -107,6 +108,12 @@ class FdTable {
   // holds `expected`; returns whether it did. A hand-over is not a close:
   // expected's on_last_close() is not called.
   bool replace(int fd, FdState* expected, FdState* next);
+  // replace() for each of fds (ascending) at once: every slot that holds
+  // `expected` is locked before any changes hands, so that no other
+  // thread sees some of them hand over and not the others (the close of
+  // one that has, while another still holds `expected`, would otherwise be
+  // next's last). Returns how many changed hands.
+  int replace_all(const std::vector<int>& fds, FdState* expected, FdState* next);
   // Calls fn(fd, state) for every slot, with the table's bare pointer: only
   // where no other thread can close an fd or hand it over meanwhile (a
   // fork's child before it runs any), or to compare addresses.

@@ -304,6 +304,121 @@ TEST(FdTable, ReplaceHandsOverOnlyFromTheExpectedState) {
   EXPECT_EQ(c.double_close.load(), 0);
 }
 
+// A thread that keeps taking fd's reference (get), and so its slot's lock
+// for a moment at a time, until stop(), which returns how many it took.
+class Getter {
+ public:
+  Getter(FdTable& t, int fd)
+      : thread_([this, &t, fd] {
+          while (!done_.load(std::memory_order_relaxed)) {
+            FdRef r = t.get(fd);
+            gets_.fetch_add(1, std::memory_order_relaxed);
+          }
+        }) {
+    // On a loaded machine it may start late: let it in first (bounded).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (gets_.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  }
+  ~Getter() { stop(); }
+  uint64_t stop() {
+    done_.store(true);
+    if (thread_.joinable()) thread_.join();
+    return gets_.load();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<uint64_t> gets_{0};
+  std::thread thread_;
+};
+
+// A slot that another thread holds for a moment (a get() taking its
+// reference) still holds its state: a replace() meeting that moment must
+// wait for it, not fail. Before 2026-12-07 it compared the slot with its
+// lock bit and failed; a pairing's hand-over then left the fd on its
+// PendingState while the application read from it.
+TEST(FdTable, ReplaceWaitsForAMomentaryHolder) {
+  auto t = new_table();
+  Counters c;
+  constexpr int kFd = 300, kRounds = 200000;
+  Getter getter(*t, kFd);
+  int failed = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    auto* from = new TestState(&c);
+    auto* to = new TestState(&c);
+    ASSERT_TRUE(t->set(kFd, from));
+    if (!t->replace(kFd, from, to)) ++failed;
+    t->clear(kFd);  // to's last close, or from's if the replace failed
+    if (from->closes() == 0) from->on_last_close();
+    if (to->closes() == 0) to->on_last_close();
+    from->unref();
+    to->unref();
+  }
+  EXPECT_EQ(failed, 0) << "of " << kRounds << " hand-overs";
+  EXPECT_GT(getter.stop(), 0u);
+}
+
+// replace_all hands every listed fd that holds the expected state over at
+// once: a thread that closes one of them as soon as it has changed hands
+// (an application that uses and closes one number of a connection while
+// the pairing hands its numbers over) must never find itself closing the
+// new state's last fd while another still holds the old one. The closer
+// clears fd A the moment it holds `conn`; B is listed first or last, and a
+// third thread keeps taking B's slot lock (get), which makes a hand-over
+// of B wait. With the fds handed over one at a time, that clear was conn's
+// last close in a good part of the rounds where A went first.
+TEST(FdTable, ReplaceAllHandsOverTogether) {
+  auto t = new_table();
+  Counters c;
+  constexpr int kFdA = 200, kFdB = 1200, kRounds = 4000;
+  Getter getter(*t, kFdB);
+  int early = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    auto* pending = new TestState(&c);
+    auto* conn = new TestState(&c);
+    ASSERT_TRUE(t->set(kFdA, pending));
+    ASSERT_TRUE(t->set(kFdB, pending));
+    std::atomic<bool> go{false};
+    std::thread closer([&] {
+      while (!go.load()) {
+      }
+      while (t->peek(kFdA) != conn) {
+      }
+      t->clear(kFdA);
+    });
+    go.store(true);
+    const std::vector<int> fds =
+        round % 2 ? std::vector<int>{kFdA, kFdB} : std::vector<int>{kFdB, kFdA};
+    EXPECT_EQ(t->replace_all(fds, pending, conn), 2);
+    closer.join();
+    if (conn->closes() != 0) ++early;
+    EXPECT_EQ(t->peek(kFdB), conn);
+    EXPECT_EQ(pending->closes(), 0) << "a hand-over is not a close";
+    EXPECT_EQ(pending->fds(), 0);
+    EXPECT_TRUE(t->clear(kFdB)) << "B is conn's last fd";
+    pending->on_last_close();  // its owner's close (none sits in the table)
+    pending->unref();
+    conn->unref();
+  }
+  EXPECT_GT(getter.stop(), 0u);
+  EXPECT_EQ(early, 0) << "closing A ended conn while B still held the old state";
+  // Only the listed fds that hold the expected state change hands.
+  auto* pending = new TestState(&c);
+  auto* other = new TestState(&c);
+  ASSERT_TRUE(t->set(5, pending));
+  ASSERT_TRUE(t->set(6, other));
+  EXPECT_EQ(t->replace_all({5, 6, 9}, pending, nullptr), 1);
+  EXPECT_FALSE(t->has(5));
+  EXPECT_EQ(t->peek(6), other);
+  EXPECT_TRUE(t->clear(6));
+  pending->on_last_close();
+  pending->unref();
+  other->unref();
+  EXPECT_EQ(c.destroyed.load(), 2 * kRounds + 2);
+  EXPECT_EQ(c.bad_destroy.load(), 0);
+  EXPECT_EQ(c.double_close.load(), 0);
+}
+
 // Readers take references and use the state while a writer attaches states
 // to two fds (as dup does), replaces and clears them. Every state must be
 // alive whenever a reader holds it, closed exactly once, and freed exactly
