@@ -89,10 +89,12 @@ struct Config {
   // or spawn: such a program gets the file with the socket.
   bool region_file_per_connection = false;
   // RSOCK_TEST_HANDOVER_PAUSE_US, for tests: the pairing's thread pauses
-  // this long in each hand-over, after the outcome is published and the
-  // epoll members converted, before the fds change hands (socket/pending.cpp,
-  // hand_over). A thread that loses the processor there opens the same
-  // window; the pause makes it wide enough for a test to meet often.
+  // this long twice in each hand-over (socket/pending.cpp, hand_over): once
+  // after the outcome is published and the epoll members converted, before
+  // an fd's own call may hand it over (pending_settle), and once more after,
+  // before the pairing's thread hands over the fds not handed yet. A thread
+  // that loses the processor there opens the same windows; the pause makes
+  // them wide enough for a test to meet often.
   uint32_t test_handover_pause_us = 0;
   // RSOCK_TEST_EPOLL_PAUSE_US, for tests: an epoll_wait whose first look at
   // its members found one ready pauses this long before it asks the kernel

@@ -89,6 +89,23 @@ std::atomic<int> g_handovers{0};  // hand_over calls between the seal and the ep
 // whose fd the application closed meanwhile (pending_finish_at_exit).
 std::atomic<int> g_finishing{0};
 
+// Hands every fd that holds p over to next (nullptr: the kernel); known:
+// one of them, when p has no other (no scan of the table then). All at
+// once (FdTable::replace_all): the application may close one that has
+// changed hands, which must not be next's last close while another of its
+// numbers still holds p.
+void move_fds(PendingState* p, FdState* next, int known = -1) {
+  if (known >= 0 && p->fds() == 1) {
+    fd_table().replace(known, p, next);
+    return;
+  }
+  std::vector<int> fds;
+  fd_table().for_each([&](int fd, FdState* s) {
+    if (s == p) fds.push_back(fd);
+  });
+  fd_table().replace_all(fds, p, next);
+}
+
 // Publishes the outcome (c: one reference, taken over; nullptr: plain TCP),
 // converts the epoll members, then hands every fd over.
 void hand_over(Work& w, ConnectionState* c) {
@@ -122,16 +139,11 @@ void hand_over(Work& w, ConnectionState* c) {
   p->set_converted();
   g_handovers.fetch_sub(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (pause_us) usleep(pause_us);  // an fd's own call may hand them over meanwhile
   // Every fd that holds p goes on with c. None does once p's last fd was
   // closed (no fd can take p from then on): a connection that ended before
   // its pairing, the usual job of a burst, skips the scan of the table.
-  if (!p->closed()) {
-    std::vector<int> fds;
-    fd_table().for_each([&](int fd, FdState* s) {
-      if (s == p) fds.push_back(fd);
-    });
-    for (int fd : fds) fd_table().replace(fd, p, c);
-  }
+  if (!p->closed()) move_fds(p, c);
   // Threads asleep on the stream used meanwhile (a blocking call waiting on
   // its socket, a poll, an epoll set) look again, and go on with c: the
   // peer's wakeups now come through c's channel, which they do not watch.
@@ -895,8 +907,11 @@ FdRef pending_settle(int fd, FdRef r) {
   if (!p->resolved()) return r;
   FdRef out = p->outcome();
   // The fd keeps p until its epoll members are converted (rs_epoll_ctl
-  // waits for that on p); the calls go on with the outcome meanwhile.
-  if (p->converted()) fd_table().replace(fd, p, out.get());
+  // waits for that on p); the calls go on with the outcome meanwhile. Then
+  // every fd of p goes over with this one: the application may close this
+  // one next, which must not be the outcome's last close while another of
+  // its numbers still holds p.
+  if (p->converted()) move_fds(p, out.get(), fd);
   return out;
 }
 

@@ -32,7 +32,7 @@
 //          epoll_et epoll_oneshot idle mt_poll mt_epoll mt_recv_send
 //          mt_poll_send mt_epoll_send mt_poll_poll mt_epoll_epoll
 //          mt_poll_epoll mt_epoll_poll mt_send_then_recv mt_close_recv
-//          epoll_dormant epoll_dup
+//          epoll_dormant epoll_dup dup_handover (RS_USE_AT_MS: its call's moment)
 //          nb_poll nb_select nb_epoll nb_block nb_dup nb_fallback nb_close nb_accept nb_epoll_mod
 //          nb_fill nb_reconnect connect_kinds
 //          (A made by a nonblocking connect; the client's first line "hello DELAY_MS" tells the
@@ -413,6 +413,24 @@ void recv_check(int fd, size_t n, uint64_t seed, uint64_t pos = 0, int flags = 0
         (unsigned long long)pos);
 }
 
+// Sends n bytes of stream seed on fd, and has the server read and check them.
+void send_checked(int fd, size_t n, uint64_t seed, const char* what) {
+  auto m = stream_bytes(seed, 0, n);
+  CHECK(a_send_all(fd, m.data(), m.size()), "%s", what);
+  cmd("readA %zu %llu", n, (unsigned long long)seed);
+  expect_reply("ok " + std::to_string(n));
+}
+
+// Sends n bytes of stream seed on fd, the last name of A, and closes it:
+// the server must read them all, then EOF.
+void send_then_close(int fd, size_t n, uint64_t seed) {
+  auto m = stream_bytes(seed, 0, n);
+  CHECK(a_send_all(fd, m.data(), m.size()), "send on the last name");
+  cmd("drainA %llu", (unsigned long long)seed);
+  CHECK(close(fd) == 0, "close the last name");
+  expect_reply("eof " + std::to_string(n));
+}
+
 void read_t_bytes(size_t n) {
   std::string got;
   while (got.size() < n) {
@@ -755,19 +773,13 @@ void case_dup() {
 
   CHECK(close(A) == 0, "close the original");
   A = -1;
-  auto m1 = stream_bytes(61, 0, 5000);
-  CHECK(a_send_all(d1, m1.data(), m1.size()), "send on dup after closing the original");
-  cmd("readA 5000 61");
-  expect_reply("ok 5000");
+  send_checked(d1, 5000, 61, "send on dup after closing the original");
   cmd("sendA 3000 62 0");
   recv_check(d2, 3000, 62);
   say("OK dup_survives_close_of_original");
 
   CHECK(close(d1) == 0, "close d1");
-  auto m2 = stream_bytes(63, 0, 2000);
-  CHECK(a_send_all(d3, m2.data(), m2.size()), "send on the dup3 fd");
-  cmd("readA 2000 63");
-  expect_reply("ok 2000");
+  send_checked(d3, 2000, 63, "send on the dup3 fd");
   cmd("sendA 1000 64 0");
   recv_check(d4, 1000, 64);
   say("OK dup3_and_dupfd_work");
@@ -785,12 +797,35 @@ void case_dup() {
   say("OK dup2_over_accelerated_fd");
 
   // The peer sees EOF only after the last name is closed.
-  auto m3 = stream_bytes(66, 0, 700);
-  CHECK(a_send_all(d4, m3.data(), m3.size()), "send on the last dup");
-  cmd("drainA 66");
-  CHECK(close(d4) == 0, "close the last dup");
-  expect_reply("eof 700");
+  send_then_close(d4, 700, 66);
   say("OK eof_after_last_dup_closed");
+}
+
+// A connection known under two numbers whose pairing hands it over
+// (RSOCK_TCP_FIRST) while the program uses and closes one of them: the
+// first call on A after the outcome is out hands A over itself, before the
+// pairing's thread has handed over d1; closing A then must not end the
+// connection, which d1 still names. The harness widens the hand-over's
+// window (RSOCK_TEST_HANDOVER_PAUSE_US) and sets RS_USE_AT_MS, when this
+// case makes that call: inside the window whenever the pairing took less
+// than RS_USE_AT_MS minus one pause. Before 2026-12-07 the close of A
+// ended the connection: the next call on d1 met its end (EOF, EPIPE).
+void case_dup_handover() {
+  const char* at = getenv("RS_USE_AT_MS");
+  const int at_ms = at ? atoi(at) : 0;
+  const int d1 = dup(A);
+  CHECK(d1 >= 0, "dup");
+  if (at_ms > 0) usleep(static_cast<useconds_t>(at_ms) * 1000);
+  send_checked(A, 100, 211, "send on A");
+  CHECK(close(A) == 0, "close A");
+  A = -1;
+  send_checked(d1, 2000, 212, "send on the dup after closing A");
+  cmd("sendA 1000 213 0");
+  recv_check(d1, 1000, 213);
+  say("OK dup_survives_close_across_hand_over");
+
+  send_then_close(d1, 300, 214);
+  say("OK eof_after_the_dup_closed");
 }
 
 // Readiness of {A, T, pipe} as seen by one mechanism.
@@ -2156,6 +2191,8 @@ int run_client(const std::string& name) {
     case_addr();
   else if (name == "dup")
     case_dup();
+  else if (name == "dup_handover")
+    case_dup_handover();
   else if (name == "poll")
     case_poll();
   else if (name == "select")
