@@ -179,11 +179,11 @@ void transports_own_fds(std::vector<int>* out) {
 }
 
 void transports_at_exit() {
-  shm_linger_at_exit();
+  shm_linger_settle();
   VerbsEngine::settle_lingering(monotonic_ms() + kVerbsMoveMs);
 }
 
-void transports_before_exec() { VerbsEngine::settle_lingering(monotonic_ms() + kVerbsMoveMs); }
+void transports_before_exec() { transports_at_exit(); }
 
 struct ListenSetup::Impl {
   int marker_fd = -1;              // the same-host advertisement (-1: none, or another

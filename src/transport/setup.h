@@ -67,8 +67,9 @@ void transports_own_fds(std::vector<int>* out);
 // The process exits (after every connection was let go): what a peer still
 // needs of it is waited for, bounded.
 void transports_at_exit();
-// An exec replaces this image: the RDMA queue pairs that linger after a
-// close (VerbsEngine::Linger) die with it, so their verdicts come first.
+// An exec replaces this image: what lingers after a close (a same-host
+// end's socket, shm_linger.h; an RDMA queue pair, VerbsEngine::Linger)
+// dies with it, so it is waited for first, as at exit.
 void transports_before_exec();
 
 // The transports' side of one candidate listener: an advertisement to

@@ -39,6 +39,8 @@
 //   --linger-ms T          sleep T ms before close()
 //   --stay-ms T            sleep T ms after close(), before exit
 //   --no-close             exit with the connection open (no close())
+//   --exec-after PATH      after the close (and --stay-ms), exec PATH (no
+//                          arguments) instead of exiting; nothing printed after
 //   --protocol N           client: socket()'s protocol (262: IPPROTO_MPTCP);
 //                          exit 3 when the kernel refuses it
 // Output: one line "RESULT sent=.. received=.. tx_hash=.. rx_hash=.. tx_end=..
@@ -203,6 +205,7 @@ struct Options {
   int linger_ms = 0;
   int stay_ms = 0;
   bool no_close = false;
+  std::string exec_after;
   int protocol = 0;
 };
 
@@ -308,6 +311,8 @@ bool parse_args(int argc, char** argv) {
       g_opt.stay_ms = atoi(val());
     else if (k == "--no-close")
       g_opt.no_close = true;
+    else if (k == "--exec-after")
+      g_opt.exec_after = val();
     else if (k == "--protocol")
       g_opt.protocol = atoi(val());
     else {
@@ -746,5 +751,10 @@ int main(int argc, char** argv) {
   say(line);
   if (!g_opt.no_close && close(fd) != 0) fail("close: %s", strerror(errno));
   if (g_opt.stay_ms > 0) usleep(static_cast<useconds_t>(g_opt.stay_ms) * 1000);
+  if (!g_opt.exec_after.empty() && !g_failed.load()) {
+    fflush(stdout);
+    execl(g_opt.exec_after.c_str(), g_opt.exec_after.c_str(), static_cast<char*>(nullptr));
+    fail("exec %s: %s", g_opt.exec_after.c_str(), strerror(errno));
+  }
   return g_failed.load() ? 1 : 0;
 }

@@ -22,7 +22,7 @@ namespace rsock {
 namespace {
 
 constexpr int64_t kLingerMs = 60000;    // an end lingers this long at most
-constexpr int64_t kExitWaitMs = 10000;  // and holds up its process's exit this long
+constexpr int64_t kExitWaitMs = 10000;  // and holds up its process's exit (or exec) this long
 constexpr int kMaxPauseMs = 64;         // between two looks
 
 struct Entry {
@@ -115,7 +115,7 @@ void shm_linger(const ShmLinger& end) {
   // it still holds the socket, which is all the peer needs.
 }
 
-void shm_linger_at_exit() {
+void shm_linger_settle() {
   const int64_t until = monotonic_ms() + kExitWaitMs;
   int pause = 1;
   for (;;) {

@@ -50,9 +50,11 @@ inline bool shm_linger_needed(uint64_t sent, uint64_t peer_read) { return peer_r
 // Takes the end over (its socket and mapping, when owned) until it is done.
 void shm_linger(const ShmLinger& end);
 
-// The process exits: waits until every lingering end is done, for 10 s at
-// most (past that a peer still reading may meet a reset).
-void shm_linger_at_exit();
+// The process exits, or its image is replaced (exec: the lingering
+// sockets are close-on-exec): waits until every lingering end is done, for
+// 10 s at most (past that a peer still reading may meet a reset). An exec
+// that fails leaves the rest lingering as before.
+void shm_linger_settle();
 
 // The lingering sockets (an application's closefrom must leave them open).
 void shm_linger_own_fds(std::vector<int>* out);
