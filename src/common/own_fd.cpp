@@ -10,6 +10,12 @@
 
 namespace rsock {
 
+int set_nonblock(int fd) {
+  const int fl = real().fcntl(fd, F_GETFL, 0);
+  if (fl < 0) return -errno;
+  return real().fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
+}
+
 int own_fd_floor() {
   rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;

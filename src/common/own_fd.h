@@ -35,4 +35,8 @@ int dup_high(int fd, bool cloexec = true);
 // already there, negative, or cannot move.
 int lift_fd(int fd);
 
+// Sets O_NONBLOCK on fd (librsock's own: an event channel, a completion
+// channel). 0, or -errno.
+int set_nonblock(int fd);
+
 }  // namespace rsock

@@ -44,3 +44,10 @@ inline void pause_ms(int ms) {
   timespec ts = {0, ms * 1000000L};
   nanosleep(&ts, nullptr);
 }
+
+// CLOCK_MONOTONIC in milliseconds.
+inline int64_t now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}

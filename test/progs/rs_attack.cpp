@@ -21,6 +21,7 @@
 // where for each received descriptor it tries to use it: read, write,
 // recv, getsockopt, reopen through /proc (fd_io_ok counts successes) and
 // mmap (fd_mappable).
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -35,8 +36,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
@@ -44,15 +43,11 @@
 #include <string>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 constexpr int kMaxRunMs = 60000;
-
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
-}
 
 struct Tally {
   int connects = 0;

@@ -36,15 +36,11 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 constexpr int kGateTimeoutMs = 60000;
-
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
-}
 
 uint8_t pattern(uint64_t seed, uint64_t i) {
   uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull ^ (i / 8) * 0xbf58476d1ce4e5b9ull;

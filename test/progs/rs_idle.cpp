@@ -235,12 +235,6 @@ void burst(int conn, int fd, uint64_t pos, uint64_t bytes) {
   }
 }
 
-int64_t now_ms() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
 // --watch-ms: nothing was sent to us yet, so nothing may be readable.
 // Returns the number of looks.
 uint64_t watch_quiet(int ep, const std::vector<int>& fds, int upto, int ms) {

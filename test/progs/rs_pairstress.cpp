@@ -74,6 +74,8 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 constexpr uint32_t kMagic = 0x72737054;  // "rspT"
@@ -97,12 +99,6 @@ struct Frame {
   uint32_t path;  // the sender's view (report)
 };
 static_assert(sizeof(Frame) == 32);
-
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
-}
 
 uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

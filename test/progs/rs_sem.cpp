@@ -65,6 +65,8 @@
 #include <thread>
 #include <vector>
 
+#include "progs.h"
+
 namespace {
 
 // ---- deterministic data (same stream as rs_stream) ----------------------------
@@ -124,12 +126,6 @@ void say(const char* fmt, ...) {
   do {                                              \
     if (!(cond)) die(__LINE__, #cond, __VA_ARGS__); \
   } while (0)
-
-int64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
-}
 
 void sleep_ms(int ms) {
   if (ms > 0) usleep(static_cast<useconds_t>(ms) * 1000);

@@ -166,12 +166,6 @@ int client(int port, int n, int close_after_ms, int watch_ms) {
   return 0;
 }
 
-int64_t now_ms() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return int64_t{t.tv_sec} * 1000 + t.tv_nsec / 1000000;
-}
-
 int client_once(int port, int n, int watch_ms) {
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) fail("epoll_create1");

@@ -117,12 +117,6 @@ int ms_left(int64_t deadline) {
   return left < 0 ? 0 : left > 60000 ? 60000 : static_cast<int>(left);
 }
 
-int set_nonblock(int fd) {
-  int fl = real().fcntl(fd, F_GETFL, 0);
-  if (fl < 0) return -errno;
-  return real().fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
-}
-
 int log2_of(size_t v) {
   int n = 0;
   while ((size_t{1} << n) < v) ++n;

@@ -73,18 +73,17 @@ VerbsEngine* VerbsEngine::make(ibv_context* ctx, bool own_ctx, int* err) {
     *err = errno ? -errno : -ENOMEM;
     return nullptr;
   }
-  const int fl = real().fcntl(comp->fd, F_GETFL);
-  if (fl < 0 || real().fcntl(comp->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
-    *err = -errno;
+  if (const int rc = set_nonblock(comp->fd); rc < 0) {
+    *err = rc;
     ibv_destroy_comp_channel(comp);
     return nullptr;
   }
   rdma_event_channel* cm = nullptr;
   if (!own_ctx) {
     cm = verbs_event_channel();
-    const int cfl = cm ? real().fcntl(cm->fd, F_GETFL) : -1;
-    if (cfl < 0 || real().fcntl(cm->fd, F_SETFL, cfl | O_NONBLOCK) != 0) {
-      *err = errno ? -errno : -ENOMEM;
+    const int rc = cm ? set_nonblock(cm->fd) : errno ? -errno : -ENOMEM;
+    if (rc < 0) {
+      *err = rc;
       if (cm) rdma_destroy_event_channel(cm);
       ibv_destroy_comp_channel(comp);
       return nullptr;

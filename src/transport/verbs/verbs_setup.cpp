@@ -25,6 +25,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/own_fd.h"
 #include "common/real.h"
 #include "ring/handshake.h"
 #include "transport/addr.h"
@@ -446,8 +447,7 @@ VerbsRendezvous* verbs_client_prepare(int tcp_fd, const sockaddr* dst) {
       }
     }
     if (rdma_listen(r->id, 4) != 0) return nullptr;
-    int fl = real().fcntl(r->ch->fd, F_GETFL, 0);
-    real().fcntl(r->ch->fd, F_SETFL, fl | O_NONBLOCK);
+    (void)set_nonblock(r->ch->fd);
     return r.release();
   }
   return nullptr;
@@ -816,8 +816,7 @@ VerbsListener* verbs_listen(int tcp_listen_fd, Fallback* why) {
     delete l;
     return nullptr;
   }
-  int fl = real().fcntl(l->ch->fd, F_GETFL, 0);
-  real().fcntl(l->ch->fd, F_SETFL, fl | O_NONBLOCK);
+  (void)set_nonblock(l->ch->fd);
   // Bind exactly as the TCP listener: a wildcard listens on every RDMA
   // device; an IPv6 wildcard also takes IPv4 unless the socket is v6-only.
   sockaddr_storage bind_ss;
