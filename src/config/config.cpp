@@ -78,7 +78,8 @@ enum class Knob {
   kRegionFile,
   kLogLevel,
   kLogFile,
-  kStats
+  kStats,
+  kStatsAll
 };
 
 struct KnobName {
@@ -88,7 +89,7 @@ struct KnobName {
   bool is_path;  // paths are taken verbatim; other values are trimmed
 };
 
-constexpr std::array<KnobName, 10> kKnobs = {{
+constexpr std::array<KnobName, 11> kKnobs = {{
     {Knob::kRingSize, "RSOCK_RING_SIZE", "ring_size", false},
     {Knob::kSpinUs, "RSOCK_SPIN_US", "spin_us", false},
     {Knob::kConnectTimeoutMs, "RSOCK_CONNECT_TIMEOUT_MS", "connect_timeout_ms", false},
@@ -99,9 +100,20 @@ constexpr std::array<KnobName, 10> kKnobs = {{
     {Knob::kLogLevel, "RSOCK_LOG_LEVEL", "log_level", false},
     {Knob::kLogFile, "RSOCK_LOG_FILE", "log_file", true},
     {Knob::kStats, "RSOCK_STATS", "stats", true},
+    {Knob::kStatsAll, "RSOCK_STATS_ALL", "stats_all", false},
 }};
 
 constexpr std::array<const char*, 5> kLogLevelNames = {"error", "warn", "info", "debug", "trace"};
+
+// A 0/1 knob.
+bool apply_flag(std::string_view value, bool* flag, std::string* error) {
+  if (value != "0" && value != "1") {
+    *error = quoted(value) + " is not valid; expected 0 or 1";
+    return false;
+  }
+  *flag = value == "1";
+  return true;
+}
 
 bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* error) {
   switch (knob) {
@@ -146,12 +158,7 @@ bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* 
       return true;
     }
     case Knob::kTcpFirst:
-      if (value != "0" && value != "1") {
-        *error = quoted(value) + " is not valid; expected 0 or 1";
-        return false;
-      }
-      config->tcp_first = value == "1";
-      return true;
+      return apply_flag(value, &config->tcp_first, error);
     case Knob::kPairDelayMs: {
       uint64_t v = 0;
       if (!parse_uint(value, kMaxPairDelayMs, &v)) {
@@ -198,6 +205,8 @@ bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* 
     case Knob::kStats:
       config->stats_path = std::string(value);
       return true;
+    case Knob::kStatsAll:
+      return apply_flag(value, &config->stats_all, error);
   }
   *error = "internal error: unknown knob";
   return false;

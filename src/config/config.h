@@ -67,6 +67,9 @@ struct Config {
   int log_level = kDefaultLogLevel;
   std::string log_file;     // RSOCK_LOG_FILE; empty = stderr
   std::string stats_path;   // RSOCK_STATS; empty = no stats file
+  // RSOCK_STATS_ALL=1: every process writes its stats line, also one that
+  // made no TCP socket and counted nothing (stats_anything).
+  bool stats_all = false;
   std::string conf_path;    // RSOCK_CONF; empty = none
   size_t ring_bytes = kDefaultRingBytes;
   uint32_t spin_us = kDefaultSpinUs;

@@ -40,6 +40,7 @@
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "socket/transfer.h"
+#include "stats/stats.h"
 #include "transport/channel.h"
 #include "transport/setup.h"
 
@@ -236,8 +237,9 @@ EXPORT int socket(int domain, int type, int protocol) {
   const int fd = real().socket(domain, type, protocol);
   if (fd >= 0) {
     const int kind = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if ((domain == AF_INET || domain == AF_INET6) && kind == SOCK_STREAM &&
-        (protocol == 0 || protocol == IPPROTO_TCP))
+    const bool inet_stream = (domain == AF_INET || domain == AF_INET6) && kind == SOCK_STREAM;
+    if (inet_stream) stats_socket_made();  // this process writes a stats line
+    if (inet_stream && (protocol == 0 || protocol == IPPROTO_TCP))
       fresh_tcp().mark(fd);
     else
       fresh_tcp().clear(fd);

@@ -277,7 +277,12 @@ void flush_stats(FlushAt when) {
   uint64_t open_sent = 0, open_received = 0, before_sent = 0, before_received = 0;
   // Through references: at exit the pairing thread may still end a
   // pairing and free what the table held (a TSan report, 2026-12-05).
-  for (const FdRef& r : connection_refs()) {
+  const std::vector<FdRef> open = connection_refs();
+  // A process that made no TCP socket, holds no connection and counted
+  // nothing (a shell, a wrapper, a version manager's shims) has nothing to
+  // say, unless the user asks for every process.
+  if (open.empty() && !stats_anything() && !g_runtime->config.stats_all) return;
+  for (const FdRef& r : open) {
     const Stream& s = r.as<ConnectionState>()->stream();
     open_sent += s.bytes_sent();
     open_received += s.bytes_received();

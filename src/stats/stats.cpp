@@ -102,7 +102,31 @@ uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].l
 uint64_t stats_resets(Reset r) { return g_resets[static_cast<int>(r)].load(); }
 uint64_t stats_rejects(Reject r) { return g_rejects[static_cast<int>(r)].load(); }
 
+namespace {
+std::atomic<bool> g_socket_made{false};
+
+template <class Array>
+bool any_of(const Array& a) {
+  for (const auto& c : a)
+    if (c.load(std::memory_order_relaxed) != 0) return true;
+  return false;
+}
+}  // namespace
+
+void stats_socket_made() {
+  if (!g_socket_made.load(std::memory_order_relaxed))
+    g_socket_made.store(true, std::memory_order_relaxed);
+}
+
+bool stats_anything() {
+  return g_socket_made.load() || any_of(g_paths) || any_of(g_fallbacks) || any_of(g_resets) ||
+         any_of(g_rejects) || g_sent.load() || g_received.load() || any_of(g_wakeups) ||
+         g_trims.load() || g_held.load() || any_of(g_regions) || any_of(g_before_switch);
+}
+
 void stats_reset() {
+  // g_socket_made stays: a fork's child holds the sockets its parent made
+  // (an idle worker of a preforking server still reports, with zeros).
   for (auto& c : g_paths) c.store(0);
   for (auto& c : g_fallbacks) c.store(0);
   for (auto& c : g_resets) c.store(0);

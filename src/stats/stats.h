@@ -2,7 +2,8 @@
 // fallbacks by reason code, accelerated connections reset by librsock and
 // intruders rejected at a pairing endpoint (both by reason code), bytes moved
 // on accelerated connections. Written as one JSON line appended to
-// RSOCK_STATS at exit and before exec.
+// RSOCK_STATS at exit and before exec, by a process with anything to
+// report (stats_anything) or RSOCK_STATS_ALL=1.
 // Thread-safety: counters are relaxed atomics; writing is serialised.
 #pragma once
 
@@ -108,5 +109,12 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
 void stats_append(const char* path, const char* line, int len);
 // Zeroes the counters (fork child: its parent reports what came before).
 void stats_reset();
+// The process made a TCP socket (socket() with AF_INET or AF_INET6 and
+// SOCK_STREAM), it or the process it was forked from (not an image before
+// an exec). A process that made none and counted nothing writes no stats
+// line (RSOCK_STATS_ALL=1 asks for one from every process).
+void stats_socket_made();
+// Whether there is anything to report: a TCP socket made, or any count.
+bool stats_anything();
 
 }  // namespace rsock

@@ -29,10 +29,12 @@ class FilesTest : public PreloadTest {
 
   // One preloaded process with `env` that starts, has its statistics and log
   // set up, and exits: rs_sem without arguments prints its usage and exits
-  // 2, which is all it takes (the stats are written at exit).
+  // 2, which is all it takes (the stats are written at exit: it makes no
+  // socket, so only with RSOCK_STATS_ALL=1, set here unless env says).
   Proc& run_one(const std::string& label, const Env& env) {
     Env e = env;
     if (!e.count("RSOCK_PEERS")) e["RSOCK_PEERS"] = "127.0.0.1:1";
+    if (!e.count("RSOCK_STATS_ALL")) e["RSOCK_STATS_ALL"] = "1";
     Proc& p = spawn(label, "rs_sem", {}, preloaded(e));
     EXPECT_TRUE(wait_exit(p, kExitTimeoutMs)) << label << " did not exit";
     EXPECT_TRUE(p.reaped && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 2)
@@ -95,6 +97,31 @@ TEST_F(FilesTest, StatsFifoIsNotWritten) {
   ASSERT_EQ(lines.size(), 1u) << p.err();
   EXPECT_EQ(lines[0], "librsock: RSOCK_STATS: cannot append to \"" + fifo +
                           "\": is not a regular file; no statistics written");
+}
+
+// Only a process that made a TCP socket (or counted anything) writes a
+// stats line, unless RSOCK_STATS_ALL=1: a shell, a wrapper or a version
+// manager's shims, preloaded as much as the program they start, would
+// otherwise fill the file with lines of zeros (about 40 of them per
+// python3 under pyenv). rs_sem without arguments makes no socket; rs_stream
+// connecting to a port where nothing listens makes one and fails.
+TEST_F(FilesTest, OnlyAProcessThatMadeATcpSocketWritesStats) {
+  Proc& quiet = run_one("quiet", {{"RSOCK_STATS_ALL", "0"}});
+  Proc& asked = run_one("asked", {{"RSOCK_STATS_ALL", "1"}});
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  Proc& tried = spawn("tried", "rs_stream", {"--role", "client", "--port", std::to_string(port)},
+                      preloaded({{"RSOCK_PEERS", "127.0.0.1:1"}}));
+  ASSERT_TRUE(wait_exit(tried, kExitTimeoutMs)) << "rs_stream did not exit";
+  int quiet_lines = 0;
+  for (const Stats& s : stats()) quiet_lines += s.pid == quiet.pid;
+  EXPECT_EQ(quiet_lines, 0) << "a process without a socket wrote stats";
+  auto a = stats_of(asked);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->program, "rs_sem");
+  auto t = stats_of(tried);
+  ASSERT_TRUE(t.has_value());
+  expect_paths(*t, 0, 0, "tried");  // a socket, no connection
 }
 
 // A FIFO at RSOCK_CONF with no writer: opening it to read would wait for

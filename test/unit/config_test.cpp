@@ -512,6 +512,15 @@ TEST(ConfigEnv, TcpFirstAndPairDelay) {
     expect_rejected("RSOCK_PAIR_DELAY_MS", bad, "integer from 0 to 60000");
 }
 
+TEST(ConfigEnv, StatsAll) {
+  std::vector<ConfigError> errors;
+  EXPECT_FALSE(parse_env({}, &errors).stats_all);
+  EXPECT_TRUE(parse_env({{"RSOCK_STATS_ALL", "1"}}, &errors).stats_all);
+  EXPECT_FALSE(parse_env({{"RSOCK_STATS_ALL", "0"}}, &errors).stats_all);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  for (const char* bad : {"2", "yes", "-1"}) expect_rejected("RSOCK_STATS_ALL", bad, "0 or 1");
+}
+
 TEST(ConfigEnv, TestHandoverPause) {
   std::vector<ConfigError> errors;
   Config c = parse_env({}, &errors);
@@ -676,7 +685,8 @@ TEST(ConfigFile, Knobs) {
       "set connect_timeout_ms 2500\n"
       "set log_level debug\n"
       "set log_file /var/log/rsock.log\n"
-      "set stats /tmp/rsock.stats\n";
+      "set stats /tmp/rsock.stats\n"
+      "set stats_all 1\n";
   std::vector<ConfigError> errors;
   const Config c = parse_env({{"RSOCK_CONF", "f"}}, &errors, &text);
   ASSERT_TRUE(errors.empty()) << join(errors);
@@ -686,6 +696,7 @@ TEST(ConfigFile, Knobs) {
   EXPECT_EQ(c.log_level, kLogDebug);
   EXPECT_EQ(c.log_file, "/var/log/rsock.log");
   EXPECT_EQ(c.stats_path, "/tmp/rsock.stats");
+  EXPECT_TRUE(c.stats_all);
   EXPECT_TRUE(c.rules.empty());
 }
 
