@@ -6,6 +6,7 @@
 
 CXX      ?= g++
 BUILD    ?= build
+VERSION  := 0.9.0
 
 # SANITIZE=address, undefined or thread instruments the library, the tests
 # and the test programs alike (a preloaded library and the program it is
@@ -56,7 +57,7 @@ GTEST_LIBS := -lgtest -lgtest_main -pthread
 
 .PHONY: all test test-unit test-preload test-apps test-rdma bench deps clean format \
         asan ubsan tsan asan-build ubsan-build tsan-build
-all: $(BUILD)/librsock.so $(PROGS) $(APP_PROGS) $(TEST_LIBS)
+all: $(BUILD)/librsock.so $(BUILD)/rsock-run $(PROGS) $(APP_PROGS) $(TEST_LIBS)
 
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -69,6 +70,11 @@ $(BUILD)/librsock.a: $(CORE_OBJS)
 $(BUILD)/librsock.so: $(SHIM_OBJS) $(BUILD)/librsock.a src/interpose/exports.map
 	$(CXX) -shared $(LDFLAGS) -o $@ $(SHIM_OBJS) -Wl,--whole-archive $(BUILD)/librsock.a -Wl,--no-whole-archive \
 	  -Wl,--version-script=src/interpose/exports.map -Wl,-z,now -Wl,-z,relro $(LDLIBS_SO)
+
+# rsock-run, beside the library (it finds it there, or in ../lib installed).
+$(BUILD)/rsock-run: src/tools/rsock-run.sh Makefile
+	@mkdir -p $(dir $@)
+	sed 's/@VERSION@/$(VERSION)/' $< > $@.tmp && chmod 755 $@.tmp && mv $@.tmp $@
 
 $(BUILD)/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/librsock.a
 	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS) $(LDLIBS_SO)
@@ -95,7 +101,7 @@ deps:
 test: deps all $(BUILD)/unit_tests $(BUILD)/preload_tests
 	@bash test/run_all.sh
 
-test-unit: $(BUILD)/unit_tests
+test-unit: $(BUILD)/unit_tests $(BUILD)/rsock-run
 	$(BUILD)/unit_tests
 
 test-preload: all $(BUILD)/preload_tests

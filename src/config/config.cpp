@@ -593,6 +593,12 @@ bool parse_peer_rule(std::string_view text, PeerRule* out, std::string* error) {
   return true;
 }
 
+std::vector<std::string> config_env_names() {
+  std::vector<std::string> names = {"RSOCK_DISABLE", "RSOCK_CONF", "RSOCK_PEERS"};
+  for (const KnobName& k : kKnobs) names.emplace_back(k.env);
+  return names;
+}
+
 Config parse_config(const EnvLookup& env, const std::string* conf_text,
                     std::vector<ConfigError>* errors, const char* conf_error) {
   std::vector<ConfigError> scratch;

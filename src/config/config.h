@@ -126,6 +126,10 @@ using EnvLookup = std::function<const char*(const char* name)>;
 Config parse_config(const EnvLookup& env, const std::string* conf_text,
                     std::vector<ConfigError>* errors, const char* conf_error = nullptr);
 
+// The environment variables a user may set (RSOCK_TEST_* aside): what
+// rsock-run --help must document.
+std::vector<std::string> config_env_names();
+
 // Parses one rule "ADDR[/PREFIX]:PORT[-PORT]" (IPv6 in brackets: "[::1]:80",
 // "[fd00::]/8:*"). Returns false and sets *error (may be nullptr) on bad input,
 // leaving *out unchanged. On success sets only the address and port fields of

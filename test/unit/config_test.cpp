@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -975,6 +976,36 @@ TEST(ConfigFuzzRegression, NonAsciiByteInRuleFile) {
   ASSERT_FALSE(errors.empty());
   for (const ConfigError& e : errors) EXPECT_TRUE(printable(e.to_string())) << e.to_string();
   EXPECT_NE(errors[0].message.find("\\xb0"), std::string::npos) << errors[0].message;
+}
+
+}  // namespace
+}  // namespace rsock
+
+namespace rsock {
+namespace {
+
+// rsock-run --help documents every variable librsock reads (the script
+// keeps its own list; this keeps it complete). rsock-run sits beside this
+// test binary (BUILD/rsock-run, make all).
+TEST(RsockRunHelp, NamesEveryVariable) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  std::string run = self;
+  run = run.substr(0, run.rfind('/')) + "/rsock-run";
+  ASSERT_EQ(access(run.c_str(), X_OK), 0) << run << ": run `make all` first";
+  FILE* f = popen((run + " --help").c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string help;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0) help.append(buf, got);
+  EXPECT_EQ(pclose(f), 0);
+  const std::vector<std::string> names = config_env_names();
+  EXPECT_GE(names.size(), 14u);
+  for (const std::string& name : names)
+    EXPECT_NE(help.find("\n  " + name + " "), std::string::npos) << name << " missing:\n" << help;
 }
 
 }  // namespace

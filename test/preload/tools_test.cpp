@@ -1,0 +1,123 @@
+// rsock-run (src/tools/rsock-run.sh, built beside the library): a server and
+// a client started through it with --peers and --stats pair over shared
+// memory, as with LD_PRELOAD set by hand; it exits with the program's
+// status, keeps what LD_PRELOAD held, and answers bad input with a clear
+// error and status 2 (127: no such program) without running anything.
+#include "harness.h"
+
+namespace rsock_test {
+namespace {
+
+class RsockRunTest : public PreloadTest {
+ protected:
+  std::string run_path() const { return lib().substr(0, lib().rfind('/')) + "/rsock-run"; }
+  // No LD_PRELOAD of ours: rsock-run sets it. Under ASan its runtime comes
+  // first, as rsock-run keeps what LD_PRELOAD held.
+  Env base_env() const {
+    Env e;
+    if (!sanitizers().preload_first.empty()) e["LD_PRELOAD"] = sanitizers().preload_first;
+    return e;
+  }
+  // Runs rsock-run with args to its end; its exit status, or -1.
+  int run(const std::string& label, const std::vector<std::string>& args, Proc** out,
+          const Env& env = {}) {
+    Env e = base_env();
+    for (const auto& [k, v] : env) e[k] = v;
+    Proc& p = spawn(label, run_path(), args, e);
+    *out = &p;
+    if (!wait_exit(p, kExitTimeoutMs) || !p.reaped || !WIFEXITED(p.status)) return -1;
+    return WEXITSTATUS(p.status);
+  }
+};
+
+TEST_F(RsockRunTest, RunsBothEndsAccelerated) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string p = std::to_string(port);
+  const std::string rs_stream = progs() + "/rs_stream";
+  auto args = [&](const std::string& role, const std::string& seed_tx, const std::string& seed_rx) {
+    return std::vector<std::string>{
+        "--peers",   "127.0.0.1:" + p, "--stats",  stats_path(), "--",
+        rs_stream,   "--role",         role,       "--port",     p,
+        "--send",    "100000",         "--expect", "100000",     "--expect-eof",
+        "--shut-wr", "--tx-seed",      seed_tx,    "--rx-seed",  seed_rx};
+  };
+  // Eager pairing (the environment goes through): a connection of the
+  // default mode this short ends before its pairing begins.
+  Env env = base_env();
+  env["RSOCK_TCP_FIRST"] = "0";
+  bool ready = false;
+  Proc& server = start_server("server", run_path(), args("server", "1", "2"), env, &ready);
+  ASSERT_TRUE(ready) << "server: see its output below";
+  Proc& client = spawn("client", run_path(), args("client", "2", "1"), env);
+  ASSERT_TRUE(wait_exit(client, 30000)) << "client hung";
+  ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
+  ASSERT_TRUE(client.exited_ok()) << "client: see its output below";
+  ASSERT_TRUE(server.exited_ok()) << "server: see its output below";
+  EXPECT_EQ(to_u64(parse_result(client.out())["received"]), 100000u);
+  EXPECT_EQ(to_u64(parse_result(server.out())["received"]), 100000u);
+  // The program runs in rsock-run's process (exec): its stats line has
+  // rsock-run's pid, and the connection went over shared memory.
+  auto cs = stats_of(client);
+  auto ss = stats_of(server);
+  ASSERT_TRUE(cs && ss);
+  EXPECT_EQ(cs->program, "rs_stream");
+  expect_paths(*cs, 1, 0, "client");
+  expect_paths(*ss, 1, 0, "server");
+}
+
+TEST_F(RsockRunTest, ExitsWithTheProgramsStatusAndKeepsThePreload) {
+  Proc* p = nullptr;
+  EXPECT_EQ(run("status", {"--", "/bin/sh", "-c", "exit 7"}, &p), 7) << p->describe();
+  // What LD_PRELOAD held stays, first; ours comes after it, once.
+  const std::string other = progs() + "/libearly_ctor.so";
+  const Env kept = {
+      {"LD_PRELOAD",
+       (sanitizers().preload_first.empty() ? "" : sanitizers().preload_first + " ") + other}};
+  ASSERT_EQ(run("kept", {"/bin/sh", "-c", "echo \"[$LD_PRELOAD]\""}, &p, kept), 0) << p->describe();
+  const std::string out = p->out();
+  const size_t at_other = out.find(other), at_ours = out.find(lib());
+  ASSERT_NE(at_other, std::string::npos) << out;
+  ASSERT_NE(at_ours, std::string::npos) << out;
+  EXPECT_LT(at_other, at_ours) << out;
+  EXPECT_EQ(out.find(lib(), at_ours + 1), std::string::npos) << "ours twice: " << out;
+  ASSERT_EQ(run("again", {"/bin/sh", "-c", "echo \"[$LD_PRELOAD]\""}, &p, {{"LD_PRELOAD", lib()}}),
+            0)
+      << p->describe();
+  EXPECT_EQ(p->out().find(lib(), p->out().find(lib()) + 1), std::string::npos)
+      << "ours twice: " << p->out();
+}
+
+TEST_F(RsockRunTest, BadInputIsAClearError) {
+  struct Case {
+    std::vector<std::string> args;
+    int status;
+    std::string says;
+  };
+  const std::string marker = dir() + "/ran";
+  const std::vector<std::string> touch = {"/usr/bin/touch", marker};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), touch.begin(), touch.end());
+    return a;
+  };
+  const std::vector<Case> cases = {
+      {with({"--log-level", "loud", "--"}), 2, "--log-level loud: expected error, warn"},
+      {with({"--conf", dir() + "/missing.conf"}), 2, "missing.conf: not a readable file"},
+      {with({"--bogus"}), 2, "unknown option --bogus"},
+      {{"--peers"}, 2, "--peers needs a value"},
+      {{}, 2, "no program to run"},
+      {{"--", dir() + "/no-such-program"}, 127, "no-such-program: command not found"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Proc* p = nullptr;
+    EXPECT_EQ(run("bad" + std::to_string(i), cases[i].args, &p), cases[i].status) << p->describe();
+    EXPECT_NE(p->err().find(cases[i].says), std::string::npos) << p->err();
+  }
+  EXPECT_NE(access(marker.c_str(), F_OK), 0) << "a program ran despite the bad input";
+  Proc* p = nullptr;
+  ASSERT_EQ(run("version", {"--version"}, &p), 0);
+  EXPECT_EQ(p->out().rfind("rsock-run (librsock) ", 0), 0u) << p->out();
+}
+
+}  // namespace
+}  // namespace rsock_test
