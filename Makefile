@@ -59,7 +59,13 @@ GTEST_LIBS := -lgtest -lgtest_main -pthread
         asan ubsan tsan asan-build ubsan-build tsan-build
 all: $(BUILD)/librsock.so $(BUILD)/rsock-run $(PROGS) $(APP_PROGS) $(TEST_LIBS)
 
-$(BUILD)/obj/%.o: %.cpp
+# Plain make on a machine without the build packages names them (and the
+# command that installs them) rather than failing on a missing header.
+$(BUILD)/.build-deps: .ci/deps.sh
+	@bash .ci/deps.sh build
+	@mkdir -p $(dir $@) && touch $@
+
+$(BUILD)/obj/%.o: %.cpp | $(BUILD)/.build-deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 

@@ -2,7 +2,25 @@
 # Installs the Debian packages librsock needs to build and test, when they
 # are missing. As root it runs apt-get itself; otherwise it prints the exact
 # command and fails, so that nothing half-works.
+#
+# deps.sh build: only checks the packages a plain `make` needs, and when one
+# is missing names them and the command that installs them, and fails
+# (installs nothing).
 set -euo pipefail
+
+BUILD_PKGS=(g++ make libibverbs-dev librdmacm-dev)
+if [ "${1:-}" = build ]; then
+  command -v dpkg-query > /dev/null || exit 0  # not Debian: the compiler will say
+  missing=()
+  for p in "${BUILD_PKGS[@]}"; do
+    dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && exit 0
+  echo "librsock: cannot build: missing Debian packages: ${missing[*]}" >&2
+  echo "  install them with: apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  echo "  (or, as root, make deps: every package the tests need too)" >&2
+  exit 1
+fi
 
 PKGS=(g++ make pkg-config libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
       libgtest-dev googletest libboost-dev sockperf iperf3 iperf iproute2 procps

@@ -3,6 +3,11 @@
 // memory, as with LD_PRELOAD set by hand; it exits with the program's
 // status, keeps what LD_PRELOAD held, and answers bad input with a clear
 // error and status 2 (127: no such program) without running anything.
+// Also the check a plain `make` makes for its packages.
+#include <sys/stat.h>
+
+#include <fstream>
+
 #include "harness.h"
 
 namespace rsock_test {
@@ -117,6 +122,47 @@ TEST_F(RsockRunTest, BadInputIsAClearError) {
   Proc* p = nullptr;
   ASSERT_EQ(run("version", {"--version"}, &p), 0);
   EXPECT_EQ(p->out().rfind("rsock-run (librsock) ", 0), 0u) << p->out();
+}
+
+// A plain `make` on a machine without the build packages (.ci/deps.sh
+// build, before the first object) names the missing ones and the command
+// that installs them, and fails, installing nothing. A dpkg-query of the
+// test's own says which are installed.
+TEST_F(RsockRunTest, PlainMakeNamesTheMissingPackages) {
+  const std::string root = lib().substr(0, lib().rfind('/', lib().rfind('/') - 1));
+  const std::string script = root + "/.ci/deps.sh";
+  ASSERT_EQ(access(script.c_str(), R_OK), 0) << script;
+  const std::string bin = dir() + "/bin";
+  ASSERT_EQ(mkdir(bin.c_str(), 0755), 0);
+  {
+    std::ofstream f(bin + "/dpkg-query");
+    f << "#!/bin/sh\n"
+         "for a; do pkg=$a; done\n"
+         "case $pkg in libibverbs-dev|librdmacm-dev) exit 1 ;; esac\n"
+         "printf 'ii '\n";
+  }
+  ASSERT_EQ(chmod((bin + "/dpkg-query").c_str(), 0755), 0);
+  const std::string path = bin + ":/usr/bin:/bin";
+  Proc& p = spawn("deps", "/bin/bash", {script, "build"}, {{"PATH", path}});
+  ASSERT_TRUE(wait_exit(p, kExitTimeoutMs));
+  ASSERT_TRUE(p.reaped && WIFEXITED(p.status)) << p.describe();
+  EXPECT_EQ(WEXITSTATUS(p.status), 1) << p.describe();
+  EXPECT_NE(p.err().find("missing Debian packages: libibverbs-dev librdmacm-dev"),
+            std::string::npos)
+      << p.err();
+  EXPECT_NE(p.err().find("apt-get install -y --no-install-recommends libibverbs-dev "
+                         "librdmacm-dev"),
+            std::string::npos)
+      << p.err();
+  // With everything there it says nothing.
+  {
+    std::ofstream f(bin + "/dpkg-query");
+    f << "#!/bin/sh\nprintf 'ii '\n";
+  }
+  Proc& ok = spawn("deps-ok", "/bin/bash", {script, "build"}, {{"PATH", path}});
+  ASSERT_TRUE(wait_exit(ok, kExitTimeoutMs));
+  EXPECT_TRUE(ok.exited_ok()) << ok.describe();
+  EXPECT_EQ(ok.err(), "");
 }
 
 }  // namespace
