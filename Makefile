@@ -56,7 +56,7 @@ TEST_LIBS  := $(patsubst test/libs/%.cpp,$(BUILD)/progs/lib%.so,$(sort $(wildcar
 GTEST_LIBS := -lgtest -lgtest_main -pthread
 
 .PHONY: all test test-unit test-preload test-apps test-rdma bench deps clean format \
-        asan ubsan tsan asan-build ubsan-build tsan-build
+        asan ubsan tsan asan-build ubsan-build tsan-build install uninstall
 all: $(BUILD)/librsock.so $(BUILD)/rsock-run $(PROGS) $(APP_PROGS) $(TEST_LIBS)
 
 # Plain make on a machine without the build packages names them (and the
@@ -137,6 +137,35 @@ format:
 
 clean:
 	rm -rf $(BUILD) build-asan build-ubsan build-tsan
+
+# make install PREFIX=... DESTDIR=...: the library, rsock-run (which finds
+# the library in ../lib), the man pages, the example rule file and a
+# pkg-config file; make uninstall (the same variables) removes them.
+PREFIX  ?= /usr/local
+BINDIR  ?= $(PREFIX)/bin
+LIBDIR  ?= $(PREFIX)/lib
+MANDIR  ?= $(PREFIX)/share/man
+DOCDIR  ?= $(PREFIX)/share/doc/librsock
+INSTALLED := $(LIBDIR)/librsock.so $(BINDIR)/rsock-run $(MANDIR)/man1/rsock-run.1 \
+             $(MANDIR)/man7/librsock.7 $(DOCDIR)/rsock.conf $(LIBDIR)/pkgconfig/librsock.pc
+
+install: $(BUILD)/librsock.so $(BUILD)/rsock-run
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(MANDIR)/man1 \
+	  $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(DOCDIR)
+	install -m 755 $(BUILD)/librsock.so $(DESTDIR)$(LIBDIR)/librsock.so
+	install -m 755 $(BUILD)/rsock-run $(DESTDIR)$(BINDIR)/rsock-run
+	sed 's/@VERSION@/$(VERSION)/' docs/man/rsock-run.1 > $(DESTDIR)$(MANDIR)/man1/rsock-run.1
+	sed 's/@VERSION@/$(VERSION)/' docs/man/librsock.7 > $(DESTDIR)$(MANDIR)/man7/librsock.7
+	chmod 644 $(DESTDIR)$(MANDIR)/man1/rsock-run.1 $(DESTDIR)$(MANDIR)/man7/librsock.7
+	install -m 644 conf/rsock.conf $(DESTDIR)$(DOCDIR)/rsock.conf
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'preload=$${libdir}/librsock.so' '' \
+	  'Name: librsock' \
+	  'Description: TCP streams of unmodified programs over shared memory and RDMA (LD_PRELOAD)' \
+	  'Version: $(VERSION)' > $(DESTDIR)$(LIBDIR)/pkgconfig/librsock.pc
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+	-rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 

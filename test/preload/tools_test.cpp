@@ -23,19 +23,71 @@ class RsockRunTest : public PreloadTest {
     if (!sanitizers().preload_first.empty()) e["LD_PRELOAD"] = sanitizers().preload_first;
     return e;
   }
+  // A server and a client, both started through the rsock-run at `run`,
+  // pair over shared memory.
+  void run_pair(const std::string& run);
   // Runs rsock-run with args to its end; its exit status, or -1.
   int run(const std::string& label, const std::vector<std::string>& args, Proc** out,
           const Env& env = {}) {
+    return run_at(run_path(), label, args, out, env);
+  }
+  int run_at(const std::string& path, const std::string& label,
+             const std::vector<std::string>& args, Proc** out, const Env& env = {}) {
     Env e = base_env();
     for (const auto& [k, v] : env) e[k] = v;
-    Proc& p = spawn(label, run_path(), args, e);
+    Proc& p = spawn(label, path, args, e);
     *out = &p;
     if (!wait_exit(p, kExitTimeoutMs) || !p.reaped || !WIFEXITED(p.status)) return -1;
     return WEXITSTATUS(p.status);
   }
 };
 
-TEST_F(RsockRunTest, RunsBothEndsAccelerated) {
+TEST_F(RsockRunTest, RunsBothEndsAccelerated) { run_pair(run_path()); }
+
+// make install into a temporary DESTDIR puts every file in its place; the
+// installed rsock-run finds the installed library (../lib) and runs a pair
+// that pairs; make uninstall leaves no file behind.
+TEST_F(RsockRunTest, InstallsIntoADestdirAndRunsFromThere) {
+  const std::string build = lib().substr(0, lib().rfind('/'));
+  const std::string root = build.substr(0, build.rfind('/'));
+  const std::string dest = dir() + "/dest";
+  const std::vector<std::string> vars = {"-C", root, "BUILD=" + build.substr(root.size() + 1),
+                                         "DESTDIR=" + dest, "PREFIX=/usr"};
+  auto make = [&](const std::string& target) {
+    std::vector<std::string> args = vars;
+    args.push_back(target);
+    Proc& p = spawn("make-" + target, "/usr/bin/make", args, {});
+    EXPECT_TRUE(wait_exit(p, 60000)) << "make " << target;
+    EXPECT_TRUE(p.exited_ok()) << p.describe();
+  };
+  make("install");
+  if (HasFailure()) return;
+  for (const char* f : {"/usr/lib/librsock.so", "/usr/bin/rsock-run",
+                        "/usr/share/man/man1/rsock-run.1", "/usr/share/man/man7/librsock.7",
+                        "/usr/share/doc/librsock/rsock.conf", "/usr/lib/pkgconfig/librsock.pc"})
+    EXPECT_EQ(access((dest + f).c_str(), R_OK), 0) << f << " not installed";
+  EXPECT_NE(
+      read_file(dest + "/usr/lib/pkgconfig/librsock.pc").find("preload=${libdir}/librsock.so"),
+      std::string::npos);
+  EXPECT_EQ(read_file(dest + "/usr/share/man/man7/librsock.7").find("@VERSION@"),
+            std::string::npos);
+  Proc* p = nullptr;
+  ASSERT_EQ(run_at(dest + "/usr/bin/rsock-run", "installed",
+                   {"/bin/sh", "-c", "echo \"[$LD_PRELOAD]\""}, &p),
+            0)
+      << p->describe();
+  EXPECT_NE(p->out().find(dest + "/usr/lib/librsock.so]"), std::string::npos) << p->out();
+  run_pair(dest + "/usr/bin/rsock-run");
+  make("uninstall");
+  std::string left;
+  for (const char* f : {"/usr/lib/librsock.so", "/usr/bin/rsock-run",
+                        "/usr/share/man/man1/rsock-run.1", "/usr/share/man/man7/librsock.7",
+                        "/usr/share/doc/librsock/rsock.conf", "/usr/lib/pkgconfig/librsock.pc"})
+    if (access((dest + f).c_str(), F_OK) == 0) left += std::string(f) + " ";
+  EXPECT_EQ(left, "") << "left after make uninstall";
+}
+
+void RsockRunTest::run_pair(const std::string& run) {
   const int port = free_port();
   ASSERT_GT(port, 0);
   const std::string p = std::to_string(port);
@@ -52,9 +104,9 @@ TEST_F(RsockRunTest, RunsBothEndsAccelerated) {
   Env env = base_env();
   env["RSOCK_TCP_FIRST"] = "0";
   bool ready = false;
-  Proc& server = start_server("server", run_path(), args("server", "1", "2"), env, &ready);
+  Proc& server = start_server("server", run, args("server", "1", "2"), env, &ready);
   ASSERT_TRUE(ready) << "server: see its output below";
-  Proc& client = spawn("client", run_path(), args("client", "2", "1"), env);
+  Proc& client = spawn("client", run, args("client", "2", "1"), env);
   ASSERT_TRUE(wait_exit(client, 30000)) << "client hung";
   ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
   ASSERT_TRUE(client.exited_ok()) << "client: see its output below";
