@@ -38,7 +38,7 @@ LDFLAGS  += $(SAN_FLAGS)
 LDLIBS_SO = -ldl -libverbs -lrdmacm -pthread
 # The test programs and test libraries: standalone, without the library's
 # include paths and visibility.
-PROG_CXXFLAGS = -std=c++20 $(OPT) -g -Wall -Wextra -pthread $(SAN_FLAGS)
+PROG_CXXFLAGS = -std=c++20 $(OPT) -g -Wall -Wextra -pthread -Iinclude $(SAN_FLAGS)
 
 # Everything under src/ except the exported wrappers forms the core, which the
 # unit tests link directly (linking the wrappers would interpose the tests' own
@@ -65,6 +65,10 @@ $(BUILD)/.build-deps: .ci/deps.sh
 	@bash .ci/deps.sh build
 	@mkdir -p $(dir $@) && touch $@
 
+# The version that include/rsock.h's rsock_version() returns.
+$(BUILD)/obj/src/interpose/public_api.o: CXXFLAGS += -DRSOCK_VERSION='"$(VERSION)"'
+$(BUILD)/obj/src/interpose/public_api.o: Makefile
+
 $(BUILD)/obj/%.o: %.cpp | $(BUILD)/.build-deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
@@ -88,7 +92,7 @@ $(BUILD)/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/librsock.a
 $(BUILD)/preload_tests: $(PRELOAD_SRCS:%.cpp=$(BUILD)/obj/%.o)
 	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS)
 
-$(BUILD)/progs/%: test/progs/%.cpp test/progs/progs.h
+$(BUILD)/progs/%: test/progs/%.cpp test/progs/progs.h include/rsock.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(PROG_CXXFLAGS) $(LDFLAGS) -o $@ $<
 
@@ -139,29 +143,32 @@ clean:
 	rm -rf $(BUILD) build-asan build-ubsan build-tsan
 
 # make install PREFIX=... DESTDIR=...: the library, rsock-run (which finds
-# the library in ../lib), the man pages, the example rule file and a
-# pkg-config file; make uninstall (the same variables) removes them.
+# the library in ../lib), include/rsock.h, the man pages, the example rule
+# file and a pkg-config file; make uninstall (the same variables) removes
+# them.
 PREFIX  ?= /usr/local
 BINDIR  ?= $(PREFIX)/bin
 LIBDIR  ?= $(PREFIX)/lib
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/librsock
-INSTALLED := $(LIBDIR)/librsock.so $(BINDIR)/rsock-run $(MANDIR)/man1/rsock-run.1 \
+INCLUDEDIR ?= $(PREFIX)/include
+INSTALLED := $(LIBDIR)/librsock.so $(BINDIR)/rsock-run $(INCLUDEDIR)/rsock.h $(MANDIR)/man1/rsock-run.1 \
              $(MANDIR)/man7/librsock.7 $(DOCDIR)/rsock.conf $(LIBDIR)/pkgconfig/librsock.pc
 
 install: $(BUILD)/librsock.so $(BUILD)/rsock-run
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(MANDIR)/man1 \
-	  $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(DOCDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(DOCDIR)
 	install -m 755 $(BUILD)/librsock.so $(DESTDIR)$(LIBDIR)/librsock.so
 	install -m 755 $(BUILD)/rsock-run $(DESTDIR)$(BINDIR)/rsock-run
+	install -m 644 include/rsock.h $(DESTDIR)$(INCLUDEDIR)/rsock.h
 	sed 's/@VERSION@/$(VERSION)/' docs/man/rsock-run.1 > $(DESTDIR)$(MANDIR)/man1/rsock-run.1
 	sed 's/@VERSION@/$(VERSION)/' docs/man/librsock.7 > $(DESTDIR)$(MANDIR)/man7/librsock.7
 	chmod 644 $(DESTDIR)$(MANDIR)/man1/rsock-run.1 $(DESTDIR)$(MANDIR)/man7/librsock.7
 	install -m 644 conf/rsock.conf $(DESTDIR)$(DOCDIR)/rsock.conf
-	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'preload=$${libdir}/librsock.so' '' \
-	  'Name: librsock' \
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' \
+	  'preload=$${libdir}/librsock.so' '' 'Name: librsock' \
 	  'Description: TCP streams of unmodified programs over shared memory and RDMA (LD_PRELOAD)' \
-	  'Version: $(VERSION)' > $(DESTDIR)$(LIBDIR)/pkgconfig/librsock.pc
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' > $(DESTDIR)$(LIBDIR)/pkgconfig/librsock.pc
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR),$(INSTALLED))

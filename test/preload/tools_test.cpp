@@ -44,6 +44,13 @@ class RsockRunTest : public PreloadTest {
 
 TEST_F(RsockRunTest, RunsBothEndsAccelerated) { run_pair(run_path()); }
 
+// What make install PREFIX=/usr puts in DESTDIR.
+const char* const kInstalled[] = {
+    "/usr/lib/librsock.so",           "/usr/bin/rsock-run",
+    "/usr/include/rsock.h",           "/usr/share/man/man1/rsock-run.1",
+    "/usr/share/man/man7/librsock.7", "/usr/share/doc/librsock/rsock.conf",
+    "/usr/lib/pkgconfig/librsock.pc"};
+
 // make install into a temporary DESTDIR puts every file in its place; the
 // installed rsock-run finds the installed library (../lib) and runs a pair
 // that pairs; make uninstall leaves no file behind.
@@ -62,9 +69,7 @@ TEST_F(RsockRunTest, InstallsIntoADestdirAndRunsFromThere) {
   };
   make("install");
   if (HasFailure()) return;
-  for (const char* f : {"/usr/lib/librsock.so", "/usr/bin/rsock-run",
-                        "/usr/share/man/man1/rsock-run.1", "/usr/share/man/man7/librsock.7",
-                        "/usr/share/doc/librsock/rsock.conf", "/usr/lib/pkgconfig/librsock.pc"})
+  for (const char* f : kInstalled)
     EXPECT_EQ(access((dest + f).c_str(), R_OK), 0) << f << " not installed";
   EXPECT_NE(
       read_file(dest + "/usr/lib/pkgconfig/librsock.pc").find("preload=${libdir}/librsock.so"),
@@ -80,9 +85,7 @@ TEST_F(RsockRunTest, InstallsIntoADestdirAndRunsFromThere) {
   run_pair(dest + "/usr/bin/rsock-run");
   make("uninstall");
   std::string left;
-  for (const char* f : {"/usr/lib/librsock.so", "/usr/bin/rsock-run",
-                        "/usr/share/man/man1/rsock-run.1", "/usr/share/man/man7/librsock.7",
-                        "/usr/share/doc/librsock/rsock.conf", "/usr/lib/pkgconfig/librsock.pc"})
+  for (const char* f : kInstalled)
     if (access((dest + f).c_str(), F_OK) == 0) left += std::string(f) + " ";
   EXPECT_EQ(left, "") << "left after make uninstall";
 }
