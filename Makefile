@@ -57,7 +57,8 @@ GTEST_LIBS := -lgtest -lgtest_main -pthread
 
 .PHONY: all test test-unit test-preload test-apps test-rdma bench deps clean format \
         asan ubsan tsan asan-build ubsan-build tsan-build install uninstall
-all: $(BUILD)/librsock.so $(BUILD)/rsock-run $(PROGS) $(APP_PROGS) $(TEST_LIBS)
+all: $(BUILD)/librsock.so $(BUILD)/rsock-run $(BUILD)/rsock-h.checked $(PROGS) $(APP_PROGS) \
+     $(TEST_LIBS)
 
 # Plain make on a machine without the build packages names them (and the
 # command that installs them) rather than failing on a missing header.
@@ -80,6 +81,13 @@ $(BUILD)/librsock.a: $(CORE_OBJS)
 $(BUILD)/librsock.so: $(SHIM_OBJS) $(BUILD)/librsock.a src/interpose/exports.map
 	$(CXX) -shared $(LDFLAGS) -o $@ $(SHIM_OBJS) -Wl,--whole-archive $(BUILD)/librsock.a -Wl,--no-whole-archive \
 	  -Wl,--version-script=src/interpose/exports.map -Wl,-z,now -Wl,-z,relro $(LDLIBS_SO)
+
+# The public header is C too: it must compile as C11, pedantic, warning-free
+# (test/progs/rs_info.cpp uses it from C++).
+$(BUILD)/rsock-h.checked: include/rsock.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -Wall -Wextra -pedantic -Werror -Iinclude -fsyntax-only -x c $<
+	@touch $@
 
 # rsock-run, beside the library (it finds it there, or in ../lib installed).
 $(BUILD)/rsock-run: src/tools/rsock-run.sh Makefile
