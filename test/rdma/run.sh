@@ -744,8 +744,11 @@ judge_redis() {
 
 # pairing-stress*: rs_pairstress's per-connection lines at both ends, and the
 # stats of every process. judge_pairing_stress CLIENTS CONNS WORKERS MIN_RDMA
+# PARENT_LINES (1: the server's parent made the listener and writes a stats
+# line; 0: SO_REUSEPORT, each worker makes its own, and the parent, with no
+# TCP socket, writes none)
 judge_pairing_stress() {
-  local clients=$1 conns=$2 workers=$3 min_rdma=$4 c p r v views
+  local clients=$1 conns=$2 workers=$3 min_rdma=$4 parent_lines=$5 c p r v views
   local cv=$DIR/judge.client-views sv=$DIR/judge.server-views
   for ((c = 1; c <= clients; c++)); do
     r=$(rc_of "cli$c")
@@ -791,7 +794,8 @@ judge_pairing_stress() {
     if [ "$side" = clients ]; then
       [ "$v" = "$clients" ] || why "$v client stats lines, want $clients"
     else
-      [ "$v" = $((workers + 1)) ] || why "$v server stats lines, want $((workers + 1)) (parent + workers)"
+      [ "$v" = $((workers + parent_lines)) ] ||
+        why "$v server stats lines, want $((workers + parent_lines)) (workers, and the parent if it listens)"
     fi
     [ "$(jq -r .rdma <<< "$sum")" = "$accel" ] || why "$side: connections.rdma $(jq -r .rdma <<< "$sum"), want $accel"
     [ "$(jq -r .tcp <<< "$sum")" = "$tcp" ] || why "$side: connections.tcp $(jq -r .tcp <<< "$sum"), want $tcp"
@@ -812,9 +816,9 @@ judge_pairing_stress() {
   [ "$c_sent" = "$s_recv" ] || why "accelerated bytes: the clients sent $c_sent, the server received $s_recv"
   [ "$s_sent" = "$c_recv" ] || why "accelerated bytes: the server sent $s_sent, the clients received $c_recv"
 }
-judge_pairing-stress() { judge_pairing_stress 4 12 2 1; }
-judge_pairing-stress-reuseport() { judge_pairing_stress 4 12 2 1; }
-judge_pairing-stress-tiny() { judge_pairing_stress 12 4 2 0; }
+judge_pairing-stress() { judge_pairing_stress 4 12 2 1 1; }
+judge_pairing-stress-reuseport() { judge_pairing_stress 4 12 2 1 0; }
+judge_pairing-stress-tiny() { judge_pairing_stress 12 4 2 0 1; }
 
 # threads-*: rs_sem's client checked its own threads' waits (a lost wakeup
 # fails a check or hangs it); both ends on rdma with the control connection
