@@ -320,11 +320,10 @@ int attach_lost(const std::vector<int>& fds, Path path, const char* why) {
   auto* c = new ConnectionState(std::make_unique<LostChannel>(wait_fd), path, fds[0]);
   connection_options_from(fds[0], c);
   attach_to(fds, c);
-  stats_reset_connection(Reset::kLostAtExec);
-  LOG_WARN(
-      "fd %d: accelerated connection inherited through exec cannot be used in this "
-      "program (%s); every call on it fails with ECONNRESET",
-      fds[0], why);
+  stats_reset_connection(Reset::kLostAtExec, kLogWarn,
+                         "fd %d: accelerated connection inherited through exec cannot be used "
+                         "in this program (%s); every call on it fails with ECONNRESET",
+                         fds[0], why);
   return static_cast<int>(fds.size());
 }
 

@@ -124,11 +124,10 @@ void after_fork_child() {
   // first use here takes one over (Channel::after_fork_child).
   for (const FdRef& r : connection_refs()) {
     if (!r.as<ConnectionState>()->stream().after_fork_child()) continue;
-    stats_reset_connection(Reset::kHeldAtFork);
-    LOG_WARN(
+    stats_reset_connection(
+        Reset::kHeldAtFork, kLogWarn,
         "fork: an inherited accelerated connection is reset in the child: its parent holds "
-        "bytes of it that the program has not read yet (%s)",
-        reset_name(Reset::kHeldAtFork));
+        "bytes of it that the program has not read yet");
   }
 }
 

@@ -2,6 +2,7 @@
 #include "stats/stats.h"
 
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "common/append_file.h"
+#include "common/log.h"
 #include "common/real.h"
 #include "config/config.h"
 
@@ -72,8 +74,15 @@ void stats_connection(Path p) {
 void stats_fallback(Fallback f) {
   g_fallbacks[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
 }
-void stats_reset_connection(Reset r) {
+void stats_reset_connection(Reset r, int level, const char* fmt, ...) {
   g_resets[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed);
+  if (level > RSOCK_LOG_CEILING || level > g_log_level) return;
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  log_write(level, "%s (reset: %s)", what, reset_name(r));
 }
 void stats_reject(Reject r) { g_rejects[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed); }
 void stats_bytes(uint64_t sent, uint64_t received) {

@@ -67,7 +67,10 @@ enum class Path : int { kShm, kRdma, kTcp, kCount };
 
 void stats_connection(Path p);
 void stats_fallback(Fallback f);
-void stats_reset_connection(Reset r);
+// Counts the reset and logs it: one line at `level` (a LogLevel) that ends
+// with its code, "(reset: kernel_bytes)", as the stats file names it.
+void stats_reset_connection(Reset r, int level, const char* fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 void stats_reject(Reject r);
 void stats_bytes(uint64_t sent, uint64_t received);  // from a closed accelerated connection
 // Bytes a closed accelerated connection carried on the kernel socket

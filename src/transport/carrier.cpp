@@ -32,15 +32,16 @@ uint64_t carrier_unread(int fd) {
 }
 
 void report_kernel_bytes(const char* transport, bool seen_here) {
-  stats_reset_connection(Reset::kKernelBytes);
   if (seen_here)
-    LOG_ERROR(
+    stats_reset_connection(
+        Reset::kKernelBytes, kLogError,
         "%s connection reset: bytes reached its kernel TCP socket behind librsock (the peer "
         "wrote to the socket with a raw system call, io_uring, stdio, or from a program "
         "without librsock)",
         transport);
   else
-    LOG_ERROR(
+    stats_reset_connection(
+        Reset::kKernelBytes, kLogError,
         "%s connection reset by the peer: bytes written to this socket bypassed librsock "
         "(a raw system call, io_uring, stdio on the fd, or an exec'd program without "
         "librsock)",

@@ -277,6 +277,7 @@ TEST_P(ExecLostTest, FailsLoudly) {
   const auto warn = split_lines(client->err());
   ASSERT_EQ(warn.size(), 1u) << client->err();
   EXPECT_NE(warn[0].find("cannot be used in this program"), std::string::npos) << warn[0];
+  EXPECT_NE(warn[0].find("(reset: lost_at_exec)"), std::string::npos) << warn[0];
   const std::string why = std::string(GetParam()) == "forge_rdma"
                               ? "an RDMA queue pair cannot cross exec"
                               : "its shared region failed validation";

@@ -49,14 +49,20 @@ TEST_P(KernelBytesTest, BothEndsResetLoudly) {
   EXPECT_TRUE(writer == "WRITER bye=3 after=ECONNRESET" ||
               writer == "WRITER bye=ECONNRESET after=EPIPE")
       << out;
-  // One log line per end.
+  // One log line per end, which ends with the code the stats use.
   const std::string err = rs.err();
   int here = 0, peer = 0;
+  const std::string code = " (reset: kernel_bytes)";
+  auto ends_with_code = [&](const std::string& l) {
+    return l.size() > code.size() && l.compare(l.size() - code.size(), code.size(), code) == 0;
+  };
   for (const std::string& l : split_lines(err)) {
-    if (l.find("connection reset: bytes reached its kernel TCP socket") != std::string::npos)
+    if (l.find("connection reset: bytes reached its kernel TCP socket") != std::string::npos &&
+        ends_with_code(l))
       ++here;
     if (l.find("connection reset by the peer: bytes written to this socket bypassed") !=
-        std::string::npos)
+            std::string::npos &&
+        ends_with_code(l))
       ++peer;
   }
   EXPECT_EQ(here, 1) << err;

@@ -8,6 +8,8 @@
 
 #include "stats/stats.h"
 
+#include "config/config.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -292,8 +294,8 @@ TEST_F(Stats, CountersAppearInTheLine) {
 }
 
 TEST_F(Stats, ResetsAndRejectsAppearByName) {
-  stats_reset_connection(Reset::kKernelBytes);
-  stats_reset_connection(Reset::kKernelBytes);
+  stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
+  stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
   stats_reject(Reject::kUnproven);
   EXPECT_EQ(stats_resets(Reset::kKernelBytes), 2u);
   EXPECT_EQ(stats_rejects(Reject::kUnproven), 1u);
@@ -386,7 +388,7 @@ TEST_F(Stats, LongProgramNamesAreCutButStayValid) {
 TEST_F(Stats, ResetZeroesEverything) {
   stats_connection(Path::kRdma);
   stats_fallback(Fallback::kNegativeCache);
-  stats_reset_connection(Reset::kKernelBytes);
+  stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
   stats_reject(Reject::kUnproven);
   stats_bytes(10, 20);
   stats_reset();
@@ -404,7 +406,7 @@ TEST_F(Stats, ResetZeroesEverything) {
 TEST_F(Stats, SmallBuffersAreTruncatedWithoutOverflow) {
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     stats_fallback(static_cast<Fallback>(i));
-  stats_reset_connection(Reset::kKernelBytes);
+  stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
   stats_reject(Reject::kUnproven);
   const std::string full = format(99, "program");
   for (int cap :

@@ -777,8 +777,8 @@ int ShmChannel::enter() {
   if (epoch_ != 0 && owner_enter(own_, epoch_)) return 0;
   if (epoch_ == 0) return -EAGAIN;  // take_over() comes first
   if (!lost_reported_.exchange(true)) {
-    stats_reset_connection(Reset::kTakenOver);
-    LOG_WARN(
+    stats_reset_connection(
+        Reset::kTakenOver, kLogWarn,
         "shm connection taken over by another process that holds it (a fork's child or an "
         "exec'd program that used it): calls on it in this process fail with ECONNRESET "
         "until that process lets go of it");

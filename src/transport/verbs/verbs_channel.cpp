@@ -934,8 +934,8 @@ void VerbsChannel::become_lost_locked() {
 void VerbsChannel::report_lost_locked() {
   if (lost_reported_) return;
   lost_reported_ = true;
-  stats_reset_connection(Reset::kTakenOver);
-  LOG_WARN(
+  stats_reset_connection(
+      Reset::kTakenOver, kLogWarn,
       "rdma connection taken over by another process (a fork's child or an exec'd program "
       "that used it): calls on it in this process fail with ECONNRESET");
 }
@@ -1101,8 +1101,9 @@ void VerbsChannel::fail_move_locked(const char* why, bool tell_peer) {
   state_.store(kFailed, std::memory_order_release);
   carrier_lost(kTransportError | kPeerClosed);
   arm_deadline_locked(0);
-  stats_reset_connection(Reset::kMoveFailed);
-  LOG_WARN("rdma: moving the connection to another process failed (%s): it is reset", why);
+  stats_reset_connection(Reset::kMoveFailed, kLogWarn,
+                         "rdma: moving the connection to another process failed (%s): it is reset",
+                         why);
   if (tell_peer) send_reset_frame_locked(0);
   unwatch_tcp_locked();
 }
