@@ -43,7 +43,7 @@ PROG_CXXFLAGS = -std=c++20 $(OPT) -g -Wall -Wextra -pthread -Iinclude $(SAN_FLAG
 # Everything under src/ except the exported wrappers forms the core, which the
 # unit tests link directly (linking the wrappers would interpose the tests' own
 # libc calls).
-CORE_SRCS  := $(shell find src -name '*.cpp' -not -path 'src/interpose/*' | sort)
+CORE_SRCS  := $(shell find src -name '*.cpp' -not -path 'src/interpose/*' -not -path 'src/tools/*' | sort)
 SHIM_SRCS  := $(shell find src/interpose -name '*.cpp' | sort)
 CORE_OBJS  := $(CORE_SRCS:%.cpp=$(BUILD)/obj/%.o)
 SHIM_OBJS  := $(SHIM_SRCS:%.cpp=$(BUILD)/obj/%.o)
@@ -57,8 +57,8 @@ GTEST_LIBS := -lgtest -lgtest_main -pthread
 
 .PHONY: all test test-unit test-preload test-apps test-rdma bench deps clean format \
         asan ubsan tsan asan-build ubsan-build tsan-build install uninstall
-all: $(BUILD)/librsock.so $(BUILD)/rsock-run $(BUILD)/rsock-h.checked $(PROGS) $(APP_PROGS) \
-     $(TEST_LIBS)
+all: $(BUILD)/librsock.so $(BUILD)/rsock-run $(BUILD)/rsockstat $(BUILD)/rsock-h.checked $(PROGS) \
+     $(APP_PROGS) $(TEST_LIBS)
 
 # Plain make on a machine without the build packages names them (and the
 # command that installs them) rather than failing on a missing header.
@@ -93,6 +93,11 @@ $(BUILD)/rsock-h.checked: include/rsock.h
 $(BUILD)/rsock-run: src/tools/rsock-run.sh Makefile
 	@mkdir -p $(dir $@)
 	sed 's/@VERSION@/$(VERSION)/' $< > $@.tmp && chmod 755 $@.tmp && mv $@.tmp $@
+
+# rsockstat reads the files librsock publishes (their layout: src/stats/publish.h).
+$(BUILD)/rsockstat: src/tools/rsockstat.cpp src/stats/publish.h Makefile | $(BUILD)/.build-deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(PROG_CXXFLAGS) -Isrc -DRSOCK_VERSION='"$(VERSION)"' $(LDFLAGS) -o $@ $<
 
 $(BUILD)/unit_tests: $(UNIT_SRCS:%.cpp=$(BUILD)/obj/%.o) $(BUILD)/librsock.a
 	$(CXX) $(LDFLAGS) -o $@ $^ $(GTEST_LIBS) $(LDLIBS_SO)
@@ -151,7 +156,7 @@ clean:
 	rm -rf $(BUILD) build-asan build-ubsan build-tsan
 
 # make install PREFIX=... DESTDIR=...: the library, rsock-run (which finds
-# the library in ../lib), include/rsock.h, the man pages, the example rule
+# the library in ../lib), rsockstat, include/rsock.h, the man pages, the example rule
 # file and a pkg-config file; make uninstall (the same variables) removes
 # them.
 PREFIX  ?= /usr/local
@@ -160,18 +165,22 @@ LIBDIR  ?= $(PREFIX)/lib
 MANDIR  ?= $(PREFIX)/share/man
 DOCDIR  ?= $(PREFIX)/share/doc/librsock
 INCLUDEDIR ?= $(PREFIX)/include
-INSTALLED := $(LIBDIR)/librsock.so $(BINDIR)/rsock-run $(INCLUDEDIR)/rsock.h $(MANDIR)/man1/rsock-run.1 \
-             $(MANDIR)/man7/librsock.7 $(DOCDIR)/rsock.conf $(LIBDIR)/pkgconfig/librsock.pc
+INSTALLED := $(LIBDIR)/librsock.so $(BINDIR)/rsock-run $(BINDIR)/rsockstat $(INCLUDEDIR)/rsock.h \
+             $(MANDIR)/man1/rsock-run.1 $(MANDIR)/man1/rsockstat.1 $(MANDIR)/man7/librsock.7 \
+             $(DOCDIR)/rsock.conf $(LIBDIR)/pkgconfig/librsock.pc
 
-install: $(BUILD)/librsock.so $(BUILD)/rsock-run
+install: $(BUILD)/librsock.so $(BUILD)/rsock-run $(BUILD)/rsockstat
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
 	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(DOCDIR)
 	install -m 755 $(BUILD)/librsock.so $(DESTDIR)$(LIBDIR)/librsock.so
 	install -m 755 $(BUILD)/rsock-run $(DESTDIR)$(BINDIR)/rsock-run
+	install -m 755 $(BUILD)/rsockstat $(DESTDIR)$(BINDIR)/rsockstat
 	install -m 644 include/rsock.h $(DESTDIR)$(INCLUDEDIR)/rsock.h
 	sed 's/@VERSION@/$(VERSION)/' docs/man/rsock-run.1 > $(DESTDIR)$(MANDIR)/man1/rsock-run.1
+	sed 's/@VERSION@/$(VERSION)/' docs/man/rsockstat.1 > $(DESTDIR)$(MANDIR)/man1/rsockstat.1
 	sed 's/@VERSION@/$(VERSION)/' docs/man/librsock.7 > $(DESTDIR)$(MANDIR)/man7/librsock.7
-	chmod 644 $(DESTDIR)$(MANDIR)/man1/rsock-run.1 $(DESTDIR)$(MANDIR)/man7/librsock.7
+	chmod 644 $(DESTDIR)$(MANDIR)/man1/rsock-run.1 $(DESTDIR)$(MANDIR)/man1/rsockstat.1 \
+	  $(DESTDIR)$(MANDIR)/man7/librsock.7
 	install -m 644 conf/rsock.conf $(DESTDIR)$(DOCDIR)/rsock.conf
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' \
 	  'preload=$${libdir}/librsock.so' '' 'Name: librsock' \

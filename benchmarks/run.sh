@@ -11,6 +11,9 @@
 #   - sockperf throughput, TCP, 65000-byte messages -> MB/s as RECEIVED by the
 #     server (`sockperf sr` message count x size / client run time); the
 #     client's own number is a send rate and is printed next to it.
+# librsock runs twice in each round: as users run it, and with RSOCK_PUBLISH=0
+# (no file for rsockstat; its row shows what publishing costs, which should
+# be nothing: the data path counts into that file as into its own memory).
 # Every librsock run is checked through RSOCK_STATS: server and client must
 # each report connections.shm >= 1, otherwise the result row is replaced by a
 # loud warning and the script exits non-zero.
@@ -29,8 +32,8 @@
 # $BUILD/bench/apps.md), and benchmarks/rdma.sh the RDMA comparison when
 # QEMU can run.
 # The table goes to stdout and to $BUILD/bench/results.md. Runtime: about
-# (I/O modes) x REPEAT x 4 x (BENCH_SECONDS + 2.5) s (a sockperf client
-# spends ~2.2 s besides -t), ~110 s with the defaults.
+# (I/O modes) x REPEAT x 6 x (BENCH_SECONDS + 2.5) s (a sockperf client
+# spends ~2.2 s besides -t), ~160 s with the defaults.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -185,9 +188,11 @@ run_case() {
     echo "T:127.0.0.1:$port" >"$WORK/$tag.feed"
     proto=() addr=(-f "$WORK/$tag.feed" -F "$iomux")
   fi
-  if [[ $path == rsock ]]; then
-    srv_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$srv_stats")
-    cli_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$cli_stats")
+  if [[ $path == rsock* ]]; then
+    local publish=1
+    [[ $path == rsockoff ]] && publish=0
+    srv_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$srv_stats" RSOCK_PUBLISH=$publish)
+    cli_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$cli_stats" RSOCK_PUBLISH=$publish)
   fi
   local -a server=(sockperf server "${proto[@]}" "${addr[@]}")
   local -a client=(sockperf ping-pong "${proto[@]}" "${addr[@]}" -m "$PP_SIZE" --mps "$PP_MPS")
@@ -244,7 +249,7 @@ run_case() {
       R_RECV_MBS=$(awk -v n="$recv" -v m="$TP_SIZE" -v t="$secs" 'BEGIN{printf "%.1f", n*m/t/1e6}')
       R_SEND_MBS=$(awk -v n="$sent" -v m="$TP_SIZE" -v t="$secs" 'BEGIN{printf "%.1f", n*m/t/1e6}')
       ((recv < sent)) && R_NOTE+="server received $recv of $sent messages; "
-      if [[ $path == rsock ]]; then
+      if [[ $path == rsock* ]]; then
         local got
         got=$(stat_sum "$srv_stats" .bytes_received)
         [[ $got == $((recv * TP_SIZE)) ]] ||
@@ -253,7 +258,7 @@ run_case() {
     fi
   fi
 
-  if [[ $path == rsock ]]; then
+  if [[ $path == rsock* ]]; then
     local s_shm c_shm
     s_shm=$(stat_sum "$srv_stats" .connections.shm)
     c_shm=$(stat_sum "$cli_stats" .connections.shm)
@@ -313,7 +318,7 @@ median() {
 for iomux in $IOMUX_MODES; do
   declare -A V=()
   for ((rep = 1; rep <= REPEAT; rep++)); do
-    for path in tcp rsock; do
+    for path in tcp rsock rsockoff; do
       for mode in pp tp; do
         echo "bench: $path $mode (iomux $iomux, ${SECONDS_PER_RUN}s, run $rep/$REPEAT)..." >&2
         run_case "$path" "$mode" "$iomux"
@@ -324,7 +329,7 @@ for iomux in $IOMUX_MODES; do
       done
     done
   done
-  for k in tcp.p50 tcp.p99 tcp.cpu tcp.mbs tcp.sent rsock.p50 rsock.p99 rsock.cpu rsock.mbs rsock.sent; do
+  for k in {tcp,rsock,rsockoff}.{p50,p99,cpu,mbs,sent}; do
     ((REPEAT > 1)) && V[$k.all]=${V[$k]:-}
     fmt=%.3f
     [[ $k == *mbs || $k == *sent ]] && fmt=%.1f
@@ -351,13 +356,21 @@ for iomux in $IOMUX_MODES; do
       echo "| **WARNING: librsock(shm) RESULT INVALID** | ${V[rsock.p50]:-n/a} | ${V[rsock.p99]:-n/a} | ${V[rsock.cpu]:-n/a} |" \
         "${V[rsock.mbs]:-n/a} | ${V[rsock.sent]:-n/a} | n/a | n/a |"
     fi
-    for k in tcp.pp tcp.tp rsock.pp rsock.tp; do
+    if [[ -z ${V[rsockoff.pp.bad]:-} && -z ${V[rsockoff.tp.bad]:-} ]]; then
+      echo "| librsock(shm), RSOCK_PUBLISH=0 | ${V[rsockoff.p50]} | ${V[rsockoff.p99]} | ${V[rsockoff.cpu]:-n/a} |" \
+        "${V[rsockoff.mbs]} | ${V[rsockoff.sent]} | $(ratio "${V[tcp.p50]}" "${V[rsockoff.p50]}") |" \
+        "$(ratio "${V[rsockoff.mbs]}" "${V[tcp.mbs]}") |"
+    else
+      echo "| **WARNING: librsock(shm), RSOCK_PUBLISH=0 RESULT INVALID** | n/a | n/a | n/a | n/a | n/a | n/a | n/a |"
+    fi
+    for k in tcp.pp tcp.tp rsock.pp rsock.tp rsockoff.pp rsockoff.tp; do
       [[ -n ${V[$k.note]:-} ]] && echo "- ${k/./ }: ${V[$k.note]}"
     done
     if ((REPEAT > 1)); then
       echo "- medians of $REPEAT runs; all runs: TCP p50 ${V[tcp.p50.all]}/ CPU us ${V[tcp.cpu.all]}/" \
         "MB/s ${V[tcp.mbs.all]}; librsock p50 ${V[rsock.p50.all]}/ CPU us ${V[rsock.cpu.all]}/" \
-        "MB/s ${V[rsock.mbs.all]}"
+        "MB/s ${V[rsock.mbs.all]}; RSOCK_PUBLISH=0 p50 ${V[rsockoff.p50.all]}/ CPU us" \
+        "${V[rsockoff.cpu.all]}/ MB/s ${V[rsockoff.mbs.all]}"
     fi
     if ((rs_ok)) && [[ -n ${V[tcp.p50]} && -n ${V[tcp.mbs]} ]]; then
       lat=$(awk -v a="${V[tcp.p50]}" -v b="${V[rsock.p50]}" 'BEGIN{print (a >= 5 * b) ? "met" : "MISSED"}')

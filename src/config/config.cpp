@@ -79,7 +79,9 @@ enum class Knob {
   kLogLevel,
   kLogFile,
   kStats,
-  kStatsAll
+  kStatsAll,
+  kPublish,
+  kPublishDir
 };
 
 struct KnobName {
@@ -89,7 +91,7 @@ struct KnobName {
   bool is_path;  // paths are taken verbatim; other values are trimmed
 };
 
-constexpr std::array<KnobName, 11> kKnobs = {{
+constexpr std::array<KnobName, 13> kKnobs = {{
     {Knob::kRingSize, "RSOCK_RING_SIZE", "ring_size", false},
     {Knob::kSpinUs, "RSOCK_SPIN_US", "spin_us", false},
     {Knob::kConnectTimeoutMs, "RSOCK_CONNECT_TIMEOUT_MS", "connect_timeout_ms", false},
@@ -101,6 +103,8 @@ constexpr std::array<KnobName, 11> kKnobs = {{
     {Knob::kLogFile, "RSOCK_LOG_FILE", "log_file", true},
     {Knob::kStats, "RSOCK_STATS", "stats", true},
     {Knob::kStatsAll, "RSOCK_STATS_ALL", "stats_all", false},
+    {Knob::kPublish, "RSOCK_PUBLISH", "publish", false},
+    {Knob::kPublishDir, "RSOCK_PUBLISH_DIR", "publish_dir", true},
 }};
 
 constexpr std::array<const char*, 5> kLogLevelNames = {"error", "warn", "info", "debug", "trace"};
@@ -207,6 +211,15 @@ bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* 
       return true;
     case Knob::kStatsAll:
       return apply_flag(value, &config->stats_all, error);
+    case Knob::kPublish:
+      return apply_flag(value, &config->publish, error);
+    case Knob::kPublishDir:
+      if (value.empty() || value.front() != '/') {
+        *error = quoted(value) + " is not an absolute directory path";
+        return false;
+      }
+      config->publish_dir = std::string(value);
+      return true;
   }
   *error = "internal error: unknown knob";
   return false;

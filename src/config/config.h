@@ -70,6 +70,10 @@ struct Config {
   // RSOCK_STATS_ALL=1: every process writes its stats line, also one that
   // made no TCP socket and counted nothing (stats_anything).
   bool stats_all = false;
+  // RSOCK_PUBLISH=0: this process is not shown by rsockstat (no file in
+  // RSOCK_PUBLISH_DIR, stats/publish.h).
+  bool publish = true;
+  std::string publish_dir = "/dev/shm";
   std::string conf_path;    // RSOCK_CONF; empty = none
   size_t ring_bytes = kDefaultRingBytes;
   uint32_t spin_us = kDefaultSpinUs;

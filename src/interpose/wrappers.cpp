@@ -40,6 +40,7 @@
 #include "socket/pending.h"
 #include "socket/socket.h"
 #include "socket/transfer.h"
+#include "stats/publish.h"
 #include "stats/stats.h"
 #include "transport/channel.h"
 #include "transport/setup.h"
@@ -1064,7 +1065,9 @@ static int exec_env(char* const envp[], int (*fn)(void*, char* const*), void* ar
   ExecHandoff h;
   exec_prepare(envp, ExecKind::kReplace, &h);
   if (!in_vfork_child()) flush_stats(FlushAt::kExec);  // a vfork child's are its parent's
+  publish_before_exec();
   int r = fn(arg, h.envp);
+  publish_exec_failed();
   exec_release(&h, false);  // still here: the exec failed
   return r;
 }
@@ -1202,6 +1205,7 @@ EXPORT void _exit(int status) {
   // there either).
   release_at_exit();
   if (!in_vfork_child()) flush_stats();
+  publish_at_exit();  // (nothing in a vfork child)
   using ExitFn = void (*)(int);
   static ExitFn real_exit = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
   if (real_exit) real_exit(status);

@@ -339,6 +339,7 @@ int attach_adopted(const std::vector<int>& fds, Adoption& a) {
     return attach_lost(fds, a.path, "its shared state holds impossible positions");
   }
   connection_options_from(fds[0], c);
+  c->published().describe(fds[0], fds[0], a.path == Path::kRdma, pub::kAccelerated);
   if (a.counted) stats_connection(a.path);
   // One descriptor per connection: a socket under one number here is
   // reached through it (no thread of this image knows it yet).

@@ -25,6 +25,7 @@
 #include "socket/interruptible.h"
 #include "socket/pending.h"
 #include "socket/socket.h"
+#include "stats/publish.h"
 #include "stats/stats.h"
 #include "transport/setup.h"
 
@@ -90,15 +91,19 @@ void before_fork() {
     s.quiesce();  // an operation that began before the count ends before the fork
   }
   transports_fork_prepare_last();
+  publish_fork_prepare();
 }
 
 void after_fork_parent() {
+  publish_after_fork_parent();
   transports_after_fork_parent_first();
   transports_after_fork_parent();
   pending_after_fork_parent();
 }
 
 void after_fork_child() {
+  // First: until then this process writes its parent's rsockstat file.
+  publish_after_fork_child();
   fd_table().after_fork_child();
   g_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   // The parent's sleepers are not here (socket/wake_hub.h).
@@ -197,6 +202,7 @@ __attribute__((destructor)) void rsock_destructor() {
   // move that fails, say) is this process's to report.
   release_at_exit();
   flush_stats();
+  publish_at_exit();
 }
 
 }  // namespace

@@ -122,6 +122,7 @@ void hand_over(Work& w, ConnectionState* c) {
     c->ref();
     live->seal_to(c);
   }
+  if (live) live->published().hide();  // c is shown, or the connection is plain TCP
   epoll_pending_resolved(live ? static_cast<FdState*>(live) : p, c, [&] { p->resolve(c); });
   // A pairing that ends on plain TCP leaves the fd to the kernel. A call
   // inside the stream it used meanwhile (a thread blocked in its recv)
@@ -245,7 +246,7 @@ void server_done(Work& w, bool ran, bool ended_early = false) {
   const bool claimed = (!p->cancelled() || early) && p->claim_count();
   ConnectionState* c = nullptr;
   if (ch && (!p->cancelled() || p->live()))
-    c = new_connection(w.sock, std::move(ch), w.job.path, claimed);
+    c = new_connection(w.sock, std::move(ch), w.job.path, claimed, p->fd());
   else
     discard(std::move(ch));
   if (claimed) record_server_outcome(p->fd(), c != nullptr, w.job.path, why);
@@ -279,7 +280,8 @@ void client_done(Work& w, std::unique_ptr<Channel> ch, Fallback why, bool counte
   }
   // Claimed first, and before the hand-over, as in server_done.
   const bool claimed = counted && p->claim_count();
-  ConnectionState* c = keep ? new_connection(w.sock, std::move(ch), job.path, claimed) : nullptr;
+  ConnectionState* c =
+      keep ? new_connection(w.sock, std::move(ch), job.path, claimed, p->fd()) : nullptr;
   if (claimed) record_client_outcome(p->fd(), addr, c != nullptr, job.path, why);
   conclude(w, c);
 }

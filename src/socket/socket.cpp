@@ -121,13 +121,17 @@ uint32_t spin_ns() {
 
 }  // namespace
 
-ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path, bool count) {
+ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path, bool count,
+                                int app_fd) {
   auto* c = new ConnectionState(std::move(ch), path, sock_fd);
   // Its O_NONBLOCK and timeouts are read at their first use (as a prefix
   // connection's): a connection that never blocks never pays for them.
   c->peer_len = sizeof c->peer_addr;
   if (real().getpeername(sock_fd, reinterpret_cast<sockaddr*>(&c->peer_addr), &c->peer_len) != 0)
     c->peer_len = 0;
+  c->published().describe(sock_fd, app_fd >= 0 ? app_fd : sock_fd, path == Path::kRdma,
+                          pub::kAccelerated, reinterpret_cast<sockaddr*>(&c->peer_addr),
+                          c->peer_len);
   if (count) stats_connection(path);
   return c;
 }
@@ -175,7 +179,7 @@ void record_client_outcome(int fd, const sockaddr* addr, bool accelerated, Path 
 }
 
 ConnectionState::ConnectionState(std::unique_ptr<Channel> channel, Path path, int /*fd*/)
-    : FdState(Kind::kConnection), stream_(std::move(channel)), path_(path) {
+    : FdState(Kind::kConnection), stream_(std::move(channel), published_.counters()), path_(path) {
   // (The hub outlives the channel: stream_ is declared after it.)
   stream_.channel().set_async_kick([](void* hub) { static_cast<WakeHub*>(hub)->kick(false); },
                                    &wake);
@@ -190,6 +194,7 @@ ConnectionState* new_prefix_connection(int sock_fd, Path path) {
   c->prefix_only_ = true;
   // Its options are read at their first use, and getpeername() asks the
   // kernel socket, whose state is the connection's while it runs on TCP.
+  c->published().describe(sock_fd, sock_fd, path == Path::kRdma, pub::kPairing);
   return c;
 }
 

@@ -108,6 +108,8 @@ class ConnectionState final : public FdState {
   // still runs. 0 or -errno; 0 for any other connection.
   int own_prefix_socket();
   bool prefix_socket_owned();
+  // What rsockstat shows of it (stats/publish.h).
+  PublishedConn& published() { return published_; }
 
  private:
   friend ConnectionState* new_prefix_connection(int sock_fd, Path path);
@@ -116,6 +118,7 @@ class ConnectionState final : public FdState {
   std::atomic<int8_t> nonblocking_{kUnknown};
   std::atomic<int64_t> rcv_timeout_us_{kUnknown};
   std::atomic<int64_t> snd_timeout_us_{kUnknown};
+  PublishedConn published_;  // what rsockstat shows; outlives stream_, which counts into it
   Stream stream_;
   Path path_;
   bool prefix_only_ = false;
@@ -167,8 +170,10 @@ void setup_accepted(const Runtime& rt, FdState* listener, int newfd, const Accep
 // a close counted it already); it reads O_NONBLOCK and
 // the timeouts of the kernel socket sock_fd at their first use, and
 // connection_options_from reads them now (ConnectionState::options_from).
+// app_fd: the application's number for it, which rsockstat shows (-1:
+// sock_fd is).
 ConnectionState* new_connection(int sock_fd, std::unique_ptr<Channel> ch, Path path,
-                                bool count = true);
+                                bool count = true, int app_fd = -1);
 // RSOCK_TCP_FIRST: a connection for the time before its pairing, its bytes
 // on a private dup of sock_fd (PrefixChannel), not counted in the stats.
 // nullptr when no descriptor is left for the dup.

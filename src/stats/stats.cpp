@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/real.h"
 #include "config/config.h"
+#include "stats/publish.h"
 
 namespace rsock {
 namespace {
@@ -68,14 +69,18 @@ const char* fallback_name(Fallback f) { return kFallbackNames[static_cast<int>(f
 const char* reset_name(Reset r) { return kResetNames[static_cast<int>(r)]; }
 const char* reject_name(Reject r) { return kRejectNames[static_cast<int>(r)]; }
 
+// Each count also goes to the file rsockstat reads (publish.h).
 void stats_connection(Path p) {
   g_paths[static_cast<int>(p)].fetch_add(1, std::memory_order_relaxed);
+  publish_connection(static_cast<int>(p));
 }
 void stats_fallback(Fallback f) {
   g_fallbacks[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
+  publish_code(pub::kCodeFallback, static_cast<int>(f));
 }
 void stats_reset_connection(Reset r, int level, const char* fmt, ...) {
   g_resets[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed);
+  publish_code(pub::kCodeReset, static_cast<int>(r));
   if (level > RSOCK_LOG_CEILING || level > g_log_level) return;
   char what[512];
   va_list ap;
@@ -84,10 +89,14 @@ void stats_reset_connection(Reset r, int level, const char* fmt, ...) {
   va_end(ap);
   log_write(level, "%s (reset: %s)", what, reset_name(r));
 }
-void stats_reject(Reject r) { g_rejects[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed); }
+void stats_reject(Reject r) {
+  g_rejects[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed);
+  publish_code(pub::kCodeReject, static_cast<int>(r));
+}
 void stats_bytes(uint64_t sent, uint64_t received) {
   g_sent.fetch_add(sent, std::memory_order_relaxed);
   g_received.fetch_add(received, std::memory_order_relaxed);
+  publish_closed_bytes(sent, received);
 }
 void stats_before_switch(uint64_t sent, uint64_t received) {
   g_before_switch[1].fetch_add(sent, std::memory_order_relaxed);
@@ -123,8 +132,10 @@ bool any_of(const Array& a) {
 }  // namespace
 
 void stats_socket_made() {
-  if (!g_socket_made.load(std::memory_order_relaxed))
+  if (!g_socket_made.load(std::memory_order_relaxed)) {
     g_socket_made.store(true, std::memory_order_relaxed);
+    publish_begin();
+  }
 }
 
 bool stats_anything() {

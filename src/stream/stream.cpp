@@ -23,11 +23,13 @@
 
 namespace rsock {
 
-Stream::Stream(std::unique_ptr<Channel> channel)
+Stream::Stream(std::unique_ptr<Channel> channel, ConnCounters* counters)
     : channel_(std::move(channel)),
       prefix_(channel_->tcp_prefix()),
       ledger_(channel_->ring_bytes()),
-      window_(channel_->ring_bytes()) {
+      window_(channel_->ring_bytes()),
+      c_(counters ? counters : &own_) {
+  channel_->set_counters(c_);
   if (prefix_ != nullptr) {
     // Where the end stands: fresh (both on the socket), or handed over by
     // exec with a direction already switched.
@@ -39,7 +41,10 @@ Stream::Stream(std::unique_ptr<Channel> channel)
   }
 }
 
-Stream::~Stream() = default;
+Stream::~Stream() {
+  // The channel may outlive us (it lingers until the peer has read).
+  if (channel_) channel_->set_counters(nullptr);
+}
 
 void Stream::fail() {
   broken_.store(true, std::memory_order_release);
@@ -87,7 +92,7 @@ void Stream::observe(uint32_t flags) {
     const bool finished =
         fin_rcvd_.load(std::memory_order_relaxed) && shut_wr_.load(std::memory_order_relaxed);
     uint64_t sent =
-        tx_origin_.load(std::memory_order_relaxed) + bytes_sent_.load(std::memory_order_acquire);
+        tx_origin_.load(std::memory_order_relaxed) + c_->sent.load(std::memory_order_acquire);
     if (prefix_ != nullptr) {
       // And what went on the socket before the switch (docs/protocol.md
       // section 10): the peer read it, or left it unread.
@@ -229,11 +234,10 @@ bool Stream::after_fork_child() {
   new (&state_mu_) std::mutex();
   // The stats count what this process moves; the stream's sent total (what
   // the peer must have read for a close to be a FIN) stays.
-  tx_origin_.fetch_add(bytes_sent_.exchange(0, std::memory_order_relaxed),
-                       std::memory_order_relaxed);
-  bytes_received_.store(0, std::memory_order_relaxed);
-  tcp_sent_.store(0, std::memory_order_relaxed);
-  tcp_received_.store(0, std::memory_order_relaxed);
+  tx_origin_.fetch_add(c_->sent.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+  c_->received.store(0, std::memory_order_relaxed);
+  c_->tcp_sent.store(0, std::memory_order_relaxed);
+  c_->tcp_received.store(0, std::memory_order_relaxed);
   channel_->after_fork_child();
   if (held_unread_.load(std::memory_order_relaxed) > 0) {
     // Both processes have the held bytes now, and each would deliver them:
@@ -282,14 +286,17 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
     // The peer closed cleanly: the kernel sends these bytes, and the
     // peer's kernel, whose socket is gone, answers with a reset. Nobody
     // will read them.
-    bytes_sent_.fetch_add(want, std::memory_order_relaxed);
+    c_->sent.fetch_add(want, std::memory_order_relaxed);
     std::lock_guard<std::mutex> state(state_mu_);
     reset_with(fin_rcvd_.load(std::memory_order_relaxed) ? EPIPE : ECONNRESET);
     return static_cast<ssize_t>(want);
   }
-  if (s.flags & kTxBlocked) return -EAGAIN;  // transport send window closed: as a full ring
   size_t room = ledger_.available();
-  if (room == 0) return -EAGAIN;
+  // No credit (a full ring, or the transport's send window closed).
+  if (room == 0 || (s.flags & kTxBlocked)) {
+    c_->stalls.fetch_add(1, std::memory_order_relaxed);
+    return -EAGAIN;
+  }
   // The peer is giving the idle ring's pages back (shm): as a full ring.
   if (!channel_->begin_tx()) return -EAGAIN;
   struct EndTx {
@@ -314,7 +321,7 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   }
   ledger_.on_sent(done);
   if (channel_->publish(ledger_.sent()) < 0) return carrier_failed(moved);
-  bytes_sent_.fetch_add(done, std::memory_order_release);
+  c_->sent.fetch_add(done, std::memory_order_release);
   return static_cast<ssize_t>(done);
 }
 
@@ -466,7 +473,7 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
     // What the application read: the held bytes are consumed from the ring,
     // not read.
     channel_->note_read(window_.consumed() - held_unread_.load(std::memory_order_relaxed));
-    bytes_received_.fetch_add(done, std::memory_order_relaxed);
+    c_->received.fetch_add(done, std::memory_order_relaxed);
     if (window_.should_grant((s.flags & kPeerStalled) != 0)) {
       // A failed grant is a carrier failure (see send): the rest of the ring
       // stays readable, then recv reports ECONNRESET.
@@ -545,7 +552,7 @@ ssize_t Stream::send_tcp(const iovec* iov, int iovcnt) {
   if (sent < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
   prefix_->tcp_sent->store(prefix_->tcp_sent->load(std::memory_order_relaxed) + sent,
                            std::memory_order_release);
-  tcp_sent_.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
+  c_->tcp_sent.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
   // A receiver of ours granted meanwhile (doorbell owed), or the peer has
   // attached since: switch now, so that the next call uses the ring.
   if (channel_->doorbell_owed() || prefix_->peer_attached->load(std::memory_order_acquire) != 0)
@@ -567,7 +574,7 @@ ssize_t Stream::sendfile_tcp(int in_fd, off_t* offset, size_t count) {
   if (sent < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
   prefix_->tcp_sent->store(prefix_->tcp_sent->load(std::memory_order_relaxed) + sent,
                            std::memory_order_release);
-  tcp_sent_.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
+  c_->tcp_sent.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
   if (channel_->doorbell_owed() || prefix_->peer_attached->load(std::memory_order_acquire) != 0)
     (void)switch_tx_locked();
   return sent;
@@ -663,7 +670,7 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
   }
   if (peek) return keep > 0 ? static_cast<ssize_t>(keep) : kOnRing;
   prefix_->tcp_read->store(read + keep, std::memory_order_release);
-  tcp_received_.fetch_add(keep, std::memory_order_relaxed);
+  c_->tcp_received.fetch_add(keep, std::memory_order_relaxed);
   if (at2 != kNotSwitched && read + keep == at2) {
     channel_->switch_rx(static_cast<uint64_t>(n) - keep);
     rx_tcp_.store(false, std::memory_order_release);
@@ -740,13 +747,13 @@ void Stream::continue_from(uint64_t sent, uint64_t read) {
   if (prefix_ == nullptr) return;
   prefix_->tcp_sent->store(sent, std::memory_order_release);
   prefix_->tcp_read->store(read, std::memory_order_release);
-  tcp_sent_.store(sent, std::memory_order_relaxed);
-  tcp_received_.store(read, std::memory_order_relaxed);
+  c_->tcp_sent.store(sent, std::memory_order_relaxed);
+  c_->tcp_received.store(read, std::memory_order_relaxed);
 }
 
-uint64_t Stream::tcp_bytes_sent() const { return tcp_sent_.load(std::memory_order_relaxed); }
+uint64_t Stream::tcp_bytes_sent() const { return c_->tcp_sent.load(std::memory_order_relaxed); }
 uint64_t Stream::tcp_bytes_received() const {
-  return tcp_received_.load(std::memory_order_relaxed);
+  return c_->tcp_received.load(std::memory_order_relaxed);
 }
 
 bool Stream::socket_readable() const {
@@ -851,9 +858,9 @@ bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_g
   window_.restore(rx_granted);
   peer_head_.store(rx_granted, std::memory_order_relaxed);
   peer_consumed_.store(tx_credited, std::memory_order_relaxed);
-  // What this process sent itself (bytes_sent_, the stats) is part of
+  // What this process sent itself (c_->sent, the stats) is part of
   // tx_sent already.
-  const uint64_t mine = bytes_sent_.load(std::memory_order_relaxed);
+  const uint64_t mine = c_->sent.load(std::memory_order_relaxed);
   tx_origin_.store(tx_sent >= mine ? tx_sent - mine : 0, std::memory_order_relaxed);
   shut_wr_.store(shut_wr, std::memory_order_relaxed);
   return true;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ring/ring.h"
+#include "stats/publish.h"
 #include "transport/channel.h"
 
 namespace rsock {
@@ -47,7 +48,9 @@ inline constexpr int64_t kTrimIdleNs = 1000 * 1000 * 1000;
 
 class Stream {
  public:
-  explicit Stream(std::unique_ptr<Channel> channel);
+  // counters: where the stream counts what it moves (a connection's slot in
+  // the file rsockstat reads), living as long as the stream; nullptr: its own.
+  explicit Stream(std::unique_ptr<Channel> channel, ConnCounters* counters = nullptr);
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
@@ -262,8 +265,8 @@ class Stream {
   void continue_from(uint64_t sent, uint64_t read);
 
   Channel& channel() { return *channel_; }
-  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
-  uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  uint64_t bytes_sent() const { return c_->sent.load(std::memory_order_relaxed); }
+  uint64_t bytes_received() const { return c_->received.load(std::memory_order_relaxed); }
 
  private:
   PeerState poll_peer();                // channel poll with head/consumed folded into maxima
@@ -342,10 +345,10 @@ class Stream {
   // credit seen by recv() (or head seen by send()) could be lost for good.
   std::atomic<uint64_t> peer_head_{0};
   std::atomic<uint64_t> peer_consumed_{0};
-  std::atomic<uint64_t> tcp_sent_{0};  // prefix bytes by this process (stats)
-  std::atomic<uint64_t> tcp_received_{0};
-  std::atomic<uint64_t> bytes_sent_{0};  // by this process (stats)
-  std::atomic<uint64_t> bytes_received_{0};
+  // This process's counts (the stats, rsockstat): in the connection's slot
+  // of the published file (stats/publish.h), or own_.
+  ConnCounters own_;
+  ConnCounters* c_;
   // Stream offset this process started sending at (resume() after an exec
   // hand-off or a takeover, or what the parent had sent at a fork):
   // tx_origin_ + bytes_sent_ is the stream's sent total.

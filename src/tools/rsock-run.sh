@@ -33,6 +33,9 @@ The environment variables librsock reads (set them as usual; default first):
   RSOCK_STATS               (none)  statistics file, as --stats
   RSOCK_STATS_ALL           0       1: every process writes stats, also one
                                     that made no TCP socket
+  RSOCK_PUBLISH             1       0: rsockstat does not show this process
+  RSOCK_PUBLISH_DIR         /dev/shm  where processes publish for rsockstat
+                                    (a private rsock-<uid> directory in it)
   RSOCK_LOG_LEVEL           warn    as --log-level
   RSOCK_LOG_FILE            stderr  log destination
   RSOCK_RING_SIZE           256K    bytes per ring and direction (4K..256M,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ring/wire.h"
+#include "stats/publish.h"
 
 namespace rsock {
 
@@ -95,6 +96,14 @@ class Channel {
   virtual ~Channel() = default;
 
   virtual const char* name() const = 0;  // "shm", "rdma", "fake": the stats' transport name
+
+  // Where the connection counts what its channel does (the doorbells it
+  // rings): the stream's counters, set while a stream uses the channel.
+  void set_counters(ConnCounters* c) { counters_.store(c, std::memory_order_relaxed); }
+  void count_wakeup() {
+    if (ConnCounters* c = counters_.load(std::memory_order_relaxed))
+      c->wakeups.fetch_add(1, std::memory_order_relaxed);
+  }
   virtual size_t ring_bytes() const = 0;  // both directions' rings have this size
 
   // The local receive ring (the peer writes into it; we read it after poll()
@@ -292,6 +301,9 @@ class Channel {
   virtual void exec_prepare(ExecKind kind, bool inherited, ExecSink& sink);
   // The exec or spawn failed: undoes what exec_prepare asked to (its token).
   virtual void exec_undo(ExecKind /*kind*/, uint32_t /*token*/) {}
+
+ private:
+  std::atomic<ConnCounters*> counters_{nullptr};
 };
 
 }  // namespace rsock

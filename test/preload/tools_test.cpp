@@ -49,11 +49,15 @@ class RsockRunTest : public PreloadTest {
 TEST_F(RsockRunTest, RunsBothEndsAccelerated) { run_pair(run_path()); }
 
 // What make install PREFIX=/usr puts in DESTDIR.
-const char* const kInstalled[] = {
-    "/usr/lib/librsock.so",           "/usr/bin/rsock-run",
-    "/usr/include/rsock.h",           "/usr/share/man/man1/rsock-run.1",
-    "/usr/share/man/man7/librsock.7", "/usr/share/doc/librsock/rsock.conf",
-    "/usr/lib/pkgconfig/librsock.pc"};
+const char* const kInstalled[] = {"/usr/lib/librsock.so",
+                                  "/usr/bin/rsock-run",
+                                  "/usr/bin/rsockstat",
+                                  "/usr/share/man/man1/rsockstat.1",
+                                  "/usr/include/rsock.h",
+                                  "/usr/share/man/man1/rsock-run.1",
+                                  "/usr/share/man/man7/librsock.7",
+                                  "/usr/share/doc/librsock/rsock.conf",
+                                  "/usr/lib/pkgconfig/librsock.pc"};
 
 // make install into a temporary DESTDIR puts every file in its place; the
 // installed rsock-run finds the installed library (../lib) and runs a pair

@@ -9,7 +9,10 @@
 //   3. in the child, a pair made after the fork (nothing that the parent's
 //      threads held at the fork may stay held there).
 // Each pair carries one message each way.
-//   rs_fork --port P
+//   rs_fork --port P [--hold FILE]
+// With --hold, for rsockstat's test: the parent prints "CLOSED" once it has
+// closed its copies of pair 2, and the child "HOLDING <pid>" once it has
+// made pair 3; the child then waits (bounded, 30 s) until FILE exists.
 // Output: "OK <step>" per step, then "RESULT child=<pid>" (parent). Exit
 // status 0 when every step worked in both processes, 1 otherwise (details
 // on stderr), 2 on bad usage.
@@ -31,6 +34,7 @@ namespace {
 
 constexpr int kTimeoutMs = 20000;  // an upper bound only, never expected
 int g_port = 0;
+const char* g_hold = nullptr;  // --hold FILE
 
 bool fail(const char* step, const char* what) {
   fprintf(stderr, "rs_fork %d: %s: %s (%s)\n", static_cast<int>(getpid()), step, what,
@@ -134,11 +138,20 @@ int run() {
     Pair after;
     const bool ok = use_pair(across, "across") && start_pair(listener, &after, "after") &&
                     use_pair(after, "after");
+    if (ok && g_hold) {
+      printf("HOLDING %d\n", static_cast<int>(getpid()));
+      fflush(stdout);
+      for (int i = 0; i < 3000 && access(g_hold, F_OK) != 0; ++i) usleep(10000);
+    }
     exit(ok ? 0 : 1);  // exit, not _exit: the stats line is written at exit
   }
   // The child holds the second pair now: closing our copies must not close it.
   close(across.c);
   close(across.a);
+  if (g_hold) {
+    printf("CLOSED\n");
+    fflush(stdout);
+  }
   int st = 0;
   while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
   }
@@ -153,10 +166,12 @@ int run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 || strcmp(argv[1], "--port") != 0) {
-    fprintf(stderr, "usage: rs_fork --port P\n");
+  const bool hold = argc == 5 && strcmp(argv[3], "--hold") == 0;
+  if ((argc != 3 && !hold) || strcmp(argv[1], "--port") != 0) {
+    fprintf(stderr, "usage: rs_fork --port P [--hold FILE]\n");
     return 2;
   }
   g_port = atoi(argv[2]);
+  if (hold) g_hold = argv[4];
   return run();
 }

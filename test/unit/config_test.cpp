@@ -522,6 +522,20 @@ TEST(ConfigEnv, StatsAll) {
   for (const char* bad : {"2", "yes", "-1"}) expect_rejected("RSOCK_STATS_ALL", bad, "0 or 1");
 }
 
+TEST(ConfigEnv, Publish) {
+  std::vector<ConfigError> errors;
+  Config c = parse_env({}, &errors);
+  EXPECT_TRUE(c.publish);
+  EXPECT_EQ(c.publish_dir, "/dev/shm");
+  c = parse_env({{"RSOCK_PUBLISH", "0"}, {"RSOCK_PUBLISH_DIR", "/run/user/1000"}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_FALSE(c.publish);
+  EXPECT_EQ(c.publish_dir, "/run/user/1000");
+  for (const char* bad : {"2", "on"}) expect_rejected("RSOCK_PUBLISH", bad, "0 or 1");
+  for (const char* bad : {"relative/dir", "dev/shm"})
+    expect_rejected("RSOCK_PUBLISH_DIR", bad, "not an absolute directory path");
+}
+
 TEST(ConfigEnv, TestHandoverPause) {
   std::vector<ConfigError> errors;
   Config c = parse_env({}, &errors);

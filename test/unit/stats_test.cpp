@@ -8,8 +8,6 @@
 
 #include "stats/stats.h"
 
-#include "config/config.h"
-
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -20,6 +18,9 @@
 #include <set>
 #include <sstream>
 #include <string>
+
+#include "config/config.h"
+#include "stats/publish.h"
 
 namespace rsock {
 namespace {
@@ -433,6 +434,38 @@ TEST(StatsAppend, AppendsOneLinePerCall) {
   ss << in.rdbuf();
   unlink(path);
   EXPECT_EQ(ss.str(), "{\"a\": 1}\n{\"b\": 2}\n");
+}
+
+// The start time that tells a live process from one that reused its pid:
+// field 22 of /proc/<pid>/stat, after a program name that may hold spaces
+// and parentheses.
+TEST(PublishLayout, ParsesTheStartTime) {
+  uint64_t v = 0;
+  EXPECT_TRUE(pub::parse_start_ticks(
+      "20602 (grep) R 20559 20559 13021 0 -1 4194304 151 0 0 0 0 0 0 0 20 0 1 0 2433006 3850240",
+      &v));
+  EXPECT_EQ(v, 2433006u);
+  EXPECT_TRUE(pub::parse_start_ticks(
+      "7 (a) b (c) ) S 1 7 7 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 99 1 2", &v));
+  EXPECT_EQ(v, 99u);
+  EXPECT_FALSE(pub::parse_start_ticks("7 (x) S 1 2 3", &v));
+  EXPECT_FALSE(pub::parse_start_ticks("no parenthesis", &v));
+  char self[1024] = {};
+  FILE* f = fopen("/proc/self/stat", "r");
+  ASSERT_NE(f, nullptr);
+  ASSERT_GT(fread(self, 1, sizeof self - 1, f), 0u);
+  fclose(f);
+  EXPECT_TRUE(pub::parse_start_ticks(self, &v));
+  EXPECT_GT(v, 0u);
+}
+
+// The layout rsockstat reads: fixed sizes, the slots on their own page.
+TEST(PublishLayout, SizesAreFixed) {
+  EXPECT_EQ(sizeof(pub::Slot), 128u);
+  EXPECT_EQ(offsetof(pub::Slot, c), 64u);
+  EXPECT_LE(sizeof(pub::Header), pub::kSlotsOffset);
+  EXPECT_EQ(pub::kSlotsOffset % pub::kPage, 0u);
+  EXPECT_EQ(sizeof(pub::Code), 32u);
 }
 
 }  // namespace

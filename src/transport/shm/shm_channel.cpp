@@ -498,6 +498,7 @@ bool ShmChannel::ring_doorbell() {
     SocketNumber::Use sock(socket_);
     if (real().send(sock.fd(), &kByte, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) {
       stats_wakeup(true);
+      count_wakeup();
       return true;
     }
     err = errno;
