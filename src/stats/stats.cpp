@@ -78,20 +78,31 @@ void stats_fallback(Fallback f) {
   g_fallbacks[static_cast<int>(f)].fetch_add(1, std::memory_order_relaxed);
   publish_code(pub::kCodeFallback, static_cast<int>(f));
 }
+namespace {
+// One log line that ends with its code: "<what> (<kind>: <code>)".
+void log_coded(int level, const char* kind, const char* code, const char* fmt, va_list ap) {
+  if (level > RSOCK_LOG_CEILING || level > g_log_level) return;
+  char what[512];
+  vsnprintf(what, sizeof what, fmt, ap);
+  log_write(level, "%s (%s: %s)", what, kind, code);
+}
+}  // namespace
+
 void stats_reset_connection(Reset r, int level, const char* fmt, ...) {
   g_resets[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed);
   publish_code(pub::kCodeReset, static_cast<int>(r));
-  if (level > RSOCK_LOG_CEILING || level > g_log_level) return;
-  char what[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
+  log_coded(level, "reset", reset_name(r), fmt, ap);
   va_end(ap);
-  log_write(level, "%s (reset: %s)", what, reset_name(r));
 }
-void stats_reject(Reject r) {
+void stats_reject(Reject r, int level, const char* fmt, ...) {
   g_rejects[static_cast<int>(r)].fetch_add(1, std::memory_order_relaxed);
   publish_code(pub::kCodeReject, static_cast<int>(r));
+  va_list ap;
+  va_start(ap, fmt);
+  log_coded(level, "rejected", reject_name(r), fmt, ap);
+  va_end(ap);
 }
 void stats_bytes(uint64_t sent, uint64_t received) {
   g_sent.fetch_add(sent, std::memory_order_relaxed);

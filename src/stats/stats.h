@@ -71,7 +71,8 @@ void stats_fallback(Fallback f);
 // with its code, "(reset: kernel_bytes)", as the stats file names it.
 void stats_reset_connection(Reset r, int level, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
-void stats_reject(Reject r);
+// Counts the rejection and logs it likewise, "(rejected: unproven)".
+void stats_reject(Reject r, int level, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 void stats_bytes(uint64_t sent, uint64_t received);  // from a closed accelerated connection
 // Bytes a closed accelerated connection carried on the kernel socket
 // before each direction switched to its ring (docs/protocol.md section 10).

@@ -179,8 +179,9 @@ TEST_P(AttackModes, ForeignUserSquattingTheClientNameGetsNothing) {
                          kNobody);
   ASSERT_TRUE(wait_line(attacker, "READY", kReadyTimeoutMs)) << attacker.describe();
   bool ready = false;
-  Proc& server = start_server("server", "rs_echo", {"--role", "server", "--port", std::to_string(port_)},
-                              victim(), &ready);
+  Proc& server =
+      start_server("server", "rs_echo", {"--role", "server", "--port", std::to_string(port_)},
+                   victim({{"RSOCK_LOG_LEVEL", "info"}}), &ready);
   ASSERT_TRUE(ready) << server.describe();
   Proc& client = spawn("client", "rs_echo",
                        client_args({"--role", "client", "--port", std::to_string(port_),
@@ -202,6 +203,10 @@ TEST_P(AttackModes, ForeignUserSquattingTheClientNameGetsNothing) {
   expect_fallbacks(*cs, {{"rendezvous_taken", 1}}, "client");
   expect_fallbacks(*ss, {{"peer_unproven", 1}}, "server");
   EXPECT_EQ(ss->rejects("unproven"), 1u);
+  // The log names both by the codes the stats use.
+  const std::string log = server.err();
+  EXPECT_NE(log.find("(rejected: unproven)"), std::string::npos) << log;
+  EXPECT_NE(log.find("plain TCP (peer_unproven)"), std::string::npos) << log;
 }
 
 // A process of the client's own user squats the name of a plain client's

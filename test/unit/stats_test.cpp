@@ -297,7 +297,7 @@ TEST_F(Stats, CountersAppearInTheLine) {
 TEST_F(Stats, ResetsAndRejectsAppearByName) {
   stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
   stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
-  stats_reject(Reject::kUnproven);
+  stats_reject(Reject::kUnproven, kLogTrace, "not logged at the default level");
   EXPECT_EQ(stats_resets(Reset::kKernelBytes), 2u);
   EXPECT_EQ(stats_rejects(Reject::kUnproven), 1u);
   auto m = parse_or_fail(format(7, "p"));
@@ -390,7 +390,7 @@ TEST_F(Stats, ResetZeroesEverything) {
   stats_connection(Path::kRdma);
   stats_fallback(Fallback::kNegativeCache);
   stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
-  stats_reject(Reject::kUnproven);
+  stats_reject(Reject::kUnproven, kLogTrace, "not logged at the default level");
   stats_bytes(10, 20);
   stats_reset();
   EXPECT_EQ(stats_connections(Path::kRdma), 0u);
@@ -408,7 +408,7 @@ TEST_F(Stats, SmallBuffersAreTruncatedWithoutOverflow) {
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     stats_fallback(static_cast<Fallback>(i));
   stats_reset_connection(Reset::kKernelBytes, kLogTrace, "not logged at the default level");
-  stats_reject(Reject::kUnproven);
+  stats_reject(Reject::kUnproven, kLogTrace, "not logged at the default level");
   const std::string full = format(99, "program");
   for (int cap :
        {1, 2, 10, 40, 120, 200, static_cast<int>(full.size()), static_cast<int>(full.size()) + 1}) {
@@ -457,6 +457,29 @@ TEST(PublishLayout, ParsesTheStartTime) {
   fclose(f);
   EXPECT_TRUE(pub::parse_start_ticks(self, &v));
   EXPECT_GT(v, 0u);
+}
+
+// docs/reason-codes.md lists every code the library counts, in its table.
+TEST(ReasonCodes, DocumentedInDocs) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  std::string path = self;
+  path = path.substr(0, path.rfind('/')) + "/../docs/reason-codes.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> names;
+  for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
+    names.push_back(fallback_name(static_cast<Fallback>(i)));
+  for (int i = 0; i < static_cast<int>(Reset::kCount); ++i)
+    names.push_back(reset_name(static_cast<Reset>(i)));
+  for (int i = 0; i < static_cast<int>(Reject::kCount); ++i)
+    names.push_back(reject_name(static_cast<Reject>(i)));
+  EXPECT_EQ(names.size(), 19u);
+  for (const std::string& name : names)
+    EXPECT_NE(text.find("\n| `" + name + "` | "), std::string::npos) << name << " not in " << path;
 }
 
 // The layout rsockstat reads: fixed sizes, the slots on their own page.

@@ -463,10 +463,10 @@ class ShmServerPairing final : public Pairing {
     }
     peer_.pid = cred.pid;
     if (cred.uid != client_.uid) {
-      LOG_INFO("shm pairing: the client's rendezvous is held by uid %u (pid %d), its connection "
-               "by uid %u: not pairing",
-               cred.uid, static_cast<int>(cred.pid), client_.uid);
-      stats_reject(Reject::kUnproven);
+      stats_reject(Reject::kUnproven, kLogInfo,
+                   "shm pairing: the client's rendezvous is held by uid %u (pid %d), its "
+                   "connection by uid %u: not pairing",
+                   cred.uid, static_cast<int>(cred.pid), client_.uid);
       finish(Fallback::kPeerUnproven);
       return true;
     }
@@ -499,8 +499,8 @@ class ShmServerPairing final : public Pairing {
       return;
     }
     if (!proven) {
-      LOG_INFO("shm pairing: the client's rendezvous did not prove it holds the connection");
-      stats_reject(Reject::kUnproven);
+      stats_reject(Reject::kUnproven, kLogInfo,
+                   "shm pairing: the client's rendezvous did not prove it holds the connection");
       finish(Fallback::kPeerUnproven);
       return;
     }
@@ -704,7 +704,8 @@ class ShmClientPairing final : public Pairing {
   void drop(size_t i) {
     real().close(candidates_[i].fd);
     candidates_.erase(candidates_.begin() + static_cast<ptrdiff_t>(i));
-    stats_reject(Reject::kUnproven);
+    stats_reject(Reject::kUnproven, kLogDebug,
+                 "shm pairing: a connector to our rendezvous that is not the server dropped");
   }
   void drop_all() {
     while (!candidates_.empty()) drop(candidates_.size() - 1);

@@ -919,7 +919,9 @@ class ServerSide : public Pairing {
   // The client proved itself for another request: those that remain were
   // sent by processes that do not hold the connection.
   void reject_remaining() {
-    for (size_t i = 0; i < candidates_.size(); ++i) stats_reject(Reject::kUnproven);
+    for (size_t i = 0; i < candidates_.size(); ++i)
+      stats_reject(Reject::kUnproven, kLogDebug,
+                   "rdma pairing: a request that did not prove it holds the connection dropped");
     candidates_.clear();
   }
 
@@ -1118,7 +1120,8 @@ class VerbsServerPairing final : public ServerSide {
         std::lock_guard<std::mutex> lock(listener_->mu);
         rdma_reject(req.id, nullptr, 0);
         rdma_destroy_id(req.id);
-        stats_reject(Reject::kUnproven);
+        stats_reject(Reject::kUnproven, kLogDebug,
+                     "rdma pairing: a request beyond the candidates kept rejected");
         continue;
       }
       ++taken_;
