@@ -938,10 +938,16 @@ int poll_core(pollfd* fds, nfds_t n, int64_t timeout_ns, const sigset_t* mask) {
         if (relief) (void)c->stream().relieve();
         if (!tickets[i].waker) blind = true;
       }
+    // The re-check. A member whose stream was sealed into its successor
+    // since the top of this pass (RSOCK_TCP_FIRST) counts as ready: what
+    // we joined and armed is the old stream's, whose kick came before our
+    // join, and the successor's peer would ring no doorbell for us. The
+    // next pass moves to the successor.
     bool now_ready = false;
     for (nfds_t i = 0; i < n && !now_ready; ++i)
       if (ConnectionState* c = as_conn(refs[i]))
-        now_ready = poll_events_of(c->live_events(true), fds[i].events) != 0;
+        now_ready =
+            c->next() != nullptr || poll_events_of(c->live_events(true), fds[i].events) != 0;
     int rc = 0, err = 0;
     if (!now_ready) {
       nfds_t k = n;
