@@ -305,7 +305,13 @@ void publish_fork_prepare() {
   g_fork_bytes = pub::kSlotsOffset + sizeof(Slot) * h->high.load(std::memory_order_acquire);
   void* m = mmap(nullptr, g_fork_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return;
-  memcpy(m, static_cast<const void*>(h), g_fork_bytes);
+  // Word by word, as the atomics they mostly are: other threads go on
+  // counting meanwhile (the view may lag by what they add before the fork;
+  // the streams' own counts are exact in the child).
+  const auto* from = reinterpret_cast<const uint64_t*>(h);
+  auto* to = static_cast<uint64_t*>(m);
+  for (size_t i = 0; i < g_fork_bytes / sizeof(uint64_t); ++i)
+    to[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
   g_fork_copy = m;
 }
 

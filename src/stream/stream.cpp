@@ -92,7 +92,7 @@ void Stream::observe(uint32_t flags) {
     const bool finished =
         fin_rcvd_.load(std::memory_order_relaxed) && shut_wr_.load(std::memory_order_relaxed);
     uint64_t sent =
-        tx_origin_.load(std::memory_order_relaxed) + c_->sent.load(std::memory_order_acquire);
+        tx_origin_.load(std::memory_order_relaxed) + bytes_sent_.load(std::memory_order_acquire);
     if (prefix_ != nullptr) {
       // And what went on the socket before the switch (docs/protocol.md
       // section 10): the peer read it, or left it unread.
@@ -234,10 +234,14 @@ bool Stream::after_fork_child() {
   new (&state_mu_) std::mutex();
   // The stats count what this process moves; the stream's sent total (what
   // the peer must have read for a close to be a FIN) stays.
-  tx_origin_.fetch_add(c_->sent.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
-  c_->received.store(0, std::memory_order_relaxed);
-  c_->tcp_sent.store(0, std::memory_order_relaxed);
-  c_->tcp_received.store(0, std::memory_order_relaxed);
+  tx_origin_.fetch_add(bytes_sent_.exchange(0, std::memory_order_relaxed),
+                       std::memory_order_relaxed);
+  bytes_received_.store(0, std::memory_order_relaxed);
+  tcp_sent_.store(0, std::memory_order_relaxed);
+  tcp_received_.store(0, std::memory_order_relaxed);
+  for (auto* c :
+       {&c_->sent, &c_->received, &c_->tcp_sent, &c_->tcp_received, &c_->stalls, &c_->wakeups})
+    c->store(0, std::memory_order_relaxed);
   channel_->after_fork_child();
   if (held_unread_.load(std::memory_order_relaxed) > 0) {
     // Both processes have the held bytes now, and each would deliver them:
@@ -286,7 +290,7 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
     // The peer closed cleanly: the kernel sends these bytes, and the
     // peer's kernel, whose socket is gone, answers with a reset. Nobody
     // will read them.
-    c_->sent.fetch_add(want, std::memory_order_relaxed);
+    add_count(bytes_sent_, c_->sent, want);
     std::lock_guard<std::mutex> state(state_mu_);
     reset_with(fin_rcvd_.load(std::memory_order_relaxed) ? EPIPE : ECONNRESET);
     return static_cast<ssize_t>(want);
@@ -321,7 +325,7 @@ ssize_t Stream::send(const struct iovec* iov, int iovcnt, bool moved) {
   }
   ledger_.on_sent(done);
   if (channel_->publish(ledger_.sent()) < 0) return carrier_failed(moved);
-  c_->sent.fetch_add(done, std::memory_order_release);
+  add_count(bytes_sent_, c_->sent, done, std::memory_order_release);
   return static_cast<ssize_t>(done);
 }
 
@@ -473,7 +477,7 @@ ssize_t Stream::recv(const struct iovec* iov, int iovcnt, bool peek, bool moved,
     // What the application read: the held bytes are consumed from the ring,
     // not read.
     channel_->note_read(window_.consumed() - held_unread_.load(std::memory_order_relaxed));
-    c_->received.fetch_add(done, std::memory_order_relaxed);
+    add_count(bytes_received_, c_->received, done);
     if (window_.should_grant((s.flags & kPeerStalled) != 0)) {
       // A failed grant is a carrier failure (see send): the rest of the ring
       // stays readable, then recv reports ECONNRESET.
@@ -552,7 +556,7 @@ ssize_t Stream::send_tcp(const iovec* iov, int iovcnt) {
   if (sent < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
   prefix_->tcp_sent->store(prefix_->tcp_sent->load(std::memory_order_relaxed) + sent,
                            std::memory_order_release);
-  c_->tcp_sent.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
+  add_count(tcp_sent_, c_->tcp_sent, static_cast<uint64_t>(sent));
   // A receiver of ours granted meanwhile (doorbell owed), or the peer has
   // attached since: switch now, so that the next call uses the ring.
   if (channel_->doorbell_owed() || prefix_->peer_attached->load(std::memory_order_acquire) != 0)
@@ -574,7 +578,7 @@ ssize_t Stream::sendfile_tcp(int in_fd, off_t* offset, size_t count) {
   if (sent < 0) return errno == EWOULDBLOCK ? -EAGAIN : -errno;
   prefix_->tcp_sent->store(prefix_->tcp_sent->load(std::memory_order_relaxed) + sent,
                            std::memory_order_release);
-  c_->tcp_sent.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
+  add_count(tcp_sent_, c_->tcp_sent, static_cast<uint64_t>(sent));
   if (channel_->doorbell_owed() || prefix_->peer_attached->load(std::memory_order_acquire) != 0)
     (void)switch_tx_locked();
   return sent;
@@ -670,7 +674,7 @@ ssize_t Stream::recv_tcp(const iovec* iov, int iovcnt, bool peek) {
   }
   if (peek) return keep > 0 ? static_cast<ssize_t>(keep) : kOnRing;
   prefix_->tcp_read->store(read + keep, std::memory_order_release);
-  c_->tcp_received.fetch_add(keep, std::memory_order_relaxed);
+  add_count(tcp_received_, c_->tcp_received, keep);
   if (at2 != kNotSwitched && read + keep == at2) {
     channel_->switch_rx(static_cast<uint64_t>(n) - keep);
     rx_tcp_.store(false, std::memory_order_release);
@@ -747,13 +751,15 @@ void Stream::continue_from(uint64_t sent, uint64_t read) {
   if (prefix_ == nullptr) return;
   prefix_->tcp_sent->store(sent, std::memory_order_release);
   prefix_->tcp_read->store(read, std::memory_order_release);
+  tcp_sent_.store(sent, std::memory_order_relaxed);
+  tcp_received_.store(read, std::memory_order_relaxed);
   c_->tcp_sent.store(sent, std::memory_order_relaxed);
   c_->tcp_received.store(read, std::memory_order_relaxed);
 }
 
-uint64_t Stream::tcp_bytes_sent() const { return c_->tcp_sent.load(std::memory_order_relaxed); }
+uint64_t Stream::tcp_bytes_sent() const { return tcp_sent_.load(std::memory_order_relaxed); }
 uint64_t Stream::tcp_bytes_received() const {
-  return c_->tcp_received.load(std::memory_order_relaxed);
+  return tcp_received_.load(std::memory_order_relaxed);
 }
 
 bool Stream::socket_readable() const {
@@ -858,9 +864,9 @@ bool Stream::resume_locked(uint64_t tx_sent, uint64_t tx_credited, uint64_t rx_g
   window_.restore(rx_granted);
   peer_head_.store(rx_granted, std::memory_order_relaxed);
   peer_consumed_.store(tx_credited, std::memory_order_relaxed);
-  // What this process sent itself (c_->sent, the stats) is part of
+  // What this process sent itself (bytes_sent_, the stats) is part of
   // tx_sent already.
-  const uint64_t mine = c_->sent.load(std::memory_order_relaxed);
+  const uint64_t mine = bytes_sent_.load(std::memory_order_relaxed);
   tx_origin_.store(tx_sent >= mine ? tx_sent - mine : 0, std::memory_order_relaxed);
   shut_wr_.store(shut_wr, std::memory_order_relaxed);
   return true;

@@ -48,8 +48,8 @@ inline constexpr int64_t kTrimIdleNs = 1000 * 1000 * 1000;
 
 class Stream {
  public:
-  // counters: where the stream counts what it moves (a connection's slot in
-  // the file rsockstat reads), living as long as the stream; nullptr: its own.
+  // counters: where the stream shows what it moves (a connection's slot in
+  // the file rsockstat reads), living as long as the stream; nullptr: none.
   explicit Stream(std::unique_ptr<Channel> channel, ConnCounters* counters = nullptr);
   ~Stream();
   Stream(const Stream&) = delete;
@@ -265,8 +265,8 @@ class Stream {
   void continue_from(uint64_t sent, uint64_t read);
 
   Channel& channel() { return *channel_; }
-  uint64_t bytes_sent() const { return c_->sent.load(std::memory_order_relaxed); }
-  uint64_t bytes_received() const { return c_->received.load(std::memory_order_relaxed); }
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
 
  private:
   PeerState poll_peer();                // channel poll with head/consumed folded into maxima
@@ -345,10 +345,22 @@ class Stream {
   // credit seen by recv() (or head seen by send()) could be lost for good.
   std::atomic<uint64_t> peer_head_{0};
   std::atomic<uint64_t> peer_consumed_{0};
-  // This process's counts (the stats, rsockstat): in the connection's slot
-  // of the published file (stats/publish.h), or own_.
+  std::atomic<uint64_t> tcp_sent_{0};  // prefix bytes by this process (stats)
+  std::atomic<uint64_t> tcp_received_{0};
+  std::atomic<uint64_t> bytes_sent_{0};  // by this process (stats)
+  std::atomic<uint64_t> bytes_received_{0};
+  // What rsockstat shows of them: the connection's slot in the published
+  // file (stats/publish.h), or own_. Only a view: a fork's child starts
+  // from a copy of the file taken before the fork, and the counts above,
+  // which decide how the stream ends, must be exact there.
   ConnCounters own_;
   ConnCounters* c_;
+  // Adds n to one of our counts and shows the new total in the view (a
+  // plain store: each count changes under one of the stream's locks).
+  static void add_count(std::atomic<uint64_t>& mine, std::atomic<uint64_t>& shown, uint64_t n,
+                        std::memory_order order = std::memory_order_relaxed) {
+    shown.store(mine.fetch_add(n, order) + n, std::memory_order_relaxed);
+  }
   // Stream offset this process started sending at (resume() after an exec
   // hand-off or a takeover, or what the parent had sent at a fork):
   // tx_origin_ + bytes_sent_ is the stream's sent total.
