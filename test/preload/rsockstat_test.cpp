@@ -231,8 +231,12 @@ TEST_F(RsockstatTest, AForkedChildShowsItsOwn) {
   ASSERT_GT(port, 0);
   const std::string ps = std::to_string(port);
   const std::string go = dir() + "/go";
-  Proc& parent = spawn("rs_fork", "rs_fork", {"--port", ps, "--hold", go},
-                       env({{"RSOCK_PEERS", "127.0.0.1:" + ps}}));
+  // (The child starts pairing threads after a fork made while the parent's
+  // may still be exiting: ThreadSanitizer would stop it, as LifecycleTest
+  // says.)
+  Proc& parent =
+      spawn("rs_fork", "rs_fork", {"--port", ps, "--hold", go},
+            env({{"RSOCK_PEERS", "127.0.0.1:" + ps}, {"TSAN_OPTIONS", "die_after_fork=0"}}));
   ASSERT_TRUE(wait_line(parent, "HOLDING", kReadyTimeoutMs)) << parent.describe();
   ASSERT_TRUE(wait_line(parent, "CLOSED", kReadyTimeoutMs)) << parent.describe();
   int child = 0;
