@@ -135,6 +135,16 @@ void hand_over(Work& w, ConnectionState* c) {
       LOG_WARN("fd %d: no descriptor for a call still inside its stream (%s)", p->fd(),
                strerror(-rc));
   }
+  // Nor does the pairing need its dup of the socket any more: it goes
+  // before the fd does (set_converted), so that a registration the
+  // application makes from then on, straight in the kernel's set, goes
+  // with the socket's file at the application's close, as on kernel TCP.
+  // (Kept until the job's end, it kept such a registration reporting the
+  // closed fd meanwhile.)
+  if (!c && w.sock >= 0) {
+    real().close(w.sock);
+    w.sock = -1;
+  }
   const uint32_t pause_us = w.cfg->test_handover_pause_us;  // tests only (Config)
   if (pause_us) usleep(pause_us);
   p->set_converted();

@@ -489,6 +489,35 @@ TEST_F(TcpFirstTest, AClosedFdLeavesNoRegistrationBehind) {
   }
 }
 
+// The same for a registration the application makes after the pairing
+// ended on plain TCP, straight in the kernel's set: it too must go with
+// the close. Here the client adds the fd 20 ms after its connect, while
+// the hand-over pauses (RSOCK_TEST_HANDOVER_PAUSE_US, 100 ms twice); the
+// ADD waits for the fd's conversion and then goes to the kernel, and the
+// close 20 ms later comes before the pairing's end. Until 2026-12-07 the
+// pairing kept its dup of the socket until its job ended, and with it the
+// registration: the set reported the closed fd (the server's byte, sent
+// 30 ms after the accept) in every run here, and one run in 30 of the
+// test above under UBSan, where the ADD came late by chance.
+TEST_F(TcpFirstTest, ARegistrationMadeAfterTheHandOverGoesWithTheClose) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const int runs = 3;
+  Env env = preloaded(tcp_first_env(port, "0"));
+  env["RSOCK_TEST_HANDOVER_PAUSE_US"] = "100000";
+  std::vector<std::map<std::string, std::string>> results;
+  stale_clients(port, runs, "30", env,
+                {"--add-after-ms", "20", "--close-after-ms", "20", "--watch-ms", "50"}, &results);
+  if (HasFatalFailure()) return;
+  for (auto& r : results) EXPECT_EQ(r["clean"], "1");
+  const std::vector<Stats> all = stats();
+  ASSERT_EQ(all.size(), static_cast<size_t>(runs));
+  for (const Stats& st : all) {
+    EXPECT_EQ(st.conn("tcp"), 1u);
+    EXPECT_EQ(st.fallback("peer_not_accelerated"), 1u);
+  }
+}
+
 // A pairing that ends on plain TCP (the server has no librsock:
 // peer_not_accelerated) hands the set's member to the kernel under the
 // application's registration. An epoll_wait that looked at its members

@@ -11,9 +11,9 @@
 //       writes one byte on it, then waits for the client's close (EOF).
 //       Prints READY after listen(), "RESULT served=N" at the end.
 //   rs_stale --role client --port P --connections N --close-after-ms C
-//            --watch-ms W
-//       for each connection: socket, connect, EPOLL_CTL_ADD for EPOLLIN
-//       with data.fd = the fd, sleeps C ms, closes the fd (without
+//            --watch-ms W [--add-after-ms A]
+//       for each connection: socket, connect, (sleeps A ms,) EPOLL_CTL_ADD
+//       for EPOLLIN with data.fd = the fd, sleeps C ms, closes the fd (without
 //       EPOLL_CTL_DEL, as programs do), then watches the set for W ms. An
 //       event there names a closed fd: "STALE" and exit 1. Prints
 //       "RESULT clean=N" when none came.
@@ -63,10 +63,11 @@ namespace {
 // (level-triggered) with `data`, or with the fd itself as data.fd for
 // kDataIsFd. Returns the fd.
 constexpr uint64_t kDataIsFd = ~0ull;
-int connect_and_add(int ep, int port, uint64_t data) {
+int connect_and_add(int ep, int port, uint64_t data, int add_after_ms = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   const sockaddr_in a = loopback(port);
   if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) fail("connect");
+  if (add_after_ms > 0) pause_ms(add_after_ms);
   epoll_event ev = {};
   ev.events = EPOLLIN;
   if (data == kDataIsFd)
@@ -146,11 +147,11 @@ int client_held(int port, int watch_ms) {
   return 0;
 }
 
-int client(int port, int n, int close_after_ms, int watch_ms) {
+int client(int port, int n, int add_after_ms, int close_after_ms, int watch_ms) {
   const int ep = epoll_create1(EPOLL_CLOEXEC);
   if (ep < 0) fail("epoll_create1");
   for (int i = 0; i < n; ++i) {
-    const int fd = connect_and_add(ep, port, kDataIsFd);
+    const int fd = connect_and_add(ep, port, kDataIsFd, add_after_ms);
     pause_ms(close_after_ms);
     if (close(fd) != 0) fail("close");
     epoll_event got;
@@ -195,7 +196,8 @@ int client_once(int port, int n, int watch_ms) {
 
 int main(int argc, char** argv) {
   std::string role;
-  int port = 0, n = 0, send_after = 0, close_after = 0, watch = 0, held = 0, once = 0;
+  int port = 0, n = 0, send_after = 0, add_after = 0, close_after = 0, watch = 0, held = 0,
+      once = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = atoi(argv[i + 1]);
@@ -207,6 +209,8 @@ int main(int argc, char** argv) {
       n = v;
     else if (k == "--send-after-ms")
       send_after = v;
+    else if (k == "--add-after-ms")
+      add_after = v;
     else if (k == "--close-after-ms")
       close_after = v;
     else if (k == "--watch-ms")
@@ -223,11 +227,12 @@ int main(int argc, char** argv) {
     fprintf(stderr,
             "usage: rs_stale --role server --port P --connections N --send-after-ms S\n"
             "       rs_stale --role client --port P --connections N --close-after-ms C "
-            "--watch-ms W\n"
+            "--watch-ms W [--add-after-ms A]\n"
             "       rs_stale --role server|client --port P --held 1 [--send-after-ms S] "
             "[--watch-ms W]\n"
             "       rs_stale --role client --port P --connections N --once 1 --watch-ms W\n");
     return 2;
   }
-  return role == "server" ? server(port, n, send_after) : client(port, n, close_after, watch);
+  return role == "server" ? server(port, n, send_after)
+                          : client(port, n, add_after, close_after, watch);
 }
