@@ -25,6 +25,7 @@ fi
 PKGS=(g++ make pkg-config libibverbs-dev librdmacm-dev rdma-core ibverbs-providers
       libgtest-dev googletest libboost-dev sockperf iperf3 iperf iproute2 procps
       util-linux python3 jq nginx curl
+      gnuplot-nox  # make bench's plots (benchmarks/report.sh, BenchReportTest)
       redis-server redis-tools memcached libmemcached-tools wrk apache2-utils  # the apps tier
       nodejs default-jdk-headless
       clang-14 libclang-rt-14-dev llvm-14  # the fuzz targets (test/fuzz): libFuzzer, ASan, symbolizer

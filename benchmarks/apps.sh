@@ -80,7 +80,9 @@
 # starts on TCP and pairs RSOCK_PAIR_DELAY_MS later) except in the -eager
 # rows. A librsock run whose stats do not show shared memory on both ends
 # (or show a plain TCP connection that did not end before its pairing) is
-# INVALID and makes the script exit 1. The table goes to stdout and to $BUILD/bench/apps.md.
+# INVALID and makes the script exit 1. The table goes to stdout and to
+# $BUILD/bench/apps.md, its numbers to $BUILD/bench/data/apps.tsv (for the
+# plots of benchmarks/report.sh). Progress goes to stderr as "case K of N".
 # Knobs: BENCH_REPEAT, BENCH_SECONDS (per wrk/memcaslap run, default 3),
 # BENCH_STREAM_SECONDS, BENCH_CPUS ("SERVER CLIENT", default "0 1"),
 # BENCH_APPS (a regex of row names to run), BUILD. Runtime: about
@@ -145,8 +147,8 @@ if (($(nproc) < 2)); then
 fi
 
 free_port() {
-  local lo hi p i
-  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range
+  local lo p i
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
   ((lo > 12000)) || lo=32768
   for ((i = 0; i < 200; i++)); do
     p=$((10000 + RANDOM % (lo - 10000)))
@@ -355,7 +357,7 @@ EOF
   run_client "$path" "$tag" "$port" wrk -t 1 -c 16 -d "${SECS}s" --latency \
     "http://127.0.0.1:$port/page.bin" || R_NOTE+="wrk status $?; "
   stop_server QUIT
-  local out=$WORK/$tag.cli.out unit v
+  local out=$WORK/$tag.cli.out v
   R[rps]=$(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$out")
   for v in 50 99; do
     # "     50%   85.00us" (us, ms or s)
@@ -624,10 +626,14 @@ g++ -std=c++20 -O2 -o "$PINGPONG" "$ROOT/benchmarks/pingpong.cpp" || die "buildi
 if want java-echo; then
   javac -d "$WORK" "$ROOT/benchmarks/JavaEcho.java" || die "building JavaEcho failed"
 fi
+CASES=$((REPEAT * 2 * ${#ROWS[@]}))
+CASE=0
 for ((rep = 1; rep <= REPEAT; rep++)); do
   for path in tcp rsock; do
     for row in "${ROWS[@]}"; do
-      echo "bench-apps: $row over $path (run $rep/$REPEAT)..." >&2
+      CASE=$((CASE + 1))
+      echo "bench-apps: case $CASE of $CASES ($((CASES - CASE)) left): $row over $path" \
+        "(run $rep/$REPEAT)..." >&2
       EAGER=0
       [[ $row == *-eager ]] && EAGER=1
       case ${row%-eager} in
@@ -793,7 +799,27 @@ report=$WORK/apps.md
   done
 } >"$report"
 for k in "${!BAD[@]}"; do FAILED=1; done
-mkdir -p "$OUT_DIR" && cp "$report" "$OUT_DIR/apps.md"
+# The numbers behind the table, for the plots (benchmarks/report.sh): each
+# row's metric on each path, median, min and max of the runs, and whether
+# every run of that path was valid.
+{
+  printf 'row\tmetric\tpath\tmedian\tmin\tmax\tvalid\n'
+  # In the table's order of rows.
+  for k in $(for row in "${ROWS[@]}"; do
+    printf '%s\n' "${!V[@]}" | awk -v r="$row." 'index($0, r) == 1' | sort
+  done); do
+    line=$(tr ' ' '\n' <<<"${V[$k]}" | grep -E '^[0-9.]+$' | sort -g |
+      awk '{v[NR] = $1} END { if (NR) printf "%.6g\t%.6g\t%.6g",
+        (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[1], v[NR] }')
+    [[ -n $line ]] || continue
+    row=${k%%.*} path=${k##*.}
+    metric=${k#"$row".} metric=${metric%."$path"}
+    valid=1
+    [[ -n ${BAD[$row.$path]:-} ]] && valid=0
+    printf '%s\t%s\t%s\t%s\t%s\n' "$row" "$metric" "$path" "$line" "$valid"
+  done
+} >"$WORK/apps.tsv"
+mkdir -p "$OUT_DIR/data" && cp "$report" "$OUT_DIR/apps.md" && cp "$WORK/apps.tsv" "$OUT_DIR/data/apps.tsv"
 cat "$report"
 echo "bench-apps: table saved to $OUT_DIR/apps.md" >&2
 exit "$FAILED"

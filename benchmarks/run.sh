@@ -26,12 +26,17 @@
 #   BENCH_REPEAT   runs of each measurement, interleaved TCP/librsock; the table
 #                  shows medians (default 3: this machine class is noisy)
 #   BENCH_CPUS     two cpus "SERVER CLIENT" for taskset (default "0 1")
+#   BENCH_RDMA     0: no RDMA comparison even where QEMU can run it
 #   BUILD          build directory (default build)
 # Then benchmarks/apps.sh adds the application rows (redis-benchmark,
 # memcaslap against memcached, nginx + wrk; same alternation and medians;
 # $BUILD/bench/apps.md), and benchmarks/rdma.sh the RDMA comparison when
 # QEMU can run.
-# The table goes to stdout and to $BUILD/bench/results.md. Runtime: about
+# The table goes to stdout and to $BUILD/bench/results.md, its numbers to
+# $BUILD/bench/data/ (sockperf.tsv, percentiles.tsv), and at the end
+# benchmarks/report.sh draws the plots ($BUILD/bench/plots/*.png) and
+# writes $BUILD/bench/report.md, which embeds them above every table.
+# Progress goes to stderr as "case K of N". Runtime: about
 # (I/O modes) x REPEAT x 6 x (BENCH_SECONDS + 2.5) s (a sockperf client
 # spends ~2.2 s besides -t), ~160 s with the defaults.
 set -uo pipefail
@@ -82,6 +87,15 @@ ensure_tools() {
   command -v timeout >/dev/null || pkgs+=(coreutils)
   command -v jq >/dev/null || pkgs+=(jq)
   [[ -x /usr/bin/time ]] || pkgs+=(time)
+  # gnuplot draws the plots (benchmarks/report.sh): installed as root, else
+  # the report goes without them and says why.
+  if ! command -v gnuplot >/dev/null; then
+    if [[ $(id -u) -eq 0 ]]; then
+      pkgs+=(gnuplot-nox)
+    else
+      echo "bench: gnuplot is not installed: no plots (apt-get install gnuplot-nox)" >&2
+    fi
+  fi
   ((${#pkgs[@]} == 0)) && return 0
   local install="apt-get install -y --no-install-recommends ${pkgs[*]}"
   if [[ $(id -u) -ne 0 ]]; then
@@ -99,8 +113,8 @@ ensure_tools() {
 # A TCP port that nothing listens on or uses, below the ephemeral range so
 # that no client socket of a parallel run can take it meanwhile.
 free_port() {
-  local lo hi p i
-  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range
+  local lo p i
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range
   ((lo > 12000)) || lo=32768
   for ((i = 0; i < 200; i++)); do
     p=$((10000 + RANDOM % (lo - 10000)))
@@ -191,15 +205,15 @@ run_case() {
   if [[ $path == rsock* ]]; then
     local publish=1
     [[ $path == rsockoff ]] && publish=0
-    srv_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$srv_stats" RSOCK_PUBLISH=$publish)
-    cli_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$cli_stats" RSOCK_PUBLISH=$publish)
+    srv_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$srv_stats" "RSOCK_PUBLISH=$publish")
+    cli_env=(LD_PRELOAD="$LIB" RSOCK_PEERS="127.0.0.1:$port" RSOCK_STATS="$cli_stats" "RSOCK_PUBLISH=$publish")
   fi
   local -a server=(sockperf server "${proto[@]}" "${addr[@]}")
   local -a client=(sockperf ping-pong "${proto[@]}" "${addr[@]}" -m "$PP_SIZE" --mps "$PP_MPS")
   [[ $mode == tp ]] && client=(sockperf throughput "${proto[@]}" "${addr[@]}" -m "$TP_SIZE")
   client+=(-t "$SECONDS_PER_RUN")
 
-  R_OK=1 R_P50="" R_P99="" R_CPU_US="" R_RECV_MBS="" R_SEND_MBS="" R_NOTE=""
+  R_OK=1 R_P50="" R_P99="" R_CPU_US="" R_RECV_MBS="" R_SEND_MBS="" R_NOTE="" R_PCT=""
   timeout --foreground -k 5 $((SECONDS_PER_RUN + 60)) taskset -c "$CPU_SRV" env "${srv_env[@]}" "${server[@]}" \
     >"$srv_out" 2>&1 &
   SERVER_PID=$!
@@ -229,6 +243,8 @@ run_case() {
       R_OK=0
       R_NOTE+="no percentiles in sockperf output"
     }
+    # Every percentile sockperf printed, "P=US ..." (for the plot).
+    R_PCT=$(strip "$cli_out" | sed -n 's/.*percentile \([0-9.]*\) = *\([0-9.]*\).*/\1=\2/p' | tr '\n' ' ')
     # CPU per round trip, both ends: their CPU time over the whole run
     # (warm-up included) over the round trips of the measured period.
     local rounds cli_cpu
@@ -281,6 +297,9 @@ if ((nproc_n < 2)); then
   CPU_SRV=0 CPU_CLI=0
 fi
 mkdir -p "$OUT_DIR"
+# What an earlier run left must not pass for this one's (report.sh reads
+# whatever is there).
+rm -f "$OUT_DIR"/{results,apps,rdma,report}.md "$OUT_DIR"/data/*.tsv "$OUT_DIR"/plots/*.png
 
 cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 [[ -n $cpu_model ]] || cpu_model=$(uname -m)
@@ -315,18 +334,48 @@ median() {
     awk -v f="$fmt" '{v[NR]=$1} END{if (NR) printf f, (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'
 }
 
+# The data behind the plots (benchmarks/report.sh): medians with their
+# spread, and each percentile's median.
+DATA=$WORK/data
+mkdir -p "$DATA"
+printf 'iomux\tpath\tpercentile\tus\n' >"$DATA/percentiles.tsv"
+printf 'iomux\tpath\tmetric\tmedian\tmin\tmax\n' >"$DATA/sockperf.tsv"
+# spread NUMBERS...: "median<TAB>min<TAB>max" ("" if no number).
+spread() {
+  tr ' ' '\n' <<<"$*" | grep -E '^[0-9.]+$' | sort -g |
+    awk '{v[NR]=$1} END{if (NR) printf "%.6g\t%.6g\t%.6g", (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2, v[1], v[NR]}'
+}
+
+CASES=$(($(wc -w <<<"$IOMUX_MODES") * REPEAT * 3 * 2))
+CASE=0
 for iomux in $IOMUX_MODES; do
   declare -A V=()
+  declare -A PCT=()
   for ((rep = 1; rep <= REPEAT; rep++)); do
     for path in tcp rsock rsockoff; do
       for mode in pp tp; do
-        echo "bench: $path $mode (iomux $iomux, ${SECONDS_PER_RUN}s, run $rep/$REPEAT)..." >&2
+        CASE=$((CASE + 1))
+        echo "bench: case $CASE of $CASES ($((CASES - CASE)) left): $path $mode" \
+          "(iomux $iomux, ${SECONDS_PER_RUN}s, run $rep/$REPEAT)..." >&2
         run_case "$path" "$mode" "$iomux"
         ((R_OK)) || { V[$path.$mode.bad]=1 failed=1; }
         [[ -n $R_NOTE ]] && V[$path.$mode.note]+="${R_NOTE% } "
         [[ $mode == pp ]] && V[$path.p50]+="$R_P50 " V[$path.p99]+="$R_P99 " V[$path.cpu]+="$R_CPU_US "
         [[ $mode == tp ]] && V[$path.mbs]+="$R_RECV_MBS " V[$path.sent]+="$R_SEND_MBS "
+        if ((R_OK)); then
+          for pv in $R_PCT; do PCT[$path ${pv%%=*}]+="${pv#*=} "; done
+        fi
       done
+    done
+  done
+  for k in "${!PCT[@]}"; do
+    printf '%s\t%s\t%s\t%s\n' "$iomux" "${k% *}" "${k#* }" "$(spread "${PCT[$k]}" | cut -f1)"
+  done | sort >>"$DATA/percentiles.tsv"
+  for path in tcp rsock rsockoff; do
+    for m in p50 p99 cpu mbs; do
+      [[ -n ${V[$path.pp.bad]:-}${V[$path.tp.bad]:-} ]] && continue
+      line=$(spread "${V[$path.$m]:-}")
+      [[ -n $line ]] && printf '%s\t%s\t%s\t%s\n' "$iomux" "$path" "$m" "$line" >>"$DATA/sockperf.tsv"
     done
   done
   for k in {tcp,rsock,rsockoff}.{p50,p99,cpu,mbs,sent}; do
@@ -378,10 +427,11 @@ for iomux in $IOMUX_MODES; do
       echo "- targets: p50 latency >= 5x lower than TCP: $lat; throughput >= 1.5x TCP: $thr"
     fi
   } >>"$report"
-  unset V
+  unset V PCT
 done
 
-mkdir -p "$OUT_DIR" && cp "$report" "$OUT_DIR/results.md"
+mkdir -p "$OUT_DIR/data" && cp "$report" "$OUT_DIR/results.md"
+cp "$DATA/percentiles.tsv" "$DATA/sockperf.tsv" "$OUT_DIR/data/"
 cat "$report"
 echo
 echo "bench: table saved to $OUT_DIR/results.md" >&2
@@ -389,7 +439,9 @@ echo "bench: table saved to $OUT_DIR/results.md" >&2
 if [[ -f $ROOT/benchmarks/apps.sh ]]; then
   BUILD=$BUILD BENCH_REPEAT=$REPEAT bash "$ROOT/benchmarks/apps.sh" || failed=1
 fi
-[[ -f $ROOT/benchmarks/rdma.sh ]] && command -v qemu-system-x86_64 >/dev/null && { BUILD=$BUILD bash "$ROOT/benchmarks/rdma.sh"; rc=$?; ((rc == 0 || rc == 77)) || failed=1; } # RDMA side by side (exit 77: guests cannot run)
+[[ ${BENCH_RDMA:-1} != 0 && -f $ROOT/benchmarks/rdma.sh ]] && command -v qemu-system-x86_64 >/dev/null && { BUILD=$BUILD bash "$ROOT/benchmarks/rdma.sh"; rc=$?; ((rc == 0 || rc == 77)) || failed=1; } # RDMA side by side (exit 77: guests cannot run)
+# The plots and report.md, from every table and data file this run saved.
+bash "$ROOT/benchmarks/report.sh" "$OUT_DIR" || failed=1
 if ((failed)); then
   echo "bench: WARNING: some runs failed or did not go over shm (see notes above)" >&2
   exit 1
