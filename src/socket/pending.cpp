@@ -461,6 +461,9 @@ bool advance(Work& w, int64_t now) {
       return true;
     }
     w.sock = sock;
+    // Shown by rsockstat from now on (new_prefix_connection).
+    if (ConnectionState* live = w.pending->live())
+      live->published().describe(sock, w.pending->fd(), live->path() == Path::kRdma, pub::kPairing);
   }
   if (abandon(w)) return true;
   if (w.job.server) {

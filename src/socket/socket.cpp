@@ -194,7 +194,9 @@ ConnectionState* new_prefix_connection(int sock_fd, Path path) {
   c->prefix_only_ = true;
   // Its options are read at their first use, and getpeername() asks the
   // kernel socket, whose state is the connection's while it runs on TCP.
-  c->published().describe(sock_fd, sock_fd, path == Path::kRdma, pub::kPairing);
+  // rsockstat shows it once its pairing begins (pending.cpp, advance): the
+  // addresses cost two system calls, which a connection that ends first,
+  // the usual short one, does not pay.
   return c;
 }
 

@@ -134,7 +134,9 @@ class PublishedConn {
   ConnCounters* counters() { return slot_ ? &slot_->c : &own_; }
   // Writes what the connection is: its addresses (getsockname on sock_fd,
   // and getpeername unless peer is given), the application's number for it,
-  // transport and state (kPairing or kAccelerated). Before it is shared.
+  // transport and state (kPairing or kAccelerated): before it is shared,
+  // or by the one thread that runs its pairing (a connection on TCP
+  // meanwhile, whose slot nothing else writes but its counters).
   void describe(int sock_fd, int app_fd, bool rdma, pub::SlotState state,
                 const sockaddr* peer = nullptr, socklen_t peer_len = 0);
   // No longer shown (its successor is, or it went back to TCP). The
