@@ -578,13 +578,17 @@ run_idle() { # PATH K BYTES [IDLE_MS]
 
 # ---- statistics ---------------------------------------------------------------
 
+# spread VALUES...: "median<TAB>min<TAB>max" of the numbers given ("" if
+# none).
+spread() {
+  tr ' ' '\n' <<<"$*" | grep -E '^[0-9.]+$' | sort -g |
+    awk '{v[NR] = $1} END { if (NR) printf "%.10g\t%.10g\t%.10g",
+      (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[1], v[NR] }'
+}
 # med_spread VALUES...: "median (min-max)" of the numbers given.
 med_spread() {
-  tr ' ' '\n' <<<"$*" | grep -E '^[0-9.]+$' | sort -g |
-    awk '{v[NR] = $1} END { if (!NR) { print "n/a"; exit }
-      m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-      f = (m >= 100) ? "%.0f" : "%.1f"
-      printf f " (" f "-" f ")", m, v[1], v[NR] }'
+  spread "$@" | awk -F'\t' '{ f = ($1 >= 100) ? "%.0f" : "%.1f"; printf f " (" f "-" f ")", $1, $2, $3 }
+    END { if (!NR) print "n/a" }'
 }
 median() { med_spread "$@" | cut -d' ' -f1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 == 0 || b + 0 == 0) print "n/a"; else printf "%.2fx", a / b }'; }
@@ -808,9 +812,7 @@ for k in "${!BAD[@]}"; do FAILED=1; done
   for k in $(for row in "${ROWS[@]}"; do
     printf '%s\n' "${!V[@]}" | awk -v r="$row." 'index($0, r) == 1' | sort
   done); do
-    line=$(tr ' ' '\n' <<<"${V[$k]}" | grep -E '^[0-9.]+$' | sort -g |
-      awk '{v[NR] = $1} END { if (NR) printf "%.6g\t%.6g\t%.6g",
-        (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[1], v[NR] }')
+    line=$(spread "${V[$k]}")
     [[ -n $line ]] || continue
     row=${k%%.*} path=${k##*.}
     metric=${k#"$row".} metric=${metric%."$path"}

@@ -100,12 +100,17 @@ plot() {
   fi
 }
 
+# needs FILE WHY: whether FILE holds something; if not, the plot is left
+# out for WHY ("NAME.png: the reason").
+needs() {
+  [[ -s $1 ]] && return 0
+  SKIPPED+=("$2")
+  return 1
+}
+
 # Latency by percentile: the rows of one I/O mode, a column per path.
 latency_plot() {
-  have percentiles.tsv || {
-    SKIPPED+=("latency-percentiles.png: no sockperf ping-pong in this run")
-    return
-  }
+  needs "$DATA/percentiles.tsv" "latency-percentiles.png: no sockperf ping-pong in this run" || return
   local mode
   mode=$(awk -F'\t' 'NR > 1 && $1 == "default" { print "default"; exit }' "$DATA/percentiles.tsv")
   [[ -n $mode ]] || mode=$(awk -F'\t' 'NR == 2 { print $1 }' "$DATA/percentiles.tsv")
@@ -116,10 +121,7 @@ latency_plot() {
       for (i = 1; i <= n; i++) if ((p[i], "tcp") in v && (p[i], "rsock") in v)
         printf "p%s\t%s\t%s\n", p[i] + 0, v[p[i], "tcp"], v[p[i], "rsock"]
     }' "$DATA/percentiles.tsv" | sort -t p -k2 -g >"$WORK/lat.dat"
-  [[ -s $WORK/lat.dat ]] || {
-    SKIPPED+=("latency-percentiles.png: no percentile measured on both paths")
-    return
-  }
+  needs "$WORK/lat.dat" "latency-percentiles.png: no percentile measured on both paths" || return
   {
     common
     echo "set output '$PLOTS/latency-percentiles.png'"
@@ -149,15 +151,9 @@ size_label() {
 }
 
 throughput_plot() {
-  have apps.tsv || {
-    SKIPPED+=("throughput-by-size.png: no application rows in this run")
-    return
-  }
+  needs "$DATA/apps.tsv" "throughput-by-size.png: no application rows in this run" || return
   apps_metric '^stream-[0-9]+$' mbs | sed 's/^stream-//' | sort -g >"$WORK/size.raw"
-  [[ -s $WORK/size.raw ]] || {
-    SKIPPED+=("throughput-by-size.png: no stream-SIZE row in this run")
-    return
-  }
+  needs "$WORK/size.raw" "throughput-by-size.png: no stream-SIZE row in this run" || return
   local size rest
   while IFS=$'\t' read -r size rest; do
     printf '%s\t%s\n' "$(size_label "$size")" "$rest"
@@ -177,15 +173,9 @@ throughput_plot() {
 }
 
 conn_plot() {
-  have apps.tsv || {
-    SKIPPED+=("conn-rate.png: no application rows in this run")
-    return
-  }
+  needs "$DATA/apps.tsv" "conn-rate.png: no application rows in this run" || return
   apps_metric '^conns-(block|epoll)(-eager)?$' rate >"$WORK/conn.dat"
-  [[ -s $WORK/conn.dat ]] || {
-    SKIPPED+=("conn-rate.png: no conns-* row in this run")
-    return
-  }
+  needs "$WORK/conn.dat" "conn-rate.png: no conns-* row in this run" || return
   {
     common
     echo "set output '$PLOTS/conn-rate.png'"
@@ -240,14 +230,8 @@ ratio_data() {
 }
 
 ratio_plot() {
-  have apps.tsv || {
-    SKIPPED+=("app-ratios.png: no application rows in this run")
-    return
-  }
-  [[ -s $WORK/ratio.dat ]] || {
-    SKIPPED+=("app-ratios.png: no application row measured validly on both paths")
-    return
-  }
+  needs "$DATA/apps.tsv" "app-ratios.png: no application rows in this run" || return
+  needs "$WORK/ratio.dat" "app-ratios.png: no application row measured validly on both paths" || return
   {
     common
     echo "set terminal pngcairo size 1200,640 font ',11'"

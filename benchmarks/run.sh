@@ -325,13 +325,16 @@ failed=0
     "run time); 'sent MB/s' is the client's send rate"
 } >"$report"
 
-# The median of a list of numbers ("" if the list is empty).
+# spread NUMBERS...: "median<TAB>min<TAB>max" ("" if no number).
+spread() {
+  tr ' ' '\n' <<<"$*" | grep -E '^[0-9.]+$' | sort -g |
+    awk '{v[NR]=$1} END{if (NR) printf "%.10g\t%.10g\t%.10g", (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2, v[1], v[NR]}'
+}
 # median FORMAT NUMBERS...: the median printed with FORMAT ("" if no number).
 median() {
   local fmt=$1
   shift
-  tr ' ' '\n' <<<"$*" | grep -E '^[0-9.]+$' | sort -g |
-    awk -v f="$fmt" '{v[NR]=$1} END{if (NR) printf f, (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'
+  spread "$@" | awk -F'\t' -v f="$fmt" '{printf f, $1}'
 }
 
 # The data behind the plots (benchmarks/report.sh): medians with their
@@ -340,11 +343,6 @@ DATA=$WORK/data
 mkdir -p "$DATA"
 printf 'iomux\tpath\tpercentile\tus\n' >"$DATA/percentiles.tsv"
 printf 'iomux\tpath\tmetric\tmedian\tmin\tmax\n' >"$DATA/sockperf.tsv"
-# spread NUMBERS...: "median<TAB>min<TAB>max" ("" if no number).
-spread() {
-  tr ' ' '\n' <<<"$*" | grep -E '^[0-9.]+$' | sort -g |
-    awk '{v[NR]=$1} END{if (NR) printf "%.6g\t%.6g\t%.6g", (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2, v[1], v[NR]}'
-}
 
 CASES=$(($(wc -w <<<"$IOMUX_MODES") * REPEAT * 3 * 2))
 CASE=0
