@@ -133,6 +133,33 @@ class TcpFirstTest : public PreloadTest {
     ASSERT_TRUE(wait_exit(server, kExitTimeoutMs)) << "server hung";
     ASSERT_TRUE(server.exited_ok()) << server.describe();
   }
+  // Three rs_stale clients (client_args), each with one connection to a
+  // server without librsock that writes a byte 30 ms after its accept, the
+  // hand-over paused 100 ms twice: none sees its closed fd reported. Each
+  // pairing ran and ended on plain TCP before the close (the path under
+  // test). Under a sanitizer the pairing may take longer than the close's
+  // 20 ms: the close then comes first and ends it (closed_before_pairing),
+  // which must leave nothing behind either.
+  void expect_closed_fds_clean(const std::vector<std::string>& client_args) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    const int runs = 3;
+    Env env = preloaded(tcp_first_env(port, "0"));
+    env["RSOCK_TEST_HANDOVER_PAUSE_US"] = "100000";
+    std::vector<std::map<std::string, std::string>> results;
+    stale_clients(port, runs, "30", env, client_args, &results);
+    if (HasFatalFailure()) return;
+    for (auto& r : results) EXPECT_EQ(r["clean"], "1");
+    const std::vector<Stats> all = stats();
+    ASSERT_EQ(all.size(), static_cast<size_t>(runs));
+    for (const Stats& st : all) {
+      EXPECT_EQ(st.conn("tcp"), 1u);
+      if (sanitizers().slowdown > 1)
+        EXPECT_EQ(st.fallback("peer_not_accelerated") + st.fallback("closed_before_pairing"), 1u);
+      else
+        EXPECT_EQ(st.fallback("peer_not_accelerated"), 1u);
+    }
+  }
   // rs_stream both ways at once, `bytes` each way, in random writes and
   // mixed reads; every byte checked by the reader and hashed.
   void exchange(uint64_t bytes, const std::string& delay_ms, Run* out) {
@@ -465,28 +492,7 @@ TEST_F(TcpFirstTest, ARegionFileOfItsOwnOnRequest) {
 // connection each (the first failure puts the server in the negative
 // cache of the process).
 TEST_F(TcpFirstTest, AClosedFdLeavesNoRegistrationBehind) {
-  const int port = free_port();
-  ASSERT_GT(port, 0);
-  const int runs = 3;
-  Env env = preloaded(tcp_first_env(port, "0"));
-  env["RSOCK_TEST_HANDOVER_PAUSE_US"] = "100000";
-  std::vector<std::map<std::string, std::string>> results;
-  stale_clients(port, runs, "30", env, {"--close-after-ms", "20", "--watch-ms", "50"}, &results);
-  if (HasFatalFailure()) return;
-  for (auto& r : results) EXPECT_EQ(r["clean"], "1");
-  // Each pairing ran and ended on plain TCP before the close (the path
-  // under test). Under a sanitizer the pairing may take longer than the
-  // 20 ms: the close then comes first and ends it (closed_before_pairing),
-  // which must leave nothing behind either.
-  const std::vector<Stats> all = stats();
-  ASSERT_EQ(all.size(), static_cast<size_t>(runs));
-  for (const Stats& st : all) {
-    EXPECT_EQ(st.conn("tcp"), 1u);
-    if (sanitizers().slowdown > 1)
-      EXPECT_EQ(st.fallback("peer_not_accelerated") + st.fallback("closed_before_pairing"), 1u);
-    else
-      EXPECT_EQ(st.fallback("peer_not_accelerated"), 1u);
-  }
+  expect_closed_fds_clean({"--close-after-ms", "20", "--watch-ms", "50"});
 }
 
 // The same for a registration the application makes after the pairing
@@ -500,22 +506,7 @@ TEST_F(TcpFirstTest, AClosedFdLeavesNoRegistrationBehind) {
 // 30 ms after the accept) in every run here, and one run in 30 of the
 // test above under UBSan, where the ADD came late by chance.
 TEST_F(TcpFirstTest, ARegistrationMadeAfterTheHandOverGoesWithTheClose) {
-  const int port = free_port();
-  ASSERT_GT(port, 0);
-  const int runs = 3;
-  Env env = preloaded(tcp_first_env(port, "0"));
-  env["RSOCK_TEST_HANDOVER_PAUSE_US"] = "100000";
-  std::vector<std::map<std::string, std::string>> results;
-  stale_clients(port, runs, "30", env,
-                {"--add-after-ms", "20", "--close-after-ms", "20", "--watch-ms", "50"}, &results);
-  if (HasFatalFailure()) return;
-  for (auto& r : results) EXPECT_EQ(r["clean"], "1");
-  const std::vector<Stats> all = stats();
-  ASSERT_EQ(all.size(), static_cast<size_t>(runs));
-  for (const Stats& st : all) {
-    EXPECT_EQ(st.conn("tcp"), 1u);
-    EXPECT_EQ(st.fallback("peer_not_accelerated"), 1u);
-  }
+  expect_closed_fds_clean({"--add-after-ms", "20", "--close-after-ms", "20", "--watch-ms", "50"});
 }
 
 // A pairing that ends on plain TCP (the server has no librsock:
