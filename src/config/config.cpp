@@ -75,6 +75,7 @@ enum class Knob {
   kTcpFirst,
   kPairDelayMs,
   kRegionCache,
+  kRdmaPinned,
   kRegionFile,
   kLogLevel,
   kLogFile,
@@ -91,13 +92,14 @@ struct KnobName {
   bool is_path;  // paths are taken verbatim; other values are trimmed
 };
 
-constexpr std::array<KnobName, 13> kKnobs = {{
+constexpr std::array<KnobName, 14> kKnobs = {{
     {Knob::kRingSize, "RSOCK_RING_SIZE", "ring_size", false},
     {Knob::kSpinUs, "RSOCK_SPIN_US", "spin_us", false},
     {Knob::kConnectTimeoutMs, "RSOCK_CONNECT_TIMEOUT_MS", "connect_timeout_ms", false},
     {Knob::kTcpFirst, "RSOCK_TCP_FIRST", "tcp_first", false},
     {Knob::kPairDelayMs, "RSOCK_PAIR_DELAY_MS", "pair_delay_ms", false},
     {Knob::kRegionCache, "RSOCK_REGION_CACHE", "region_cache", false},
+    {Knob::kRdmaPinned, "RSOCK_RDMA_PINNED", "rdma_pinned", false},
     {Knob::kRegionFile, "RSOCK_REGION_FILE", "region_file", false},
     {Knob::kLogLevel, "RSOCK_LOG_LEVEL", "log_level", false},
     {Knob::kLogFile, "RSOCK_LOG_FILE", "log_file", true},
@@ -181,6 +183,21 @@ bool apply_knob(Knob knob, std::string_view value, Config* config, std::string* 
         return false;
       }
       config->region_cache = static_cast<uint32_t>(v);
+      return true;
+    }
+    case Knob::kRdmaPinned: {
+      const std::string expected = "expected a size from 0 to " + size_text(kMaxRdmaPinned) +
+                                   " (bytes, optional K/M/G suffix, e.g. 512M; 0: no RDMA)";
+      size_t bytes = 0;
+      if (!parse_size(value, &bytes)) {
+        *error = quoted(value) + " is not a size; " + expected;
+        return false;
+      }
+      if (bytes > kMaxRdmaPinned) {
+        *error = quoted(value) + " is out of range; " + expected;
+        return false;
+      }
+      config->rdma_pinned = bytes;
       return true;
     }
     case Knob::kRegionFile:
@@ -351,7 +368,8 @@ void parse_rule_file(std::string_view text, const std::string& path, Config* con
         errors->push_back(
             {source(), "unknown knob " + quoted(words[1]) +
                            "; expected ring_size, spin_us, connect_timeout_ms, "
-                           "tcp_first, pair_delay_ms, region_cache, region_file, log_level, "
+                           "tcp_first, pair_delay_ms, region_cache, rdma_pinned, region_file, "
+                           "log_level, "
                            "log_file or stats"});
         continue;
       }

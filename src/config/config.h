@@ -49,6 +49,8 @@ inline constexpr uint32_t kDefaultPairDelayMs = 5;           // RSOCK_PAIR_DELAY
 inline constexpr uint32_t kMaxPairDelayMs = 60000;
 inline constexpr uint32_t kDefaultRegionCache = 16;  // RSOCK_REGION_CACHE
 inline constexpr uint32_t kMaxRegionCache = 4096;
+inline constexpr uint64_t kDefaultRdmaPinned = 512ull << 20;  // RSOCK_RDMA_PINNED
+inline constexpr uint64_t kMaxRdmaPinned = 1ull << 40;        // 1 TiB
 inline constexpr uint32_t kMaxTestHandoverPauseUs = 100000;  // RSOCK_TEST_*_PAUSE_US
 
 // Messages about configuration (and the files it names) echo values from
@@ -89,6 +91,10 @@ struct Config {
   // for its next connections with the same peer processes, and as many
   // mappings (transport/shm/region_cache.h); 0 keeps none.
   uint32_t region_cache = kDefaultRegionCache;
+  // RSOCK_RDMA_PINNED: the most memory the RDMA rings of one process may
+  // pin (registered memory, kept rings included); a connection beyond it
+  // stays on TCP (transport/verbs/verbs_rings.h). 0: none goes over RDMA.
+  uint64_t rdma_pinned = kDefaultRdmaPinned;
   // RSOCK_REGION_FILE=connection: each shared-memory connection's region
   // in a memfd of its own (one more descriptor per connection), not in the
   // file of the pair of processes (transport/shm/arena.h), for a program

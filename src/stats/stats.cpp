@@ -29,13 +29,14 @@ std::atomic<uint64_t> g_trims{0};
 std::atomic<uint64_t> g_trimmed{0};  // bytes
 std::atomic<uint64_t> g_held{0};     // bytes
 std::atomic<uint64_t> g_regions[2];  // [0] made or mapped, [1] reused
+std::atomic<uint64_t> g_rdma_rings[2];     // [0] made, [1] reused
 std::atomic<uint64_t> g_before_switch[2];  // bytes received [0] / sent [1] on TCP before a switch
 
 const char* const kFallbackNames[] = {
-    "peer_not_accelerated", "not_same_host",  "negative_cache",     "pair_timeout",
-    "pair_failed",          "resources",      "transport_disabled", "unsupported_socket",
-    "no_rdma_device",       "rdma_after_fork", "rendezvous_taken",   "peer_unproven",
-    "closed_before_pairing"};
+    "peer_not_accelerated",  "not_same_host",    "negative_cache",     "pair_timeout",
+    "pair_failed",           "resources",        "transport_disabled", "unsupported_socket",
+    "no_rdma_device",        "rdma_after_fork",  "rendezvous_taken",   "peer_unproven",
+    "closed_before_pairing", "rdma_pinned_limit"};
 static_assert(sizeof(kFallbackNames) / sizeof(kFallbackNames[0]) ==
               static_cast<size_t>(Fallback::kCount));
 
@@ -126,6 +127,8 @@ void stats_held(uint64_t bytes) { g_held.fetch_add(bytes, std::memory_order_rela
 uint64_t stats_held_bytes() { return g_held.load(); }
 void stats_region(bool reused) { g_regions[reused].fetch_add(1, std::memory_order_relaxed); }
 uint64_t stats_regions(bool reused) { return g_regions[reused].load(); }
+void stats_rdma_rings(bool reused) { g_rdma_rings[reused].fetch_add(1, std::memory_order_relaxed); }
+uint64_t stats_rdma_rings_count(bool reused) { return g_rdma_rings[reused].load(); }
 uint64_t stats_connections(Path p) { return g_paths[static_cast<int>(p)].load(); }
 uint64_t stats_fallbacks(Fallback f) { return g_fallbacks[static_cast<int>(f)].load(); }
 uint64_t stats_resets(Reset r) { return g_resets[static_cast<int>(r)].load(); }
@@ -215,6 +218,10 @@ int stats_format(char* buf, int cap, int pid, const char* program, uint64_t open
     n += snprintf(buf + n, cap - n, ", \"regions\": {\"made\": %llu, \"reused\": %llu}",
                   static_cast<unsigned long long>(stats_regions(false)),
                   static_cast<unsigned long long>(stats_regions(true)));
+  if (n < cap && (g_rdma_rings[0].load() | g_rdma_rings[1].load()) != 0)
+    n += snprintf(buf + n, cap - n, ", \"rdma_rings\": {\"made\": %llu, \"reused\": %llu}",
+                  static_cast<unsigned long long>(stats_rdma_rings_count(false)),
+                  static_cast<unsigned long long>(stats_rdma_rings_count(true)));
   if (n < cap)
     n +=
         snprintf(buf + n, cap - n, ", \"before_switch\": {\"sent\": %llu, \"received\": %llu}",

@@ -32,6 +32,8 @@ enum class Fallback : int {
                         // holds the other end of the TCP connection
   kClosedEarly,         // "closed_before_pairing": RSOCK_TCP_FIRST=1: the connection ended (the
                         // peer's FIN, or the fd's close) before its pairing began or finished
+  kRdmaPinnedLimit,     // "rdma_pinned_limit": the RDMA rings of this process pin RSOCK_RDMA_PINNED
+                        // (or RLIMIT_MEMLOCK) already (transport/verbs/verbs_rings.h)
   kCount
 };
 const char* fallback_name(Fallback f);
@@ -95,6 +97,10 @@ uint64_t stats_held_bytes();
 // and used again (true; transport/shm/region_cache.h).
 void stats_region(bool reused);
 uint64_t stats_regions(bool reused);
+// The registered rings of an RDMA connection: made for it (false) or kept
+// from an ended connection and used again (true; transport/verbs/verbs_rings.h).
+void stats_rdma_rings(bool reused);
+uint64_t stats_rdma_rings_count(bool reused);
 uint64_t stats_connections(Path p);
 uint64_t stats_fallbacks(Fallback f);
 uint64_t stats_resets(Reset r);

@@ -47,8 +47,11 @@ The environment variables librsock reads (set them as usual; default first):
                                     background; 0: pair inside connect/accept
   RSOCK_PAIR_DELAY_MS       5       with RSOCK_TCP_FIRST=1: when the pairing
                                     starts (0..60000)
-  RSOCK_REGION_CACHE        16      shared-memory regions kept for the next
-                                    connections with the same peer (0..4096)
+  RSOCK_REGION_CACHE        16      shared-memory regions (and RDMA rings per
+                                    device) kept for the next connections
+                                    (0..4096)
+  RSOCK_RDMA_PINNED         512M    memory the RDMA rings of a process may
+                                    pin; beyond it connections stay on TCP
   RSOCK_REGION_FILE         pair    pair: one memfd per pair of processes;
                                     connection: one per connection
 

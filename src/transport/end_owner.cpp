@@ -23,6 +23,12 @@ uint64_t owner_init(EndOwner* o) {
   return 1;
 }
 
+uint64_t owner_renew(EndOwner* o) {
+  o->busy.store(0, std::memory_order_relaxed);
+  o->owner_pid.store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+  return o->epoch.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
 bool owner_enter(EndOwner* o, uint64_t epoch) {
   // Dekker with owner_fence: we count ourselves, then look at the epoch;
   // the taker moves the epoch, then looks at the count. Sequentially

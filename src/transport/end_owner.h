@@ -24,6 +24,10 @@ namespace rsock {
 
 // A new end: this process owns it, at epoch 1. Returns that epoch.
 uint64_t owner_init(EndOwner* o);
+// An end used again for a new connection (no process holds the old one):
+// this process owns it at the next epoch, so that a process that still
+// knew the old epoch owns nothing. Returns that epoch.
+uint64_t owner_renew(EndOwner* o);
 
 // An operation of the owner that took `epoch` begins: false (and nothing
 // counted) when another process has taken the end over since.

@@ -505,10 +505,11 @@ case_kernel-bytes() {
   fi
 }
 
-# Registration failure: the preloaded client may pin only 64 KiB
+# The pinned-memory bound: the preloaded client may pin only 64 KiB
 # (RLIMIT_MEMLOCK, set with prlimit) and runs without CAP_IPC_LOCK (dropped
-# with setpriv from every set: as root it would ignore the limit), so
-# registering its 1 MiB receive ring fails. It must go on over plain TCP; the
+# with setpriv from every set: as root it would ignore the limit), so its
+# rings cannot be registered and its bound turns the connection away
+# (rdma_pinned_limit). It must go on over plain TCP; the
 # preloaded server, which never gets the rdma_cm request, falls back after its
 # bounded wait. cli.limits records what the client ran under (for the judge).
 case_memlock() {

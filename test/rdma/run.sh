@@ -169,7 +169,7 @@
 #                                one of the client's later sends fails with
 #                                ECONNRESET, each log names the cause, and both
 #                                stats show rdma 1 and resets.kernel_bytes 1
-#   memlock                      preloaded client with RLIMIT_MEMLOCK 64 KiB
+#   memlock                      preloaded client with RLIMIT_MEMLOCK 64 KiB (rdma_pinned_limit)
 #                                and no CAP_IPC_LOCK (its 1 MiB ring cannot be
 #                                registered), 256 KiB each way, checked: client
 #                                tcp 1 with "resources", server tcp 1 with
@@ -959,19 +959,20 @@ judge_kernel-bytes() {
     2> /dev/null || why "the client's log does not name the cause"
 }
 
-# memlock: the client could not pin its rings, so it never sent an rdma_cm
-# request and stayed on TCP with "resources" (verbs_client_pair: a failed
-# VerbsChannel::create, i.e. ibv_reg_mr -> ENOMEM, is kResources, which
-# stats.h documents as a resource creation failure and verbs_setup.h as
-# "registration or queue creation failed (memlock)"). The server, which never
-# sees a request for this TCP connection, falls back after its bounded wait
-# (RSOCK_CONNECT_TIMEOUT_MS) with "peer_not_accelerated" (verbs_server_pair:
-# "no request came for this connection in time"), the same as for a plain
-# client. Both keep exchanging over the kernel TCP connection, checked.
+# memlock: the client may not pin its rings (RLIMIT_MEMLOCK below them, no
+# CAP_IPC_LOCK), so its pinned-memory bound (verbs_rings.h: RSOCK_RDMA_PINNED,
+# lowered to RLIMIT_MEMLOCK for a process without the capability) turns the
+# connection away before any registration: it never sends an rdma_cm request
+# and stays on TCP with "rdma_pinned_limit", and says so in its log with the
+# numbers. (Until 2026-12-07 the registration itself failed, ENOMEM, counted
+# as "resources".) The server, which never sees a request for this TCP
+# connection, falls back after its bounded wait (RSOCK_CONNECT_TIMEOUT_MS)
+# with "peer_not_accelerated", the same as for a plain client. Both keep
+# exchanging over the kernel TCP connection, checked.
 judge_memlock() {
   local lim cap
   check_exchange "$SMALL_BYTES"
-  expect_stats cli rs_stream 0 1 '{"resources": 1}' 0 0
+  expect_stats cli rs_stream 0 1 '{"rdma_pinned_limit": 1}' 0 0
   expect_stats srv rs_stream 0 1 '{"peer_not_accelerated": 1}' 0 0
   # The setting itself: without it the case would prove nothing.
   lim=$(sed -n 's/^memlock_kib=//p' "$DIR/cli.limits" 2> /dev/null)
@@ -982,10 +983,10 @@ judge_memlock() {
   else
     why "client capabilities unknown ($(paste -sd' ' "$DIR/cli.limits" 2> /dev/null))"
   fi
-  grep -q 'rdma: queue pair/registration failed' "$DIR/cli.log" 2> /dev/null ||
-    why "the client's log does not show the failed registration"
-  grep -q 'connect fd [0-9]*: plain TCP (resources)' "$DIR/cli.log" 2> /dev/null ||
-    why "the client's log does not show 'plain TCP (resources)'"
+  grep -q "rdma: this process's RDMA rings pin 0 bytes, its bound is $MEMLOCK_LIMIT " \
+    "$DIR/cli.log" 2> /dev/null || why "the client's log does not name its pinned-memory bound"
+  grep -q 'connect fd [0-9]*: plain TCP (rdma_pinned_limit)' "$DIR/cli.log" 2> /dev/null ||
+    why "the client's log does not show 'plain TCP (rdma_pinned_limit)'"
 }
 
 # device-lost: host A's rxe0 was deleted under a running accelerated stream.

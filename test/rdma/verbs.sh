@@ -8,7 +8,8 @@
 # host B connects. Cases (see verbs_pair_test.cpp): nolistener (B against a
 # TCP-only server: pairing returns peer_not_accelerated), xfer (8 MiB both
 # ways at once, checked, EOF), many (40 connections sharing one engine,
-# closed while the peer still reads), rkeys (one connection's rkey refused
+# closed while the peer still reads), rings (connections
+# in a row reuse registered rings; the pinned-memory bound), rkeys (one connection's rkey refused
 # on another's queue pair), linger (a close returns while its queue pair
 # waits in the engine for a verdict that takes seconds), pingpong and bw over the verbs stream and over
 # kernel TCP (numbers printed, not asserted), kill (A dies mid-stream, B must
@@ -27,8 +28,8 @@ cd "$ROOT" # vm.sh shares the current directory read-write with the guests
 BUILD=${BUILD:-build}
 OUT=$BUILD/rdma
 # One line: the list goes into the guests' command lines as it is.
-CASES_RDMA="xfer many rkeys linger pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill move-raw move-raw-detached kill"
-NCASES=17 # the above plus nolistener
+CASES_RDMA="xfer rings many rkeys linger pingpong bw tcp-pingpong tcp-bw move-early move-late move-both move-twice move-kill move-raw move-raw-detached kill"
+NCASES=18 # the above plus nolistener
 
 need=()
 for p in g++ libibverbs-dev librdmacm-dev; do

@@ -12,6 +12,11 @@
 //   xfer          8 MiB each direction at once, random write sizes, every
 //                 byte checked, then shutdown -> EOF on both ends, close;
 //                 first, the channel holds at most 3 descriptors, no timer
+//   rings         kRingRounds connections one after the other, each using
+//                 the registered rings the one before gave back (at most
+//                 one set made); then the client's pinned-memory bound
+//                 turns a connection away (rdma_pinned_limit) until a
+//                 closed one gives its rings back
 //   many          kManyConns more connections at once, paired one after
 //                 the other: a blocking ping-pong on each in turn (every
 //                 wait sleeps on the engine's wakeups), then 32 KiB each
@@ -142,6 +147,10 @@ struct Pattern {
     return static_cast<uint8_t>(x >> 24);
   }
 };
+
+// The configuration every pairing of this process gets (test_config();
+// the rings case changes region_cache for a while).
+rsock::Config g_cfg;
 
 rsock::Config test_config() {
   rsock::Config cfg;
@@ -1051,12 +1060,145 @@ bool run_linger(bool is_server, const OpenFn& open) {
   return res.ok;
 }
 
+// ------------------------------------------------------------- rings --
+
+constexpr int kRingRounds = 6;
+rsock::Fallback g_open_why = rsock::Fallback::kCount;  // the last open_one's
+
+// A closed connection's rings come back when its queue pair goes: at the
+// close, or at the verdict of one that lingers.
+bool wait_no_lingering(rsock::VerbsEngine* e) {
+  const int64_t give_up = now_us() + 20 * 1000000ll;
+  while (e->lingering() > 0 && now_us() < give_up) usleep(5000);
+  return e->lingering() == 0;
+}
+
+// One byte there and back on c (the client starts).
+int ping(ManyConn& c, bool is_server, uint8_t b) {
+  uint8_t got = 0;
+  int rc = is_server ? recv_all(*c.s, &got, 1, c.hub) : send_all(*c.s, &b, 1, c.hub);
+  if (rc == 0) rc = is_server ? send_all(*c.s, &got, 1, c.hub) : recv_all(*c.s, &got, 1, c.hub);
+  return rc < 0 ? rc : got == b ? 0 : -EBADMSG;
+}
+
+rsock::VerbsEngine* engine_of(ManyConn& c) {
+  auto* v = dynamic_cast<rsock::VerbsChannel*>(&c.s->channel());
+  return v ? v->engine() : nullptr;
+}
+
+struct Rounds {
+  uint64_t made = 0, reused = 0;  // rings, by the stats
+  double median_ms = 0;           // of the pairings
+};
+
+// n connections one after the other, a byte each way on each, each closed
+// and its queue pair gone before the next.
+Rounds rings_rounds(int n, bool is_server, const OpenFn& open, rsock::VerbsEngine* engine,
+                    Result* res) {
+  const uint64_t made0 = rsock::stats_rdma_rings_count(false);
+  const uint64_t reused0 = rsock::stats_rdma_rings_count(true);
+  std::vector<double> ms;
+  for (int i = 0; i < n && res->ok; ++i) {
+    ManyConn c;
+    const int64_t t0 = now_us();
+    if (!open_conn(c, open)) res->fail("round %d: not paired", i);
+    ms.push_back((now_us() - t0) / 1e3);
+    if (res->ok)
+      if (int rc = ping(c, is_server, static_cast<uint8_t>(i + 1)); rc < 0)
+        res->fail("round %d: %s", i, strerror(-rc));
+    close_conn(c);
+    if (res->ok && !wait_no_lingering(engine)) res->fail("round %d: still lingering after 20 s", i);
+  }
+  Rounds r;
+  r.made = rsock::stats_rdma_rings_count(false) - made0;
+  r.reused = rsock::stats_rdma_rings_count(true) - reused0;
+  std::sort(ms.begin(), ms.end());
+  if (!ms.empty()) r.median_ms = ms[ms.size() / 2];
+  return r;
+}
+
+// Connections one after the other use the registered rings of the one
+// before (verbs_rings.h), unless none may be kept (RSOCK_REGION_CACHE=0);
+// the client's pinned memory bound turns a connection away
+// (rdma_pinned_limit) until a closed one gives its rings back. The server
+// mirrors the client's steps. Connection a stays open throughout.
+bool run_rings(bool is_server, const OpenFn& open) {
+  Result res;
+  ManyConn a, b, c;
+  rsock::VerbsEngine* engine = nullptr;
+  if (!open_conn(a, open)) res.fail("connection a: not paired");
+  if (res.ok && !(engine = engine_of(a))) res.fail("connection a: no engine");
+  if (res.ok)
+    if (int rc = ping(a, is_server, 41); rc < 0) res.fail("connection a: %s", strerror(-rc));
+  // None kept: each connection makes its own.
+  g_cfg.region_cache = 0;
+  if (res.ok) engine->release_kept_rings();
+  const Rounds fresh = res.ok ? rings_rounds(kRingRounds, is_server, open, engine, &res) : Rounds();
+  if (res.ok && (fresh.made != kRingRounds || fresh.reused != 0))
+    res.fail("RSOCK_REGION_CACHE=0: %d connections made %llu rings and reused %llu", kRingRounds,
+             static_cast<unsigned long long>(fresh.made),
+             static_cast<unsigned long long>(fresh.reused));
+  if (res.ok && engine->kept_rings() != 0)
+    res.fail("RSOCK_REGION_CACHE=0 kept %d rings", engine->kept_rings());
+  // Kept: the first makes them (or not even it), the others reuse them.
+  g_cfg.region_cache = rsock::kDefaultRegionCache;
+  const Rounds kept = res.ok ? rings_rounds(kRingRounds, is_server, open, engine, &res) : Rounds();
+  if (res.ok && (kept.made > 1 || kept.reused + 1 < kRingRounds))
+    res.fail("%d connections in a row made %llu rings and reused %llu, want at most 1 made",
+             kRingRounds, static_cast<unsigned long long>(kept.made),
+             static_cast<unsigned long long>(kept.reused));
+  if (res.ok && rsock::verbs_pinned_bytes() == 0) res.fail("nothing counted as pinned");
+  if (res.ok && engine->kept_rings() < 1) res.fail("no rings kept after the last close");
+
+  // The bound: the client gives its kept rings up and leaves no room for
+  // another connection beside a.
+  if (res.ok && !is_server) {
+    engine->release_kept_rings();
+    rsock::verbs_set_pinned_limit_for_test(rsock::verbs_pinned_bytes());
+  }
+  if (res.ok)  // (the server waits for the client's bound)
+    if (int rc = ping(a, is_server, 42); rc < 0) res.fail("connection a: %s", strerror(-rc));
+  const uint64_t pinned_full = rsock::verbs_pinned_bytes();
+  if (res.ok && open_conn(b, open)) res.fail("connection b paired beyond the bound");
+  if (res.ok && !is_server && g_open_why != rsock::Fallback::kRdmaPinnedLimit)
+    res.fail("connection b stayed on TCP for %s, want rdma_pinned_limit",
+             rsock::fallback_name(g_open_why));
+  if (res.ok && !is_server && rsock::verbs_pinned_bytes() != pinned_full)
+    res.fail("pinned %llu bytes after the refusal, %llu before",
+             static_cast<unsigned long long>(rsock::verbs_pinned_bytes()),
+             static_cast<unsigned long long>(pinned_full));
+  close_conn(b);
+  // a's rings come back and serve c, within the bound.
+  close_conn(a);
+  if (res.ok && !wait_no_lingering(engine)) res.fail("connection a still lingering after 20 s");
+  if (res.ok && !open_conn(c, open))
+    res.fail("connection c: not paired after a gave its rings back (%s)",
+             rsock::fallback_name(g_open_why));
+  if (res.ok)
+    if (int rc = ping(c, is_server, 43); rc < 0) res.fail("connection c: %s", strerror(-rc));
+  close_conn(c);
+  rsock::verbs_set_pinned_limit_for_test(0);
+  if (res.ok)
+    say("PASS rings (%d in a row: none kept: %llu made, pairing median %.2f ms; kept: %llu made, "
+        "%llu reused, pairing median %.2f ms; beyond the bound: %s)",
+        kRingRounds, static_cast<unsigned long long>(fresh.made), fresh.median_ms,
+        static_cast<unsigned long long>(kept.made), static_cast<unsigned long long>(kept.reused),
+        kept.median_ms, is_server ? "no request came" : "rdma_pinned_limit");
+  else
+    say("FAIL rings: %s", res.why.c_str());
+  return res.ok;
+}
+
 bool is_tcp_case(const std::string& c) { return c.rfind("tcp-", 0) == 0; }
 
 // The cases that open their own connections (several), or nullptr.
 using MultiCase = bool (*)(bool, const OpenFn&);
 MultiCase multi_case(const std::string& c) {
-  return c == "many" ? run_many : c == "rkeys" ? run_rkeys : c == "linger" ? run_linger : nullptr;
+  return c == "many"     ? run_many
+         : c == "rkeys"  ? run_rkeys
+         : c == "linger" ? run_linger
+         : c == "rings"  ? run_rings
+                         : nullptr;
 }
 
 // Runs a pairing to its end: its channel, or nullptr with *why.
@@ -1141,7 +1283,8 @@ bool run_case(const std::string& c, int fd, std::unique_ptr<rsock::Channel> ch, 
 
 int server(int port, const std::vector<std::string>& cases) {
   g_role = "server";
-  const rsock::Config cfg = test_config();
+  g_cfg = test_config();
+  const rsock::Config& cfg = g_cfg;
   int ls = make_listener(port);
   rsock::Fallback why;
   rsock::VerbsListener* vl = rsock::verbs_listen(ls, &why);
@@ -1154,6 +1297,7 @@ int server(int port, const std::vector<std::string>& cases) {
   const auto open_one = [&](std::unique_ptr<rsock::Channel>* ch) {
     const int fd = accept_one(ls);
     if (fd >= 0) *ch = run_pairing(rsock::verbs_server_pairing(vl, fd, cfg), &why);
+    g_open_why = why;
     return fd;
   };
   for (const auto& c : cases) {
@@ -1203,12 +1347,14 @@ int plain_server(int port) {
 
 int client(const char* host, int port, const std::vector<std::string>& cases) {
   g_role = "client";
-  const rsock::Config cfg = test_config();
+  g_cfg = test_config();
+  const rsock::Config& cfg = g_cfg;
   int failed = 0;
   const auto open_one = [&](std::unique_ptr<rsock::Channel>* ch) {
     const int fd = connect_to(host, port);
     rsock::Fallback why = rsock::Fallback::kCount;
     if (fd >= 0) *ch = run_pairing(rsock::verbs_client_pairing(fd, nullptr, cfg), &why);
+    g_open_why = why;
     return fd;
   };
   for (const auto& c : cases) {

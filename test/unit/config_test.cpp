@@ -588,6 +588,23 @@ TEST(ConfigEnv, RegionCache) {
     expect_rejected("RSOCK_REGION_CACHE", bad, "integer from 0 to 4096");
 }
 
+TEST(ConfigEnv, RdmaPinned) {
+  std::vector<ConfigError> errors;
+  Config c = parse_env({}, &errors);
+  EXPECT_EQ(c.rdma_pinned, kDefaultRdmaPinned);
+  c = parse_env({{"RSOCK_RDMA_PINNED", "0"}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_EQ(c.rdma_pinned, 0u);
+  c = parse_env({{"RSOCK_RDMA_PINNED", "64M"}}, &errors);
+  EXPECT_TRUE(errors.empty()) << join(errors);
+  EXPECT_EQ(c.rdma_pinned, 64ull << 20);
+  c = parse_env({{"RSOCK_RDMA_PINNED", "1048576M"}}, &errors);
+  EXPECT_EQ(c.rdma_pinned, kMaxRdmaPinned);
+  for (const char* bad : {"x", "-1", "1M pinned"})
+    expect_rejected("RSOCK_RDMA_PINNED", bad, "is not a size; expected a size from 0 to");
+  expect_rejected("RSOCK_RDMA_PINNED", "2048G", "is out of range");
+}
+
 TEST(ConfigEnv, EmptyValueMeansUnset) {
   std::vector<ConfigError> errors;
   const Config c = parse_env({{"RSOCK_RING_SIZE", ""},

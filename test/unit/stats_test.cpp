@@ -338,11 +338,12 @@ TEST(StatsNames, FallbackNamesAreStable) {
   EXPECT_STREQ(fallback_name(Fallback::kRendezvousTaken), "rendezvous_taken");
   EXPECT_STREQ(fallback_name(Fallback::kPeerUnproven), "peer_unproven");
   EXPECT_STREQ(fallback_name(Fallback::kClosedEarly), "closed_before_pairing");
-  EXPECT_EQ(static_cast<int>(Fallback::kCount), 13);
+  EXPECT_STREQ(fallback_name(Fallback::kRdmaPinnedLimit), "rdma_pinned_limit");
+  EXPECT_EQ(static_cast<int>(Fallback::kCount), 14);
   std::set<std::string> names;
   for (int i = 0; i < static_cast<int>(Fallback::kCount); ++i)
     names.insert(fallback_name(static_cast<Fallback>(i)));
-  EXPECT_EQ(names.size(), 13u);
+  EXPECT_EQ(names.size(), 14u);
 }
 
 TEST(StatsNames, ResetAndRejectNamesAreStable) {
@@ -477,7 +478,7 @@ TEST(ReasonCodes, DocumentedInDocs) {
     names.push_back(reset_name(static_cast<Reset>(i)));
   for (int i = 0; i < static_cast<int>(Reject::kCount); ++i)
     names.push_back(reject_name(static_cast<Reject>(i)));
-  EXPECT_EQ(names.size(), 19u);
+  EXPECT_EQ(names.size(), 20u);
   for (const std::string& name : names)
     EXPECT_NE(text.find("\n| `" + name + "` | "), std::string::npos) << name << " not in " << path;
 }

@@ -74,7 +74,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -121,13 +120,6 @@ int log2_of(size_t v) {
   int n = 0;
   while ((size_t{1} << n) < v) ++n;
   return n;
-}
-
-uint64_t random_nonce() {
-  uint64_t v = 0;
-  while (v == 0)
-    if (getrandom(&v, sizeof v, 0) != sizeof v) v = 0;
-  return v;
 }
 
 // The end's sticky flags in frame form (MoveFrame.flags, and the end's
@@ -205,32 +197,26 @@ int VerbsChannel::setup(size_t ring_bytes) {
   engine_ = VerbsEngine::of_context(ctx_, &err);
   if (!engine_) return err;
   if (int rc = engine_->join(&member_, kCqePerQp, kick_fn_, kick_arg_, armed_); rc < 0) return rc;
-  if (int rc = alloc_pd_locked(); rc < 0) return rc;
+  // The end's memory (verbs_end.h, verbs_rings.h): ring and mirror in a
+  // memfd that the processes holding this end share, registered in a
+  // protection domain of its own; kept from an ended connection if the
+  // engine has one. ibv_fork_init (or a kernel that makes it unnecessary)
+  // was settled before the first registration (verbs_setup).
+  if (int rc = engine_->take_rings(ring_bytes, &rings_); rc < 0) return rc;
+  rx_ring_ = rings_.end.rx_ring();
+  tx_buf_ = rings_.end.tx_mirror();
 
   ibv_qp_init_attr qa = verbs_qp_init_attr(member_.cq());
-  if (rdma_create_qp(id_, pd_, &qa) != 0) {
+  if (rdma_create_qp(id_, rings_.pd, &qa) != 0) {
     // Some devices refuse large inline sizes: retry without inline data.
     qa.cap.max_inline_data = 0;
-    if (rdma_create_qp(id_, pd_, &qa) != 0) return errno ? -errno : -ENOMEM;
+    if (rdma_create_qp(id_, rings_.pd, &qa) != 0) return errno ? -errno : -ENOMEM;
   }
   qp_ = id_->qp;
   qp_from_cm_ = true;
   max_inline_ = qa.cap.max_inline_data;
   engine_->set_qp(&member_, qp_->qp_num);
-
-  // The end's memory (verbs_end.h): ring and mirror in a memfd that the
-  // processes holding this end share. Registered once here. ibv_fork_init
-  // (or a kernel that makes it unnecessary) was settled before the first
-  // registration (verbs_setup).
-  const WireAddr none = {};
-  if (int rc = VerbsEnd::create(ring_bytes, none, none, &end_); rc < 0) return rc;
-  rx_ring_ = end_.rx_ring();
-  tx_buf_ = end_.tx_mirror();
-  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!rx_mr_) return errno ? -errno : -ENOMEM;
-  tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes, IBV_ACCESS_LOCAL_WRITE);
-  if (!tx_mr_) return errno ? -errno : -ENOMEM;
-  epoch_ = end_.hdr()->own.epoch.load(std::memory_order_relaxed);
+  epoch_ = rings_.end.hdr()->own.epoch.load(std::memory_order_relaxed);
 
   // The peer may write as soon as the connection is established: the
   // receives must be posted before connect/accept.
@@ -238,8 +224,8 @@ int VerbsChannel::setup(size_t ring_bytes) {
 }
 
 uint64_t VerbsChannel::rx_addr() const { return reinterpret_cast<uintptr_t>(rx_ring_); }
-uint32_t VerbsChannel::rx_rkey() const { return rx_mr_->rkey; }
-uint64_t VerbsChannel::nonce() const { return end_.hdr() ? end_.hdr()->nonce : 0; }
+uint32_t VerbsChannel::rx_rkey() const { return rings_.rx_mr->rkey; }
+uint64_t VerbsChannel::nonce() const { return rings_.end.hdr() ? rings_.end.hdr()->nonce : 0; }
 
 // The wait fd of this process: the epoll set (not the verbs ones, which
 // come with a queue pair; the timer comes with a move, arm_deadline_locked).
@@ -300,8 +286,8 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
   // moves (none: such a move fails, loudly).
   WireAddr local = {}, peer = {};
   if (fd_addrs(tcp_fd_, &local, &peer)) {
-    end_.hdr()->local = local;
-    end_.hdr()->peer = peer;
+    rings_.end.hdr()->local = local;
+    rings_.end.hdr()->peer = peer;
     VerbsPort p;
     if (verbs_find_gid(ctx_, port_, local, &p) == 0) {
       gid_index_ = p.gid_index;
@@ -334,8 +320,8 @@ int VerbsChannel::start(uint64_t remote_addr, uint32_t remote_rkey, int tcp_fd) 
 
 std::unique_ptr<VerbsChannel> VerbsChannel::adopt(VerbsEnd end, int tcp_fd, int* err) {
   std::unique_ptr<VerbsChannel> ch(new VerbsChannel());
-  ch->end_ = static_cast<VerbsEnd&&>(end);
-  ch->ring_bytes_ = ch->end_.ring_bytes();
+  ch->rings_.end = static_cast<VerbsEnd&&>(end);
+  ch->ring_bytes_ = ch->rings_.end.ring_bytes();
   ch->state_.store(kNotMine, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(ch->mu_);
   ch->tcp_fd_ = dup_high(tcp_fd);
@@ -363,8 +349,9 @@ VerbsChannel::~VerbsChannel() {
     const linger reset = {1, 0};
     real().setsockopt(tcp_fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   }
+  const bool keep = rings_reusable_locked();
   lock.unlock();
-  teardown(true);
+  teardown(true, keep);
 }
 
 void VerbsChannel::destroy_qp_locked() {
@@ -377,31 +364,44 @@ void VerbsChannel::destroy_qp_locked() {
   qp_from_cm_ = false;
 }
 
-// A protection domain of the connection's own: its receive ring's rkey
-// works for its own queue pair only, not for another connection's peer
+// A protection domain of the connection's own (a takeover's: a new
+// connection takes one with its rings): its receive ring's rkey works for
+// its own queue pair only, not for another connection's peer
 // (docs/security.md). A PD costs no descriptor; the CQs it needs are the
 // engine's.
 int VerbsChannel::alloc_pd_locked() {
-  if (!pd_) pd_ = ibv_alloc_pd(ctx_);
-  return pd_ ? 0 : errno ? -errno : -ENOMEM;
+  if (!rings_.pd) rings_.pd = ibv_alloc_pd(ctx_);
+  return rings_.pd ? 0 : errno ? -errno : -ENOMEM;
 }
 
-// The queue pair and what it needs of ours (registrations, protection
-// domain, the engine's place; the CQ and completion channel are the
-// engine's).
-void VerbsChannel::destroy_verbs_locked() {
+// The queue pair and what it needs of ours (the engine's place, the
+// registrations and protection domain; the CQ and completion channel are
+// the engine's). keep_rings: the connection ended and no process holds its
+// end any more: the engine keeps its rings, end and all, for the next
+// connection (verbs_rings.h). Else the end stays in rings_.
+void VerbsChannel::destroy_verbs_locked(bool keep_rings) {
   destroy_qp_locked();
-  if (rx_mr_) ibv_dereg_mr(rx_mr_);
-  if (tx_mr_) ibv_dereg_mr(tx_mr_);
-  rx_mr_ = tx_mr_ = nullptr;
-  if (pd_) ibv_dealloc_pd(pd_);
-  pd_ = nullptr;
   if (member_.engine()) member_.engine()->leave(&member_);
+  if (keep_rings && engine_) {
+    engine_->give_rings(&rings_, true);
+    rx_ring_ = tx_buf_ = nullptr;
+  } else {
+    verbs_release_registrations(&rings_);
+  }
 }
 
-void VerbsChannel::teardown(bool destroy_id) {
-  destroy_verbs_locked();
-  rx_ring_ = tx_buf_ = nullptr;  // the end's mapping goes with end_
+// Whether this end's rings may serve another connection once its queue
+// pair is gone: its last close was here and no process holds it any more,
+// and everything it needs to be kept is still in place.
+bool VerbsChannel::rings_reusable_locked() const {
+  const VerbsEndHeader* h = rings_.end.hdr();
+  return last_close_ && h && h->holders.load(std::memory_order_acquire) == 0 && rings_.pd &&
+         rings_.rx_mr && rings_.tx_mr;
+}
+
+void VerbsChannel::teardown(bool destroy_id, bool keep_rings) {
+  destroy_verbs_locked(keep_rings);
+  rx_ring_ = tx_buf_ = nullptr;  // the end's mapping goes with rings_.end
   if (epoll_fd_ >= 0) real().close(epoll_fd_);
   if (tcp_fd_ >= 0) real().close(tcp_fd_);
   if (timer_fd_ >= 0) real().close(timer_fd_);
@@ -430,9 +430,9 @@ void VerbsChannel::forget_verbs_objects() {
   qp_ = nullptr;
   qp_from_cm_ = false;
   cm_connected_ = false;
-  rx_mr_ = tx_mr_ = nullptr;
-  pd_ = nullptr;
-  end_.unmap_rings();
+  rings_.rx_mr = rings_.tx_mr = nullptr;
+  rings_.pd = nullptr;
+  rings_.end.unmap_rings();
   rx_ring_ = tx_buf_ = nullptr;
 }
 
@@ -672,7 +672,7 @@ int VerbsChannel::post_range_locked(uint64_t from, uint64_t to) {
   for (int i = 0; i < n; ++i) {
     sge[i].addr = reinterpret_cast<uintptr_t>(tx_buf_ + spans[i].offset);
     sge[i].length = static_cast<uint32_t>(spans[i].len);
-    sge[i].lkey = tx_mr_->lkey;
+    sge[i].lkey = rings_.tx_mr->lkey;
     wr[i].sg_list = &sge[i];
     wr[i].num_sge = 1;
     wr[i].opcode = IBV_WR_RDMA_WRITE;
@@ -719,7 +719,7 @@ int VerbsChannel::publish(uint64_t head) {
   // was going on when another process took over, which waits for it: the
   // taker resends these from the shared mirror.)
   posted_head_ = head;
-  end_.hdr()->tx_sent.store(head, std::memory_order_release);
+  rings_.end.hdr()->tx_sent.store(head, std::memory_order_release);
   return 0;
 }
 
@@ -746,7 +746,7 @@ void VerbsChannel::signal(uint32_t flags) {
   flags_sent_ |= bits;
   // Not the end's owner yet (it moves here): sent once it has.
   if (!owner_state()) return;
-  VerbsEndHeader* h = end_.hdr();
+  VerbsEndHeader* h = rings_.end.hdr();
   if (!end_enter(h, epoch_)) {
     become_lost_locked();
     return;
@@ -914,7 +914,7 @@ bool VerbsChannel::owner_state() const {
 bool VerbsChannel::check_owner_locked() {
   const int st = state_.load(std::memory_order_relaxed);
   if (st != kOwned && st != kDetached && st != kAwaitHello && st != kTaking) return false;
-  if (!end_.hdr() || end_owns(end_.hdr(), epoch_)) return true;
+  if (!rings_.end.hdr() || end_owns(rings_.end.hdr(), epoch_)) return true;
   become_lost_locked();
   return false;
 }
@@ -949,22 +949,22 @@ int VerbsChannel::enter() {
   // epoch_ changes only in take_over(), under both of the stream's locks,
   // one of which our caller holds.
   const bool owner = st == kOwned || st == kDetached || st == kAwaitHello;
-  if (owner && end_enter(end_.hdr(), epoch_)) return 0;
+  if (owner && end_enter(rings_.end.hdr(), epoch_)) return 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (owner_state()) become_lost_locked();
   if (state_.load(std::memory_order_relaxed) == kLost) report_lost_locked();
   return -ECONNRESET;
 }
 
-void VerbsChannel::leave() { end_leave(end_.hdr()); }
+void VerbsChannel::leave() { end_leave(rings_.end.hdr()); }
 
 void VerbsChannel::note_read(uint64_t total) {
   rx_consumed_.store(total, std::memory_order_relaxed);
-  end_.hdr()->rx_consumed.store(total, std::memory_order_release);
+  rings_.end.hdr()->rx_consumed.store(total, std::memory_order_release);
 }
 
 void VerbsChannel::record_rx_locked() {
-  VerbsEndHeader* h = end_.hdr();
+  VerbsEndHeader* h = rings_.end.hdr();
   if (!h) return;
   uint64_t cur = h->rx_head.load(std::memory_order_relaxed);
   while (peer_head_ > cur &&
@@ -981,16 +981,16 @@ void VerbsChannel::record_rx_locked() {
 }
 
 void VerbsChannel::add_holder() {
-  if (end_.hdr()) end_.hdr()->holders.fetch_add(1, std::memory_order_acq_rel);
+  if (rings_.end.hdr()) rings_.end.hdr()->holders.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void VerbsChannel::undo_add_holder() {
-  if (end_.hdr()) end_.hdr()->holders.fetch_sub(1, std::memory_order_acq_rel);
+  if (rings_.end.hdr()) rings_.end.hdr()->holders.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 bool VerbsChannel::drop_holder() {
   std::lock_guard<std::mutex> lock(mu_);
-  const uint32_t before = end_.hdr()->holders.fetch_sub(1, std::memory_order_acq_rel);
+  const uint32_t before = rings_.end.hdr()->holders.fetch_sub(1, std::memory_order_acq_rel);
   check_owner_locked();
   const int st = state_.load(std::memory_order_relaxed);
   if (!owner_state() && st != kTaking) return false;  // not ours: nothing to say
@@ -1034,7 +1034,7 @@ std::string VerbsChannel::describe() {
   ibv_qp_attr attr = {};
   ibv_qp_init_attr init = {};
   const int qps = qp_ && ibv_query_qp(qp_, &attr, IBV_QP_STATE, &init) == 0 ? attr.qp_state : -1;
-  const VerbsEndHeader* h = end_.hdr();
+  const VerbsEndHeader* h = rings_.end.hdr();
   char buf[640];
   snprintf(
       buf, sizeof buf,
@@ -1111,12 +1111,13 @@ void VerbsChannel::fail_move_locked(const char* why, bool tell_peer) {
 // A RESET frame to the other end (flags: kMoveKernelBytes or 0), for when
 // no queue pair of ours reaches it. Best effort, bounded.
 void VerbsChannel::send_reset_frame_locked(uint8_t flags) {
-  if (tcp_fd_ < 0 || !end_.hdr() || !end_lock_frames(end_.hdr(), monotonic_ms() + 100)) return;
+  if (tcp_fd_ < 0 || !rings_.end.hdr() || !end_lock_frames(rings_.end.hdr(), monotonic_ms() + 100))
+    return;
   MoveFrame r;
   r.type = MoveType::kReset;
   r.flags = flags;
   (void)send_frame_locked(r);
-  end_unlock_frames(end_.hdr());
+  end_unlock_frames(rings_.end.hdr());
 }
 
 // The one reader of the connection's kernel socket. After the switch only
@@ -1179,8 +1180,9 @@ void VerbsChannel::consume_kernel_locked(size_t len, bool frame) {
     const ssize_t n = real().recv(tcp_fd_, buf, std::min(len, sizeof buf), MSG_DONTWAIT);
     if (n <= 0) return;
     len -= static_cast<size_t>(n);
-    if (frame && end_.hdr())
-      end_.hdr()->frame_bytes_in.fetch_add(static_cast<uint64_t>(n), std::memory_order_acq_rel);
+    if (frame && rings_.end.hdr())
+      rings_.end.hdr()->frame_bytes_in.fetch_add(static_cast<uint64_t>(n),
+                                                 std::memory_order_acq_rel);
   }
 }
 
@@ -1211,7 +1213,7 @@ MoveFrame VerbsChannel::my_frame_locked(MoveType type, uint64_t nonce) {
   f.flags = static_cast<uint8_t>(frame_flags(flags_sent_));
   f.qpn = qp_ ? qp_->qp_num : 0;
   f.psn = my_psn_;
-  f.ring = {rx_mr_ ? rx_mr_->rkey : 0, reinterpret_cast<uintptr_t>(rx_ring_)};
+  f.ring = {rings_.rx_mr ? rings_.rx_mr->rkey : 0, reinterpret_cast<uintptr_t>(rx_ring_)};
   f.nonce = nonce;
   f.rx_consumed = rx_consumed_.load(std::memory_order_relaxed);
   f.tx_sent = posted_head_;
@@ -1250,7 +1252,7 @@ bool VerbsChannel::service_kernel_socket_locked() {
         // Bytes behind librsock's back (a raw write, io_uring, stdio on the
         // peer's fd; a forged frame): they belong to no frame. They are
         // dropped, and the connection is reset on both ends.
-        if (!end_owns(end_.hdr(), epoch_)) {
+        if (!end_owns(rings_.end.hdr(), epoch_)) {
           become_lost_locked();  // the new owner's to report
           return true;
         }
@@ -1262,7 +1264,7 @@ bool VerbsChannel::service_kernel_socket_locked() {
     }
     // Frames are consumed by the owner only, in order, under the frame
     // lock (a taker on this host fences us under it).
-    VerbsEndHeader* h = end_.hdr();
+    VerbsEndHeader* h = rings_.end.hdr();
     if (!end_lock_frames(h, monotonic_ms() + kVerbsMoveMs)) return i > 0;
     if (!end_owns(h, epoch_)) {
       end_unlock_frames(h);
@@ -1326,8 +1328,9 @@ void VerbsChannel::handle_move_locked(const MoveFrame& f) {
   memcpy(port.gid, gid_, sizeof gid_);
   port.mtu = mtu_;
   uint32_t inline_bytes = 0;
-  ibv_qp* qp =
-      member_.engine() && pd_ ? verbs_create_qp(pd_, member_.cq(), port, &inline_bytes) : nullptr;
+  ibv_qp* qp = member_.engine() && rings_.pd
+                   ? verbs_create_qp(rings_.pd, member_.cq(), port, &inline_bytes)
+                   : nullptr;
   if (!qp) {
     fail_move_locked("cannot create a queue pair", true);
     return;
@@ -1405,7 +1408,7 @@ void VerbsChannel::on_hello_locked() {
 // device context of its own: the parent's descriptors are refused here),
 // fences the owner, reads where it stopped, and announces itself (MOVE).
 int VerbsChannel::prepare_take_over_locked() {
-  VerbsEndHeader* h = end_.hdr();
+  VerbsEndHeader* h = rings_.end.hdr();
   verbs_global_init();
   VerbsPort port;
   if (int rc = verbs_open_port_for(h->local, &port); rc < 0) {
@@ -1420,26 +1423,25 @@ int VerbsChannel::prepare_take_over_locked() {
   gid_index_ = port.gid_index;
   memcpy(gid_, port.gid, sizeof gid_);
   mtu_ = port.mtu;
-  if (int rc = end_.map_rings(); rc < 0) return rc;
-  rx_ring_ = end_.rx_ring();
-  tx_buf_ = end_.tx_mirror();
+  if (int rc = rings_.end.map_rings(); rc < 0) return rc;
+  rx_ring_ = rings_.end.rx_ring();
+  tx_buf_ = rings_.end.tx_mirror();
   if (member_.engine()) member_.engine()->leave(&member_);  // (never joined here, so far)
   if (int rc = engine_->join(&member_, kCqePerQp, kick_fn_, kick_arg_, armed_); rc < 0) return rc;
   if (int rc = alloc_pd_locked(); rc < 0) return rc;
-  qp_ = verbs_create_qp(pd_, member_.cq(), port, &max_inline_);
+  qp_ = verbs_create_qp(rings_.pd, member_.cq(), port, &max_inline_);
   if (!qp_) return errno ? -errno : -ENOMEM;
   engine_->set_qp(&member_, qp_->qp_num);
-  rx_mr_ = ibv_reg_mr(pd_, rx_ring_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  if (!rx_mr_) return errno ? -errno : -ENOMEM;
-  tx_mr_ = ibv_reg_mr(pd_, tx_buf_, ring_bytes_, IBV_ACCESS_LOCAL_WRITE);
-  if (!tx_mr_) return errno ? -errno : -ENOMEM;
+  // Counted, not bounded: a takeover has no TCP to fall back to.
+  if (!rings_.rx_mr)
+    if (int rc = verbs_register_rings(&rings_, false); rc < 0) return rc;
   reset_qp_counters_locked();
   if (int rc = repost_locked(kVerbsRecvDepth); rc < 0) return rc;
   return 0;
 }
 
 int VerbsChannel::continue_take_over_locked(EndPositions* at) {
-  VerbsEndHeader* h = end_.hdr();
+  VerbsEndHeader* h = rings_.end.hdr();
   for (;;) {
     MoveFrame f;
     size_t len = 0;
@@ -1554,7 +1556,7 @@ int VerbsChannel::connect_taker_locked(const MoveFrame& f, EndPositions* at) {
   (void)post_range_locked(f.rx_consumed, posted_head_);
   const uint32_t sticky = flags_sent_ & kStickyFlags;
   if (sticky) {
-    end_.hdr()->flags_sent.fetch_or(frame_flags(sticky), std::memory_order_acq_rel);
+    rings_.end.hdr()->flags_sent.fetch_or(frame_flags(sticky), std::memory_order_acq_rel);
     (void)post_imm_locked(verbs_imm::kFlags, sticky);
   }
   at->tx_sent = posted_head_;
@@ -1585,7 +1587,7 @@ int VerbsChannel::take_over(EndPositions* at) {
       fail_move_locked(strerror(-rc), false);
       return -ECONNRESET;
     }
-    VerbsEndHeader* h = end_.hdr();
+    VerbsEndHeader* h = rings_.end.hdr();
     const int64_t deadline = monotonic_ms() + kVerbsMoveMs;
     if (!end_lock_frames(h, deadline)) {
       fail_move_locked("the end's frame lock stayed taken", false);
@@ -1616,7 +1618,7 @@ int VerbsChannel::take_over(EndPositions* at) {
     peer_head_ = rx_consumed_.load(std::memory_order_relaxed);
     granted_ = 0;
     my_psn_ = verbs_random_psn();
-    move_nonce_ = random_nonce();
+    move_nonce_ = verbs_random_nonce();
     h->move_nonce.store(move_nonce_, std::memory_order_release);
     watch_fd_locked(tcp_fd_);
     const int sent = send_frame_locked(my_frame_locked(MoveType::kMove, move_nonce_));
@@ -1705,11 +1707,9 @@ struct VerbsChannel::Closing final : VerbsEngine::Linger {
   bool qp_from_cm = false;
   rdma_cm_id* id = nullptr;
   bool disconnect = false;
-  ibv_pd* pd = nullptr;
-  ibv_mr* rx_mr = nullptr;
-  ibv_mr* tx_mr = nullptr;
-  VerbsEnd end;     // the memory the queue pair reads and writes
-  int tcp_fd = -1;  // the connection's dup: closed last
+  VerbsRings rings;         // the memory the queue pair reads and writes
+  bool keep_rings = false;  // for the engine's next connection (rings_reusable_locked)
+  int tcp_fd = -1;          // the connection's dup: closed last
 
   // Moves what the queue pair needs out of ch (and back: give_back).
   void take(VerbsChannel& ch) {
@@ -1717,17 +1717,14 @@ struct VerbsChannel::Closing final : VerbsEngine::Linger {
     std::swap(qp_from_cm, ch.qp_from_cm_);
     std::swap(id, ch.id_);
     std::swap(disconnect, ch.cm_connected_);
-    std::swap(pd, ch.pd_);
-    std::swap(rx_mr, ch.rx_mr_);
-    std::swap(tx_mr, ch.tx_mr_);
-    std::swap(end, ch.end_);
+    std::swap(rings, ch.rings_);
     std::swap(tcp_fd, ch.tcp_fd_);
   }
   void give_back(VerbsChannel& ch) { take(ch); }
 
   void fds(std::vector<int>* out) const override {
     if (tcp_fd >= 0) out->push_back(tcp_fd);
-    if (end.memfd() >= 0) out->push_back(end.memfd());
+    if (rings.end.memfd() >= 0) out->push_back(rings.end.memfd());
   }
 
   void finish() override {
@@ -1738,10 +1735,12 @@ struct VerbsChannel::Closing final : VerbsEngine::Linger {
       rdma_destroy_qp(id);
     else if (qp)
       ibv_destroy_qp(qp);
-    if (rx_mr) ibv_dereg_mr(rx_mr);
-    if (tx_mr) ibv_dereg_mr(tx_mr);
-    if (pd) ibv_dealloc_pd(pd);
-    if (member.engine()) member.engine()->leave(&member);
+    VerbsEngine* const e = member.engine();
+    if (e) e->leave(&member);
+    if (e)
+      e->give_rings(&rings, keep_rings);
+    else
+      verbs_release_registrations(&rings);
     if (id) rdma_destroy_id(id);
     if (tcp_fd >= 0) real().close(tcp_fd);  // the FIN, after our bytes
     delete this;                            // (and the end's mapping)
@@ -1759,6 +1758,7 @@ bool VerbsChannel::linger_locked() {
   if (!l) return false;
   l->target = wr_posted_;
   l->deadline_ms = monotonic_ms() + verdict_bound_ms_locked();
+  l->keep_rings = rings_reusable_locked();
   l->take(*this);
   if (e->linger(l, &member_)) return true;  // (it may be finished already)
   l->give_back(*this);
@@ -1834,7 +1834,7 @@ void VerbsChannel::hand_over_locked(std::unique_lock<std::mutex>& lock, bool det
   }
   poll_cq_locked();
   record_rx_locked();
-  if (detach && end_.hdr()) end_release(end_.hdr(), epoch_);
+  if (detach && rings_.end.hdr()) end_release(rings_.end.hdr(), epoch_);
   if (cm_connected_ && id_ && remote_rkey_ != 0) rdma_disconnect(id_);
   cm_connected_ = false;
 }
@@ -1847,13 +1847,14 @@ void VerbsChannel::at_exit() {
   // The queue pair dies with the process: deliver what is posted; if other
   // processes hold the end, one of them may take it over. (Closed already,
   // with its state still referenced: as its close decided.)
-  const bool others = end_.hdr() && end_.hdr()->holders.load(std::memory_order_acquire) > 1;
+  const bool others =
+      rings_.end.hdr() && rings_.end.hdr()->holders.load(std::memory_order_acquire) > 1;
   hand_over_locked(lock, !last_close_ && (detach_close_ || others));
 }
 
 void VerbsChannel::own_fds(std::vector<int>* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int fd : {tcp_fd_, epoll_fd_, timer_fd_, end_.memfd()})
+  for (int fd : {tcp_fd_, epoll_fd_, timer_fd_, rings_.end.memfd()})
     if (fd >= 0) out->push_back(fd);
   if (cm_channel_) out->push_back(cm_channel_->fd);
   // (The engine's: VerbsEngine::own_fds.)
@@ -1882,7 +1883,7 @@ void VerbsChannel::exec_failed() {
   cm_channel_ = nullptr;
   ctx_ = nullptr;
   engine_ = nullptr;
-  end_.unmap_rings();
+  rings_.end.unmap_rings();
   rx_ring_ = tx_buf_ = nullptr;
   state_.store(kNotMine, std::memory_order_release);
 }
@@ -1912,7 +1913,8 @@ void VerbsChannel::kernel_bytes_seen_locked() {
   if (!kernel_bytes_reported_) report_kernel_bytes("rdma", true);
   kernel_bytes_reported_ = true;
   flags_sent_ |= verbs_imm::kKernelBytes;
-  if (end_.hdr()) end_.hdr()->flags_sent.fetch_or(kMoveKernelBytes, std::memory_order_acq_rel);
+  if (rings_.end.hdr())
+    rings_.end.hdr()->flags_sent.fetch_or(kMoveKernelBytes, std::memory_order_acq_rel);
   if (state_.load(std::memory_order_relaxed) == kOwned && qp_ &&
       (carrier_flags_.load(std::memory_order_relaxed) & kTransportError) == 0 &&
       wr_posted_ - wr_done_ + 1 <= kVerbsSendDepth)
@@ -1938,7 +1940,7 @@ void VerbsChannel::kernel_bytes_from_peer_locked() {
 // kernel bytes while another process owned it (found on this end's socket,
 // or told by the other end)? Then it is reset here too, with no move.
 bool VerbsChannel::reset_for_kernel_bytes_locked() {
-  VerbsEndHeader* h = end_.hdr();
+  VerbsEndHeader* h = rings_.end.hdr();
   const bool here = h->flags_sent.load(std::memory_order_acquire) & kMoveKernelBytes;
   const bool there = h->peer_flags.load(std::memory_order_acquire) & kMoveKernelBytes;
   if (!here && !there) return false;

@@ -44,6 +44,7 @@
 #include "transport/handoff.h"
 #include "transport/verbs/verbs_end.h"
 #include "transport/verbs/verbs_engine.h"
+#include "transport/verbs/verbs_rings.h"
 
 struct rdma_cm_id;
 struct rdma_event_channel;
@@ -167,7 +168,7 @@ class VerbsChannel final : public Channel {
   void add_holder() override;
   bool drop_holder() override;
   bool sole_holder() const override {
-    return !end_.hdr() || end_.hdr()->holders.load(std::memory_order_acquire) == 1;
+    return !rings_.end.hdr() || rings_.end.hdr()->holders.load(std::memory_order_acquire) == 1;
   }
   bool needs_take_over() override;
   int take_over(EndPositions* at) override;
@@ -186,7 +187,7 @@ class VerbsChannel final : public Channel {
   // releases the end); should the exec fail, this image takes it over
   // again on its next use (exec_failed). undo_add_holder: a spawn that
   // was counted as a holder did not happen.
-  int memfd() const { return end_.memfd(); }
+  int memfd() const { return rings_.end.memfd(); }
   // The descriptors this channel opened in this process, which a
   // close_range/closefrom of the application must leave open.
   void own_fds(std::vector<int>* out) override;
@@ -233,8 +234,11 @@ class VerbsChannel final : public Channel {
   bool reset_for_kernel_bytes_locked();
   void stop_moving_locked();
   int alloc_pd_locked();
-  void destroy_verbs_locked();  // queue pair, registrations, PD, the engine's place
-  void teardown(bool destroy_id);
+  // Queue pair, the engine's place, registrations and PD (or the rings
+  // given back to the engine, keep_rings).
+  void destroy_verbs_locked(bool keep_rings = false);
+  bool rings_reusable_locked() const;
+  void teardown(bool destroy_id, bool keep_rings = false);
   void forget_verbs_objects();
   void destroy_qp_locked();
   void reset_qp_counters_locked();
@@ -275,7 +279,11 @@ class VerbsChannel final : public Channel {
 
   std::mutex mu_;
   std::atomic<int> state_{kOwned};
-  VerbsEnd end_;        // the shared memory of this end
+  // The shared memory of this end (rings_.end) and its registrations in
+  // this process, in a protection domain of the connection's own: its
+  // receive ring's rkey works through its own queue pair only, not for
+  // another connection's peer (docs/security.md). verbs_rings.h.
+  VerbsRings rings_;
   uint64_t epoch_ = 0;  // the epoch this process owns (owner states)
   rdma_event_channel* cm_channel_ = nullptr;  // until start() moves the id to the engine
   rdma_cm_id* id_ = nullptr;
@@ -292,9 +300,6 @@ class VerbsChannel final : public Channel {
   uint8_t mtu_ = 0;
   ibv_qp* qp_ = nullptr;
   bool qp_from_cm_ = false;
-  ibv_pd* pd_ = nullptr;  // the connection's own (alloc_pd_locked)
-  ibv_mr* rx_mr_ = nullptr;
-  ibv_mr* tx_mr_ = nullptr;
   uint8_t* rx_ring_ = nullptr;  // the peer writes here (the end's ring, mapped here)
   uint8_t* tx_buf_ = nullptr;   // mirror of the peer's ring, source of our writes
   size_t ring_bytes_ = 0;

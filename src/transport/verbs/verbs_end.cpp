@@ -59,6 +59,13 @@ void VerbsEnd::release() {
   memfd_ = -1;
 }
 
+uint64_t verbs_random_nonce() {
+  uint64_t nonce = 0;
+  while (nonce == 0)
+    if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce) nonce = 0;
+  return nonce;
+}
+
 int VerbsEnd::create(size_t ring_bytes, const WireAddr& local, const WireAddr& peer,
                      VerbsEnd* out) {
   if (!ring_size_ok(ring_bytes)) return -EINVAL;
@@ -81,10 +88,7 @@ int VerbsEnd::create(size_t ring_bytes, const WireAddr& local, const WireAddr& p
   hd->header_bytes = kPageBytes;
   hd->ring_bytes = ring_bytes;
   hd->region_bytes = len;
-  uint64_t nonce = 0;
-  while (nonce == 0)
-    if (getrandom(&nonce, sizeof nonce, 0) != sizeof nonce) nonce = 0;
-  hd->nonce = nonce;
+  hd->nonce = verbs_random_nonce();
   hd->local = local;
   hd->peer = peer;
   (void)owner_init(&hd->own);
@@ -92,6 +96,23 @@ int VerbsEnd::create(size_t ring_bytes, const WireAddr& local, const WireAddr& p
   if (int rc = e.map_rings(); rc < 0) return rc;
   *out = static_cast<VerbsEnd&&>(e);
   return 0;
+}
+
+void VerbsEnd::renew() {
+  VerbsEndHeader* hd = hdr_;
+  hd->nonce = verbs_random_nonce();
+  hd->local = WireAddr{};
+  hd->peer = WireAddr{};
+  hd->frame_lock.store(0, std::memory_order_relaxed);
+  hd->move_nonce.store(0, std::memory_order_relaxed);
+  hd->tx_sent.store(0, std::memory_order_relaxed);
+  hd->rx_consumed.store(0, std::memory_order_relaxed);
+  hd->rx_head.store(0, std::memory_order_relaxed);
+  hd->flags_sent.store(0, std::memory_order_relaxed);
+  hd->peer_flags.store(0, std::memory_order_relaxed);
+  hd->frame_bytes_in.store(0, std::memory_order_relaxed);
+  (void)owner_renew(&hd->own);
+  hd->holders.store(1, std::memory_order_release);
 }
 
 int VerbsEnd::validate(int memfd, int socket_fd, uint64_t nonce, VerbsEnd* out) {

@@ -81,6 +81,11 @@ class VerbsEnd {
   // header initialised (this process owns it, epoch 1, one holder), rings
   // mapped. Returns 0 or a negative errno.
   static int create(size_t ring_bytes, const WireAddr& local, const WireAddr& peer, VerbsEnd* out);
+  // An end whose connection ended, with no process holding it, made ready
+  // for a new connection (verbs_rings.h): a new nonce, no addresses yet,
+  // positions and flags at 0, this process the owner at the next epoch,
+  // one holder. Its rings stay mapped.
+  void renew();
   // An end inherited through exec: takes memfd over (made close-on-exec)
   // only if it is a sealed memfd of the right size whose header has our
   // magic, version, layout and this nonce, and was made for the TCP
@@ -111,6 +116,9 @@ class VerbsEnd {
   size_t ring_bytes_ = 0;
   uint8_t* rings_ = nullptr;  // rx ring, then the mirror
 };
+
+// A random 64-bit value, never 0 (an end's or a move's nonce).
+uint64_t verbs_random_nonce();
 
 // A process that was counted as a holder of the end in memfd (named by its
 // nonce) never held it (a spawned child that did not get the socket).

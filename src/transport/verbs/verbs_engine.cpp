@@ -8,6 +8,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstddef>
 #include <new>
 
 #include "common/clock.h"
@@ -15,6 +17,7 @@
 #include "common/own_fd.h"
 #include "common/quiet_thread.h"
 #include "common/real.h"
+#include "stats/stats.h"
 #include "transport/verbs/verbs_qp.h"
 
 namespace rsock {
@@ -41,6 +44,7 @@ constexpr int kLingerLookMs = 100;
 // Every engine of this process. The list is never destroyed (an engine's
 // thread may run while the process exits; std::mutex has nothing to destroy).
 std::mutex g_mu;
+std::atomic<size_t> g_kept_limit{16};  // RSOCK_REGION_CACHE
 std::vector<VerbsEngine*>& engines() {
   static auto* list = new std::vector<VerbsEngine*>();
   return *list;
@@ -484,6 +488,92 @@ int VerbsEngine::members() {
   return members_;
 }
 
+// ------------------------------------------------------- registered rings --
+
+void VerbsEngine::set_kept_limit(size_t n) { g_kept_limit.store(n, std::memory_order_relaxed); }
+
+int VerbsEngine::kept_rings() {
+  std::lock_guard<std::mutex> lock(rings_mu_);
+  return static_cast<int>(kept_.size());
+}
+
+namespace {
+void release_all(const std::vector<VerbsRings*>& rings) {
+  for (VerbsRings* r : rings) {
+    verbs_release_registrations(r);
+    delete r;
+  }
+}
+}  // namespace
+
+void VerbsEngine::release_kept_rings() {
+  std::vector<VerbsRings*> drop;  // released outside the lock
+  {
+    std::lock_guard<std::mutex> lock(rings_mu_);
+    drop.swap(kept_);
+  }
+  release_all(drop);
+}
+
+int VerbsEngine::take_rings(size_t ring_bytes, VerbsRings* out) {
+  std::vector<VerbsRings*> drop;  // released outside the lock
+  VerbsRings* found = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(rings_mu_);
+    for (size_t i = 0; i < kept_.size(); ++i) {
+      if (kept_[i]->end.ring_bytes() != ring_bytes) continue;
+      found = kept_[i];
+      kept_.erase(kept_.begin() + static_cast<ptrdiff_t>(i));
+      break;
+    }
+    // Room for a new one: kept rings of other sizes go first.
+    if (!found && verbs_pinned_bytes() + 2 * ring_bytes > verbs_pinned_limit()) drop.swap(kept_);
+  }
+  release_all(drop);
+  if (found) {
+    found->end.renew();
+    *out = static_cast<VerbsRings&&>(*found);
+    delete found;
+    stats_rdma_rings(true);
+    return 0;
+  }
+  if (!verbs_reserve_pinned(2 * ring_bytes)) return -ENOBUFS;
+  VerbsRings r;
+  const WireAddr none = {};
+  int rc = 0;
+  r.pd = ibv_alloc_pd(ctx_);
+  if (!r.pd)
+    rc = errno ? -errno : -ENOMEM;
+  else if ((rc = VerbsEnd::create(ring_bytes, none, none, &r.end)) == 0)
+    rc = verbs_register_rings(&r, true);
+  if (rc < 0) {
+    verbs_unreserve_pinned(2 * ring_bytes);
+    if (r.pd) ibv_dealloc_pd(r.pd);
+    return rc;
+  }
+  *out = static_cast<VerbsRings&&>(r);
+  stats_rdma_rings(false);
+  return 0;
+}
+
+void VerbsEngine::give_rings(VerbsRings* r, bool keep) {
+  if (keep && r->pd && r->rx_mr && r->tx_mr && r->end.rx_ring()) {
+    auto* k = new (std::nothrow) VerbsRings(static_cast<VerbsRings&&>(*r));
+    if (k) {
+      std::unique_lock<std::mutex> lock(rings_mu_);
+      if (kept_.size() < g_kept_limit.load(std::memory_order_relaxed)) {
+        kept_.push_back(k);
+        return;
+      }
+      lock.unlock();
+      *r = static_cast<VerbsRings&&>(*k);
+      delete k;
+    }
+  }
+  verbs_release_registrations(r);
+  r->end = VerbsEnd();
+}
+
 void VerbsEngine::own_fds(std::vector<int>* out) {
   std::lock_guard<std::mutex> lock(g_mu);
   for (VerbsEngine* e : engines()) {
@@ -496,6 +586,8 @@ void VerbsEngine::own_fds(std::vector<int>* out) {
     std::lock_guard<std::mutex> elock(e->mu_);
     if (e->wake_fd_ >= 0) out->push_back(e->wake_fd_);
     for (Linger* l : e->lingering_) l->fds(out);
+    std::lock_guard<std::mutex> rlock(e->rings_mu_);
+    for (VerbsRings* r : e->kept_) out->push_back(r->end.memfd());
   }
 }
 
@@ -503,11 +595,17 @@ void VerbsEngine::fork_prepare() {
   // The child reads the engines' lists (after_fork_child): not halfway
   // through a change. Engine locks nest in g_mu (as in own_fds).
   g_mu.lock();
-  for (VerbsEngine* e : engines()) e->mu_.lock();
+  for (VerbsEngine* e : engines()) {
+    e->mu_.lock();
+    e->rings_mu_.lock();
+  }
 }
 
 void VerbsEngine::after_fork_parent() {
-  for (VerbsEngine* e : engines()) e->mu_.unlock();
+  for (VerbsEngine* e : engines()) {
+    e->rings_mu_.unlock();
+    e->mu_.unlock();
+  }
   g_mu.unlock();
 }
 
@@ -515,6 +613,7 @@ void VerbsEngine::after_fork_child() {
   // This thread holds every lock (fork_prepare); the parent's other
   // threads are not here.
   for (VerbsEngine* e : engines()) {
+    e->rings_mu_.unlock();
     e->mu_.unlock();
     real().close(e->comp_->fd);
     if (e->cm_) real().close(e->cm_->fd);
@@ -526,8 +625,11 @@ void VerbsEngine::after_fork_child() {
     // The parent's closed connections: their FIN must not wait for us.
     std::vector<int> fds;
     for (Linger* l : e->lingering_) l->fds(&fds);
+    // Kept rings: their registrations are the parent's (left alone).
+    for (VerbsRings* r : e->kept_) fds.push_back(r->end.memfd());
     for (int fd : fds) real().close(fd);
   }
+  verbs_pinned_after_fork_child();
   engines().clear();  // (the engines themselves are left: the parent's memory)
   g_mu.unlock();
 }

@@ -42,6 +42,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/verbs/verbs_rings.h"
+
 namespace rsock {
 
 class VerbsEngine {
@@ -159,6 +161,21 @@ class VerbsEngine {
   static void fork_prepare();
   static void after_fork_parent();
 
+  // Registered rings (verbs_rings.h): a kept set of ring_bytes, renewed,
+  // or else a new one if the process's pinned memory allows (kept ones of
+  // another size are released to make room). 0, -ENOBUFS (the bound), or
+  // a negative errno.
+  int take_rings(size_t ring_bytes, VerbsRings* out);
+  // The rings of a connection that ended, its queue pair destroyed: kept
+  // for the next one if `keep` (no process holds the end any more) and
+  // fewer than the limit are kept, else released. *r is empty after.
+  void give_rings(VerbsRings* r, bool keep);
+  // How many kept rings an engine holds at most (RSOCK_REGION_CACHE).
+  static void set_kept_limit(size_t n);
+  int kept_rings();
+  // Releases every kept ring (their pinned memory with them).
+  void release_kept_rings();
+
   // Completion queues and members (tests, describe()).
   int cqs();
   int members();
@@ -191,6 +208,10 @@ class VerbsEngine {
   std::vector<Linger*> lingering_;
   int wake_fd_ = -1;  // an eventfd: the thread looks again (made with the thread)
   int members_ = 0;
+  // Kept rings, under their own lock (registering is slow; the thread
+  // never needs it). Nests inside mu_ (own_fds, fork).
+  std::mutex rings_mu_;
+  std::vector<VerbsRings*> kept_;
 };
 
 }  // namespace rsock

@@ -189,6 +189,27 @@ rdma_conn_param conn_param(const void* priv, size_t len) {
   return cp;
 }
 
+// The bounds of registered rings (verbs_rings.h), from the configuration.
+void verbs_rings_configure(const Config& cfg) {
+  verbs_set_pinned_limit(cfg.rdma_pinned);
+  VerbsEngine::set_kept_limit(cfg.region_cache);
+}
+
+// Why a channel could not be made (VerbsChannel::create's error), logged.
+Fallback channel_failure(int err) {
+  if (err == -ENOBUFS) {
+    LOG_INFO(
+        "rdma: this process's RDMA rings pin %llu bytes, its bound is %llu "
+        "(RSOCK_RDMA_PINNED, or RLIMIT_MEMLOCK without CAP_IPC_LOCK): this connection "
+        "stays on TCP",
+        static_cast<unsigned long long>(verbs_pinned_bytes()),
+        static_cast<unsigned long long>(verbs_pinned_limit()));
+    return Fallback::kRdmaPinnedLimit;
+  }
+  LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
+  return Fallback::kResources;
+}
+
 // Sends the connect request `req` on ch's id. false (logged) on failure.
 bool send_request(VerbsChannel& ch, const ConnectInfo& req) {
   uint8_t priv[kConnectPrivBytes];
@@ -232,8 +253,7 @@ std::unique_ptr<VerbsChannel> open_active(const WireAddr& local, const WireAddr&
   std::unique_ptr<VerbsChannel> ch =
       VerbsChannel::create(cm.id, cm.ch, size_t{1} << ring_log2, &err);
   if (!ch) {
-    LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
-    *why = Fallback::kResources;
+    *why = channel_failure(err);
     return nullptr;
   }
   cm.id = nullptr;  // owned by the channel now
@@ -274,8 +294,7 @@ std::unique_ptr<VerbsChannel> accept_one(rdma_cm_id* req_id, int ring_log2,
       LOG_INFO("rdma: the connect request was withdrawn before we could accept it");
       *why = Fallback::kPairTimeout;
     } else {
-      LOG_INFO("rdma: queue pair/registration failed: %s", strerror(-err));
-      *why = Fallback::kResources;
+      *why = channel_failure(err);
     }
     rdma_reject(cm.id, nullptr, 0);
     return nullptr;
@@ -492,7 +511,9 @@ class VerbsClientPairing final : public Pairing {
         rdv_(rdv),
         ring_log2_(log2_of(cfg.ring_bytes)),
         timeout_ms_(cfg.connect_timeout_ms),
-        deadline_(monotonic_ms() + cfg.connect_timeout_ms) {}
+        deadline_(monotonic_ms() + cfg.connect_timeout_ms) {
+    verbs_rings_configure(cfg);
+  }
 
   bool run(int64_t /*limit_ms*/) override {
     if (!done_) why_ = pair();
@@ -896,7 +917,9 @@ class ServerSide : public Pairing {
       : tcp_fd_(tcp_fd),
         deadline_(monotonic_ms() + cfg.connect_timeout_ms),
         withdraw_deadline_(deadline_ + cfg.connect_timeout_ms + kResolveGraceMs),
-        decision_deadline_(deadline_ + cfg.connect_timeout_ms + kPeerDecisionMs) {}
+        decision_deadline_(deadline_ + cfg.connect_timeout_ms + kPeerDecisionMs) {
+    verbs_rings_configure(cfg);
+  }
 
   void rebind(int tcp_fd) override { tcp_fd_ = tcp_fd; }
   std::unique_ptr<Channel> take_channel() override { return std::move(channel_); }
