@@ -311,6 +311,7 @@ void VerbsEngine::end_lingering_locked(std::vector<Linger*>* over) {
       continue;
     }
     over->push_back(l);
+    ++finishing_;
     lingering_[i] = lingering_.back();
     lingering_.pop_back();
   }
@@ -318,7 +319,7 @@ void VerbsEngine::end_lingering_locked(std::vector<Linger*>* over) {
 
 int VerbsEngine::lingering() {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int>(lingering_.size());
+  return static_cast<int>(lingering_.size()) + finishing_;
 }
 
 void VerbsEngine::settle_lingering(int64_t deadline_ms) {
@@ -435,6 +436,10 @@ void VerbsEngine::run() {
   std::vector<Linger*> over;
   for (;;) {
     for (Linger* l : over) l->finish();  // (leaves: takes our lock)
+    if (!over.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      finishing_ -= static_cast<int>(over.size());
+    }
     over.clear();
     int timeout = -1, wake_fd = -1;
     {

@@ -141,6 +141,7 @@ class VerbsEngine {
   // The process exits or execs: the queue pairs die with it, so wait (until
   // deadline_ms) for every lingering one's verdict.
   static void settle_lingering(int64_t deadline_ms);
+  // Queue pairs that linger or are being finished.
   int lingering();
   // Appends m's completions to *out and its rdma_cm events to *cm: what
   // others handed it and what its CQ holds now (others' go to their
@@ -206,6 +207,10 @@ class VerbsEngine {
   std::unordered_map<rdma_cm_id*, Member*> by_id_;
   std::vector<Member*> due_;  // members to kick after a dispatch
   std::vector<Linger*> lingering_;
+  // Lingerers whose verdict came, which the thread is finishing outside
+  // the lock (lingering() counts them: their rings and socket are not
+  // given back yet).
+  int finishing_ = 0;
   int wake_fd_ = -1;  // an eventfd: the thread looks again (made with the thread)
   int members_ = 0;
   // Kept rings, under their own lock (registering is slow; the thread
